@@ -1,0 +1,104 @@
+"""``tokenfabric simulate``: compare scheduling policies on a trace without Kafka or GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import IO
+
+from .dispatch import DispatchSettings
+from .lanes import LaneSettings
+from .simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, render_table, simulate
+from .traces import FORMATS, TraceError, read_trace
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="trace file (.gz accepted)")
+    p.add_argument("--format", default="jsonl", choices=FORMATS, help="trace format (default: jsonl)")
+    p.add_argument("--shape-blocks", type=int, default=1,
+                   help="mooncake: leading hash ids that make the shape (default: 1)")
+    p.add_argument("--model", default="default", help="model of mooncake/azure items (default: default)")
+    p.add_argument("--limit", type=int, default=None, help="read only the first N items")
+    p.add_argument("--backlog", action="store_true", help="every item present at t=0 (an offline backlog)")
+    p.add_argument("--speed", type=float, default=1.0, help="replay arrivals X times faster (default: 1)")
+    p.add_argument("--consumer", action="append", default=[], metavar="SPEC",
+                   help="NAME:model=M,budget=16384,items=64,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4 "
+                        "(repeatable; default: a 16 GB and a 32 GB card)")
+    p.add_argument("--policy", default="lanes",
+                   help=f"one of {', '.join(POLICIES)}, a comma list, or 'all' (default: lanes)")
+    p.add_argument("--window", type=int, default=1024, help="sorted-window: items sorted at once (default: 1024)")
+    p.add_argument("--seed", type=int, default=0, help="seed for engine-time jitter (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--emit-batches", metavar="FILE", help="write one JSON line per batch (single policy only)")
+    p.add_argument("--plot", metavar="FILE.png", help="write a PNG chart comparing the policies")
+    d = LaneSettings()
+    p.add_argument("--lane-budget", type=int, default=d.lane_budget, help="lanes per (model, shape)")
+    p.add_argument("--floor-tokens", type=int, default=d.floor_tokens, help="padding that never opens a lane")
+    p.add_argument("--cap-tokens", type=int, default=d.cap_tokens, help="padding never accepted while a lane can open")
+    p.add_argument("--start-ratio", type=float, default=d.start_ratio, help="threshold/length with no lanes")
+    p.add_argument("--full-ratio", type=float, default=d.full_ratio, help="threshold/length with the budget full")
+    p.add_argument("--idle-ms", type=int, default=d.idle_ms, help="empty lanes go quiet after this long")
+    p.add_argument("--max-wait-ms", type=int, default=DispatchSettings().max_wait_ms,
+                   help="an item waiting this long overrides shape stickiness")
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = "tokenfabric simulate"
+    try:
+        policies = _policies(args.policy)
+        if args.emit_batches and len(policies) > 1:
+            raise ValueError("--emit-batches needs a single --policy")
+        consumers = [parse_consumer_spec(s) for s in (args.consumer or DEFAULT_CONSUMERS)]
+        lanes = LaneSettings(
+            lane_budget=args.lane_budget, floor_tokens=args.floor_tokens, cap_tokens=args.cap_tokens,
+            start_ratio=args.start_ratio, full_ratio=args.full_ratio, idle_ms=args.idle_ms,
+        )
+        dispatch = DispatchSettings(max_wait_ms=args.max_wait_ms)
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        if args.shape_blocks < 0:
+            raise ValueError(f"--shape-blocks must be >= 0, got {args.shape_blocks}")
+        records = read_trace(args.trace, args.format, shape_blocks=args.shape_blocks,
+                             default_model=args.model, limit=args.limit)
+        reports = []
+        with _open_or_none(args.emit_batches) as emit:
+            for policy in policies:
+                reports.append(simulate(records, consumers, policy, backlog=args.backlog, speed=args.speed,
+                                        lanes=lanes, dispatch=dispatch, window=args.window, seed=args.seed,
+                                        emit=emit))
+    except (TraceError, ValueError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = reports[0].to_dict() if len(reports) == 1 else {r.policy: r.to_dict() for r in reports}
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_table(reports))
+    if args.plot:
+        from .plots import plot_simulation
+
+        plot_simulation(reports, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _policies(text: str) -> list[str]:
+    names = list(POLICIES) if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    for name in names:
+        if name not in POLICIES:
+            raise ValueError(f"--policy {name!r}: choose from {', '.join(POLICIES)} or 'all'")
+    if not names:
+        raise ValueError("--policy is empty")
+    return names
+
+
+@contextlib.contextmanager
+def _open_or_none(path: str | None):  # type: ignore[no-untyped-def]
+    if path is None:
+        yield None
+        return
+    with open(path, "w", encoding="utf-8") as fh:
+        out: IO[str] = fh
+        yield out

@@ -1,0 +1,68 @@
+"""The two values the scheduling core moves around: a waiting item and an emitted batch.
+
+Items are the hot-path object (a million may wait at once), so they are ``__slots__`` classes rather
+than dataclasses; the core never looks at ``payload``, which is whatever the adapter that created the
+item needs to send it on (the decoded Kafka record, in the processor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NO_LANE = -1
+
+
+class Item:
+    """One tokenised request waiting to be scheduled."""
+
+    __slots__ = ("arrival_ms", "dispatched", "id", "lane", "length", "model", "payload", "shape")
+
+    def __init__(
+        self,
+        id: str,
+        model: str,
+        shape: int,
+        length: int,
+        arrival_ms: int,
+        payload: Any = None,
+    ) -> None:
+        self.id = id
+        self.model = model
+        self.shape = shape
+        self.length = length
+        self.arrival_ms = arrival_ms
+        self.payload = payload
+        self.lane = NO_LANE
+        self.dispatched = False
+
+    def __repr__(self) -> str:
+        return f"Item({self.id!r}, model={self.model!r}, shape={self.shape:#x}, length={self.length})"
+
+
+@dataclass(slots=True)
+class Batch:
+    """Items sent to one consumer in one go.
+
+    Invariant (checked when the batch is emitted): one model, one shape, one lane, and
+    ``padded_tokens <= budget`` unless the batch is a single oversized item.
+    """
+
+    batch_id: str
+    consumer: str
+    model: str
+    shape: int
+    lane: int
+    pad_multiple: int
+    padded_length: int
+    items: list[Item]
+    created_ms: int
+    oversized: bool = False
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.padded_length * len(self.items)
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(item.length for item in self.items)

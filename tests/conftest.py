@@ -1,0 +1,73 @@
+"""Shared pytest fixtures.
+
+``kafka_bootstrap`` gives tests marked ``@pytest.mark.kafka`` a real broker, once per session.
+Where it comes from, in order:
+
+1. ``$KAFKA_BOOTSTRAP`` (e.g. ``127.0.0.1:9092``): a broker someone else runs, such as the one from
+   ``python -m processor.kafka_local start`` or a CI service. Nothing is started or stopped.
+2. Docker, if ``docker info`` succeeds and testcontainers is installed: a throwaway KRaft container.
+   This path is not exercised on the project's build machines, which have no Docker. The image is
+   Confluent's (Kafka 3.9), not the 4.1 broker that kafka_local runs.
+3. Otherwise ``processor.kafka_local.start_broker`` in a temp dir: Apache Kafka from the Maven Central
+   jars on Java 17. The first run downloads them into ``~/.cache/tokenfabric``, after that it needs no
+   network. The broker is stopped when the session ends.
+
+Deselect these tests with ``-m "not kafka"``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+# Confluent Platform 7.9 = Apache Kafka 3.9, the last cp-kafka line testcontainers' KafkaContainer supports.
+_DOCKER_IMAGE = "confluentinc/cp-kafka:7.9.0"
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``host:port`` of a single-node Kafka broker that supports transactions and consumer groups."""
+    external = os.environ.get("KAFKA_BOOTSTRAP")
+    if external:
+        yield external
+    elif _docker_usable():
+        yield from _container_bootstrap()
+    else:
+        from processor.kafka_local import start_broker, stop_broker
+
+        state_dir = tmp_path_factory.mktemp("kafka")
+        info = start_broker(state_dir, heap_mb=512)
+        try:
+            yield info.bootstrap
+        finally:
+            stop_broker(state_dir)
+
+
+def _docker_usable() -> bool:
+    if shutil.which("docker") is None or importlib.util.find_spec("testcontainers") is None:
+        return False
+    try:
+        probe = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def _container_bootstrap() -> Iterator[str]:
+    from testcontainers.community.kafka import KafkaContainer
+
+    container = (
+        KafkaContainer(_DOCKER_IMAGE)
+        .with_kraft()
+        # the container defaults to 3 replicas for the transaction log, which one broker cannot host
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+    )
+    with container:
+        yield container.get_bootstrap_server()
