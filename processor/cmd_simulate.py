@@ -8,8 +8,7 @@ import json
 import sys
 from typing import IO
 
-from .dispatch import DispatchSettings
-from .lanes import LaneSettings
+from .cli_options import add_lane_arguments, lanes_from
 from .simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, render_table, simulate
 from .traces import FORMATS, TraceError, read_trace
 
@@ -33,15 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--emit-batches", metavar="FILE", help="write one JSON line per batch (single policy only)")
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG chart comparing the policies")
-    d = LaneSettings()
-    p.add_argument("--lane-budget", type=int, default=d.lane_budget, help="lanes per (model, shape)")
-    p.add_argument("--floor-tokens", type=int, default=d.floor_tokens, help="padding that never opens a lane")
-    p.add_argument("--cap-tokens", type=int, default=d.cap_tokens, help="padding never accepted while a lane can open")
-    p.add_argument("--start-ratio", type=float, default=d.start_ratio, help="threshold/length with no lanes")
-    p.add_argument("--full-ratio", type=float, default=d.full_ratio, help="threshold/length with the budget full")
-    p.add_argument("--idle-ms", type=int, default=d.idle_ms, help="empty lanes go quiet after this long")
-    p.add_argument("--max-wait-ms", type=int, default=DispatchSettings().max_wait_ms,
-                   help="an item waiting this long overrides shape stickiness")
+    add_lane_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,11 +42,7 @@ def run(args: argparse.Namespace) -> int:
         if args.emit_batches and len(policies) > 1:
             raise ValueError("--emit-batches needs a single --policy")
         consumers = [parse_consumer_spec(s) for s in (args.consumer or DEFAULT_CONSUMERS)]
-        lanes = LaneSettings(
-            lane_budget=args.lane_budget, floor_tokens=args.floor_tokens, cap_tokens=args.cap_tokens,
-            start_ratio=args.start_ratio, full_ratio=args.full_ratio, idle_ms=args.idle_ms,
-        )
-        dispatch = DispatchSettings(max_wait_ms=args.max_wait_ms)
+        lanes, dispatch = lanes_from(args)
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         if args.shape_blocks < 0:

@@ -1,0 +1,154 @@
+"""Decode and encode speed of the wire format (numbers quoted in docs/wire-format.md).
+
+    .venv/bin/python benchmarks/bench_codec.py            # about a minute
+    .venv/bin/python benchmarks/bench_codec.py --quick    # a few seconds, rougher
+
+For 100, 1000 and 8000-token items it prints items/s for:
+
+* ``hand``: ``codec.decode_token_item``, the hand-written decoder the processor uses;
+* ``fastavro``: ``codec.decode_token_item_fastavro``, fastavro's schemaless_reader + the same checks;
+* ``fastavro array<int>``: the same TokenItem schema with ``tokens`` as ``array<int>`` instead of
+  packed ``bytes``, read by fastavro (the design question: why tokens travel as bytes);
+
+then encode speeds. Token ids are random below 128,256 (a Llama-3-sized vocabulary), so varint
+sizes in the array<int> variant are realistic. Each figure is the best of several timed runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import sys
+import timeit
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, no install
+
+import fastavro
+from fastavro.schema import parse_schema
+
+from processor import codec
+from processor.item import Batch, Item
+from processor.signature import shape_signature, to_signed
+
+SIZES = (100, 1000, 8000)
+VOCAB = 128_256
+
+
+def rate(fn: Any, arg: Any, seconds: float) -> float:
+    """Calls per second of ``fn(arg)``: best of 5 runs of about ``seconds / 5`` each."""
+    number = max(1, int(timeit.Timer(lambda: fn(arg)).autorange()[0]))
+    loops = max(1, int(number * (seconds / 5) / 0.2))
+    best = min(timeit.repeat(lambda: fn(arg), number=loops, repeat=5))
+    return loops / best
+
+
+def sample_item(n: int, rng: random.Random) -> codec.TokenItemRecord:
+    components = ["You are a helpful assistant.", "tools: search, calculator"]
+    return codec.new_token_item(
+        f"item-{rng.randrange(10**9):09d}",
+        "llama-3-8b-instruct",
+        [rng.randrange(VOCAB) for _ in range(n)],
+        1_732_000_000_000 + rng.randrange(10**6),
+        job_id="job-42",
+        shape_components=None,
+        shape=shape_signature(components),
+        output_budget=512,
+    )
+
+
+def array_int_schema() -> Any:
+    raw = json.loads((codec.schema_dir() / "TokenItem.avsc").read_text(encoding="utf-8"))
+    raw["name"] = "TokenItemArrayInt"
+    for field in raw["fields"]:
+        if field["name"] == "tokens":
+            field["type"] = {"type": "array", "items": "int"}
+    return parse_schema(raw)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="shorter runs, rougher numbers")
+    args = parser.parse_args()
+    seconds = 0.5 if args.quick else 3.0
+    rng = random.Random(7)
+    schema_ints = array_int_schema()
+
+    print(f"python {sys.version.split()[0]}, fastavro {fastavro.__version__}")
+    print("decode, items/s (higher is better)")
+    print(f"{'tokens':>7} {'msg bytes':>9} {'hand':>10} {'fastavro':>10} {'hand/fa':>8}")
+    bodies: list[tuple[int, bytes, bytes]] = []
+    for n in SIZES:
+        rec = sample_item(n, rng)
+        value = codec.encode_token_item(rec)
+        assert codec.decode_token_item(value) == codec.decode_token_item_fastavro(value) == rec
+        hand = rate(codec.decode_token_item, value, seconds)
+        fa = rate(codec.decode_token_item_fastavro, value, seconds)
+        print(f"{n:>7} {len(value):>9} {hand:>10,.0f} {fa:>10,.0f} {hand / fa:>7.2f}x")
+        as_ints = {
+            "item_id": rec.item_id,
+            "job_id": rec.job_id,
+            "model": rec.model,
+            "shape": to_signed(rec.shape),
+            "token_count": n,
+            "tokens": list(rec.token_ids()),
+            "shape_components": None,
+            "produced_ms": rec.produced_ms,
+            "output_budget": rec.output_budget,
+            "metadata": None,
+        }
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, schema_ints, as_ints)
+        bodies.append((n, value[codec.HEADER_SIZE :], out.getvalue()))
+
+    print("\ntokens as bytes vs array<int>: fastavro schemaless_reader alone, items/s")
+    print(
+        f"{'tokens':>7} {'bytes':>10} {'array<int>':>10} {'ratio':>7}"
+        f" {'body B (bytes)':>15} {'body B (ints)':>14}"
+    )
+    schema_bytes = codec.parsed_schema("TokenItem")
+    for n, body_bytes, body_ints in bodies:
+        as_bytes = rate(
+            lambda b: fastavro.schemaless_reader(io.BytesIO(b), schema_bytes, None, False),
+            body_bytes,
+            seconds,
+        )
+        as_ints_rate = rate(
+            lambda b: fastavro.schemaless_reader(io.BytesIO(b), schema_ints, None, False), body_ints, seconds
+        )
+        print(
+            f"{n:>7} {as_bytes:>10,.0f} {as_ints_rate:>10,.0f} {as_bytes / as_ints_rate:>6.1f}x"
+            f" {len(body_bytes):>15} {len(body_ints):>14}"
+        )
+
+    print("\nencode, messages/s")
+    for n in SIZES:
+        rec = sample_item(n, rng)
+        print(f"{n:>7} tokens: encode_token_item {rate(codec.encode_token_item, rec, seconds):>10,.0f}")
+    for n_items, n in ((32, 100), (8, 1000), (1, 8000)):
+        records = [sample_item(n, rng) for _ in range(n_items)]
+        batch = Batch(
+            batch_id="b-1",
+            consumer="gpu-0",
+            model=records[0].model,
+            shape=records[0].shape,
+            lane=0,
+            pad_multiple=8,
+            padded_length=n,
+            items=[Item(r.item_id, r.model, r.shape, n, 0, payload=r) for r in records],
+            created_ms=0,
+        )
+        batches = rate(codec.encode_batch, batch, seconds)
+        print(
+            f"{n_items:>3} x {n:>5} tokens: encode_batch {batches:>10,.0f} batches/s"
+            f" = {batches * n_items:,.0f} items/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

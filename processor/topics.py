@@ -1,0 +1,86 @@
+"""Topic names and the settings each topic is created with.
+
+Names derive from one prefix so two deployments can share a cluster. Ingest is keyed by shape
+signature, so a shape lives in one partition and processors scale out by partition. Contracts,
+accounting and jobs are compacted: the latest value per key is the state, and a tombstone retires it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "tokenfabric"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def ingest(self) -> str:
+        return f"{self.prefix}.ingest"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}.results"
+
+    @property
+    def contracts(self) -> str:
+        return f"{self.prefix}.contracts"
+
+    @property
+    def accounting(self) -> str:
+        return f"{self.prefix}.accounting"
+
+    @property
+    def dead_letter(self) -> str:
+        return f"{self.prefix}.dead-letter"
+
+    def batches(self, consumer: str) -> str:
+        return f"{self.prefix}.batches.{consumer}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: Mapping[str, str]
+
+
+COMPACTED = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "600000"}
+# Batches and results carry token payloads; a week of retention lets an audit replay them.
+RETAINED = {"retention.ms": str(7 * 24 * 3600 * 1000), "max.message.bytes": str(64 * 1024 * 1024)}
+
+
+def topic_specs(names: TopicNames, *, ingest_partitions: int = 6, consumers: Iterable[str] = ()) -> list[TopicSpec]:
+    specs = [
+        TopicSpec(names.ingest, ingest_partitions, RETAINED),
+        TopicSpec(names.results, 3, RETAINED),
+        TopicSpec(names.contracts, 1, COMPACTED),
+        TopicSpec(names.accounting, 1, COMPACTED),
+        TopicSpec(names.dead_letter, 1, RETAINED),
+    ]
+    specs.extend(TopicSpec(names.batches(c), 1, RETAINED) for c in consumers)
+    return specs
+
+
+def create_topics(conf: Mapping[str, str], specs: Iterable[TopicSpec], timeout_s: float = 30.0) -> list[str]:
+    """Create what does not exist yet; returns the names created. Existing topics are left alone."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(dict(conf))
+    new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
+           for s in specs]
+    created: list[str] = []
+    if not new:
+        return created
+    for name, future in admin.create_topics(new, request_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return created
