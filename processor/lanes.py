@@ -155,6 +155,8 @@ class LaneTable:
         if sl is None:
             sl = self.shapes[key] = ShapeLanes(key)
         lane = self._choose_lane(sl, item.length, now_ms)
+        # Choosing may reclaim idle lanes, this shape's last one included, which drops the shape.
+        pass
         self._append(sl, lane, item, now_ms)
         return sl
 

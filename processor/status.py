@@ -1,0 +1,102 @@
+"""Gather what ``tokenfabric status`` shows: contracts, the latest ledger checkpoints, and ingest lag.
+
+Everything comes from topics, not from a processor's memory, so status works against any cluster and
+shows the same figures an audit would start from.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from . import codec
+from .contract import Contract
+from .topics import TopicNames
+
+
+@dataclass(slots=True)
+class StatusView:
+    contracts: dict[str, Contract] = field(default_factory=dict)
+    checkpoints: dict[str, codec.LedgerSnapshotRecord] = field(default_factory=dict)
+    ingest_lag: int | None = None
+    ingest_end: int = 0
+
+    def total(self, key: str) -> int:
+        return sum(cp.counters.get(key, 0) for cp in self.checkpoints.values())
+
+    def consumer_total(self, consumer: str, key: str) -> int:
+        return sum(cp.counters.get(f"{key}#{consumer}", 0) for cp in self.checkpoints.values())
+
+    def consumer_gauge(self, consumer: str, key: str) -> int:
+        return sum(cp.per_consumer.get(consumer, {}).get(key, 0) for cp in self.checkpoints.values())
+
+
+def read_compacted(conf: Mapping[str, str], topic: str, timeout_s: float = 10.0) -> Iterator[Any]:
+    """Every message of ``topic`` from the beginning up to its end at the time of the call."""
+    consumer = Consumer({**conf, "group.id": f"tokenfabric-status-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": "false", "isolation.level": "read_committed"})
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return
+        ends: dict[int, int] = {}
+        for p in meta.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            if high > low:
+                ends[p] = high
+        if not ends:
+            return
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        remaining = dict(ends)
+        while remaining:
+            msgs = consumer.consume(num_messages=1000, timeout=timeout_s)
+            if not msgs:
+                break
+            for msg in msgs:
+                if msg.error() is not None:
+                    continue
+                yield msg
+                if msg.offset() + 1 >= remaining.get(msg.partition(), 0):
+                    remaining.pop(msg.partition(), None)
+    finally:
+        consumer.close()
+
+
+def ingest_lag(conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0) -> tuple[int | None, int]:
+    """(messages the group has not committed past, messages ever written) on ``topic``."""
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return None, 0
+        tps = [TopicPartition(topic, p) for p in meta.partitions]
+        committed = consumer.committed(tps, timeout=timeout_s)
+        lag = end = 0
+        for tp in committed:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
+            end += high
+            lag += high - (tp.offset if tp.offset >= 0 else low)
+        return lag, end
+    finally:
+        consumer.close()
+
+
+def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabric-processor") -> StatusView:
+    view = StatusView()
+    for msg in read_compacted(conf, topics.contracts):
+        key = (msg.key() or b"").decode("utf-8", "replace")
+        if msg.value() is None:
+            view.contracts.pop(key, None)
+        else:
+            view.contracts[key] = codec.decode_contract(msg.value()).contract
+    for msg in read_compacted(conf, topics.accounting):
+        cp = codec.decode_ledger_snapshot(msg.value())
+        previous = view.checkpoints.get(cp.instance)
+        if previous is None or (cp.taken_ms, cp.sequence) >= (previous.taken_ms, previous.sequence):
+            view.checkpoints[cp.instance] = cp
+    view.ingest_lag, view.ingest_end = ingest_lag(conf, topics.ingest, group)
+    return view
