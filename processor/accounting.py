@@ -97,8 +97,9 @@ class Ledger:
         book.received.add(1, tokens)
         book.queued.add(1, tokens)
 
-    def routed(self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int,
-               oversized: bool) -> None:
+    def routed(
+        self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int, oversized: bool
+    ) -> None:
         book = self._model(model)
         book.queued.add(-items, -tokens)
         book.routed.add(items, tokens)
@@ -110,8 +111,9 @@ class Ledger:
         c.padded_tokens += padded_tokens
         c.oversized += oversized
 
-    def finished(self, model: str, consumer: str, ok_items: int, ok_tokens: int, failed_items: int,
-                 failed_tokens: int) -> None:
+    def finished(
+        self, model: str, consumer: str, ok_items: int, ok_tokens: int, failed_items: int, failed_tokens: int
+    ) -> None:
         """A batch came back: some items completed, the rest failed."""
         book = self._model(model)
         c = self.consumer(consumer)
@@ -152,11 +154,21 @@ class Ledger:
         """Raise ``LedgerImbalance`` with both sides if either equation fails anywhere."""
         for model, b in self.models.items():
             _balance(f"model {model}", "received", b.received, "queued+routed", (b.queued, b.routed))
-            _balance(f"model {model}", "routed", b.routed, "completed+in_flight+failed",
-                     (b.completed, b.in_flight, b.failed))
+            _balance(
+                f"model {model}",
+                "routed",
+                b.routed,
+                "completed+in_flight+failed",
+                (b.completed, b.in_flight, b.failed),
+            )
         for name, c in self.consumers.items():
-            _balance(f"consumer {name}", "routed", c.routed, "completed+in_flight+failed",
-                     (c.completed, c.in_flight, c.failed))
+            _balance(
+                f"consumer {name}",
+                "routed",
+                c.routed,
+                "completed+in_flight+failed",
+                (c.completed, c.in_flight, c.failed),
+            )
         for stage in ("routed", "completed", "failed", "in_flight"):
             by_model = self.total(stage)
             by_consumer = Tally()
@@ -197,8 +209,9 @@ class Ledger:
                     continue
                 name, owner = key.split(sep, 1)
                 book = getter(owner)
-                if name.endswith("_items") or name.endswith("_tokens"):
-                    stage, unit = name.rsplit("_", 1)
+                stage, _, unit = name.rpartition("_")
+                # a Tally stage (``routed_tokens``), not a plain counter that merely ends in _tokens
+                if unit in ("items", "tokens") and isinstance(getattr(book, stage, None), Tally):
                     setattr(getattr(book, stage), unit, value)
                 else:
                     setattr(book, name, value)

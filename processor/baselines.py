@@ -91,8 +91,18 @@ class QueuePolicy:
         self._seq += 1
         padded = contract.padded_length(max(it.length for it in items))
         oversized = len(items) == 1 and padded > contract.budget_tokens
-        batch = Batch(f"{self.name}-{self._seq}", contract.consumer, contract.model, items[0].shape, NO_LANE,
-                      contract.pad_multiple, padded, items, now_ms, oversized)
+        batch = Batch(
+            f"{self.name}-{self._seq}",
+            contract.consumer,
+            contract.model,
+            items[0].shape,
+            NO_LANE,
+            contract.pad_multiple,
+            padded,
+            items,
+            now_ms,
+            oversized,
+        )
         tokens = batch.real_tokens
         self.waiting_items -= len(items)
         self.waiting_tokens -= tokens
@@ -100,7 +110,9 @@ class QueuePolicy:
         for it in items:
             it.dispatched = True
         self.in_flight[contract.consumer][batch.batch_id] = batch
-        self.ledger.routed(contract.model, contract.consumer, len(items), tokens, batch.padded_tokens, oversized)
+        self.ledger.routed(
+            contract.model, contract.consumer, len(items), tokens, batch.padded_tokens, oversized
+        )
         return batch
 
     def _push(self, item: Item) -> None:
@@ -147,8 +159,8 @@ class SortedWindowPolicy(FifoPolicy):
         start = 0
         chosen: list[Item] = []
         while start < len(ordered):
-            n = pack_prefix(ordered[start:start + contract.max_items], contract)
-            chunk = ordered[start:start + n]
+            n = pack_prefix(ordered[start : start + contract.max_items], contract)
+            chunk = ordered[start : start + n]
             if any(it is oldest for it in chunk):
                 chosen = chunk
                 break

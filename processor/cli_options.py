@@ -1,24 +1,46 @@
-"""Options several commands share, declared once: Kafka connection and lane settings."""
+"""Options several commands share, declared once so they read and fail the same way everywhere."""
 
 from __future__ import annotations
 
 import argparse
+import re
 
 from .dispatch import DispatchSettings
+from .kafka_config import ConfigError
 from .lanes import LaneSettings
 from .topics import DEFAULT_PREFIX, TopicNames
 
+_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+
 
 def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("kafka")
-    g.add_argument("--bootstrap", help="HOST:PORT of the brokers (default: KAFKA_BOOTSTRAP or the local broker)")
-    g.add_argument("--kafka-config", metavar="FILE", help="librdkafka properties file (security, client.id, ...)")
-    g.add_argument("--topic-prefix", default=DEFAULT_PREFIX, help=f"topic name prefix (default: {DEFAULT_PREFIX})")
+    """``--bootstrap``, ``--kafka-config``, ``--topic-prefix`` (see processor.kafka_config)."""
+    p.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP or the local broker)",
+    )
+    p.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="librdkafka properties file (security settings, overrides of the defaults)",
+    )
+    p.add_argument(
+        "--topic-prefix",
+        default=DEFAULT_PREFIX,
+        metavar="P",
+        help=f"topic names start with P (default: {DEFAULT_PREFIX})",
+    )
 
 
-def kafka_from(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
-    from .kafka_config import client_config
+def kafka_settings(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
+    """The client config and topic names the Kafka options ask for; raises ``ConfigError``."""
+    from processor.kafka_config import client_config
 
+    if not _PREFIX.match(args.topic_prefix):
+        raise ConfigError(
+            f"--topic-prefix {args.topic_prefix!r}: 1-100 of A-Z a-z 0-9 . _ - (it starts each topic name)"
+        )
     return client_config(args.bootstrap, args.kafka_config), TopicNames(args.topic_prefix)
 
 
@@ -27,18 +49,30 @@ def add_lane_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("lanes (docs/lanes.md)")
     g.add_argument("--lane-budget", type=int, default=d.lane_budget, help="lanes per (model, shape)")
     g.add_argument("--floor-tokens", type=int, default=d.floor_tokens, help="padding that never opens a lane")
-    g.add_argument("--cap-tokens", type=int, default=d.cap_tokens, help="padding never accepted while a lane can open")
+    g.add_argument(
+        "--cap-tokens", type=int, default=d.cap_tokens, help="padding never accepted while a lane can open"
+    )
     g.add_argument("--start-ratio", type=float, default=d.start_ratio, help="threshold/length with no lanes")
-    g.add_argument("--full-ratio", type=float, default=d.full_ratio, help="threshold/length with the budget full")
+    g.add_argument(
+        "--full-ratio", type=float, default=d.full_ratio, help="threshold/length with the budget full"
+    )
     g.add_argument("--idle-ms", type=int, default=d.idle_ms, help="empty lanes go quiet after this long")
-    g.add_argument("--max-wait-ms", type=int, default=DispatchSettings().max_wait_ms,
-                   help="an item waiting this long overrides shape stickiness")
+    g.add_argument(
+        "--max-wait-ms",
+        type=int,
+        default=DispatchSettings().max_wait_ms,
+        help="an item waiting this long overrides shape stickiness",
+    )
 
 
 def lanes_from(args: argparse.Namespace) -> tuple[LaneSettings, DispatchSettings]:
     """Raises ValueError naming the bad setting."""
     lanes = LaneSettings(
-        lane_budget=args.lane_budget, floor_tokens=args.floor_tokens, cap_tokens=args.cap_tokens,
-        start_ratio=args.start_ratio, full_ratio=args.full_ratio, idle_ms=args.idle_ms,
+        lane_budget=args.lane_budget,
+        floor_tokens=args.floor_tokens,
+        cap_tokens=args.cap_tokens,
+        start_ratio=args.start_ratio,
+        full_ratio=args.full_ratio,
+        idle_ms=args.idle_ms,
     )
     return lanes, DispatchSettings(max_wait_ms=args.max_wait_ms)

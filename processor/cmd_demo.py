@@ -13,18 +13,37 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .demo import DEFAULT_CARDS, Card, Pipeline, child_env, log_dir, read_back, unique_prefix, wait_until_done
-from .traces import SHIPPED, TraceError, read_trace, shipped_trace
+from .demo import (
+    DEFAULT_CARDS,
+    Card,
+    Pipeline,
+    TopicReadback,
+    child_env,
+    log_dir,
+    read_back,
+    unique_prefix,
+    wait_until_done,
+)
+from .status import StatusView, gather
+from .topics import TopicNames
+from .traces import SHIPPED, TraceError, TraceRecord, read_trace, shipped_trace
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default="mooncake_synthetic",
-                   help=f"a shipped trace ({', '.join(SHIPPED)}) or a file path (default: mooncake_synthetic)")
+    p.add_argument(
+        "--trace",
+        default="mooncake_synthetic",
+        help=f"a shipped trace ({', '.join(SHIPPED)}) or a file path (default: mooncake_synthetic)",
+    )
     p.add_argument("--format", default=None, help="format of a trace file (shipped traces know theirs)")
     p.add_argument("--shape-blocks", type=int, default=1, help="mooncake: hash ids that make a shape")
     p.add_argument("--limit", type=int, default=2000, help="items to replay (default: 2000; 0 = all)")
-    p.add_argument("--time-scale", type=float, default=0.02,
-                   help="simulated engine time multiplier (default: 0.02, i.e. cards 50x faster than modelled)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.02,
+        help="simulated engine time multiplier (default: 0.02, i.e. cards 50x faster than modelled)",
+    )
     p.add_argument("--timeout-s", type=float, default=600, help="give up after this long (default: 600)")
     p.add_argument("--bootstrap", help="use this cluster instead of starting a local broker")
 
@@ -76,42 +95,68 @@ def _run(args: argparse.Namespace, console: Console, records: list, path: Path, 
     console.print(f"topics {topics.prefix}.*, logs in {logs}")
     started = time.monotonic()
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as bar:
             produce = bar.add_task("produce ", total=len(records))
             with TokenProducer(conf, topics) as producer:
                 for i, r in enumerate(records):
-                    producer.send(r.id, r.model, synthetic_tokens(r.id, r.length), shape=r.shape,
-                                  output_budget=r.output_length)
+                    producer.send(
+                        r.id,
+                        r.model,
+                        synthetic_tokens(r.id, r.length),
+                        shape=r.shape,
+                        output_budget=r.output_length,
+                    )
                     if i % 256 == 0:
                         bar.update(produce, completed=i)
             bar.update(produce, completed=len(records))
             complete = bar.add_task("complete", total=len(records))
-            view = wait_until_done(conf, topics, len(records), pipeline, args.timeout_s,
-                                   lambda done: bar.update(complete, completed=done))
+            view = wait_until_done(
+                conf,
+                topics,
+                len(records),
+                pipeline,
+                args.timeout_s,
+                lambda done: bar.update(complete, completed=done),
+            )
         elapsed = time.monotonic() - started
     finally:
         codes = pipeline.stop()
     final = _final_view(conf, topics) or view
     back = read_back(conf, topics, cards)
     print(_report(path, records, final, back, cards, elapsed, codes))
-    balanced = (final.total("received_items") == final.total("routed_items") + final.total("queued_items")
-                and back.duplicates == 0 and back.mixed_shape_batches == 0)
+    balanced = (
+        final.total("received_items") == final.total("routed_items") + final.total("queued_items")
+        and back.duplicates == 0
+        and back.mixed_shape_batches == 0
+    )
     return 0 if balanced and all(c == 0 for c in codes.values()) else 1
 
 
-def _final_view(conf: dict, topics):  # type: ignore[no-untyped-def]
-    from .status import gather
-
+def _final_view(conf: dict[str, str], topics: TopicNames) -> StatusView:
     return gather(conf, topics)
 
 
-def _report(path: Path, records: list, view, back, cards: tuple[Card, ...], elapsed: float,  # type: ignore[no-untyped-def]
-            codes: dict[str, int | None]) -> str:
+def _report(
+    path: Path,
+    records: list[TraceRecord],
+    view: StatusView,
+    back: TopicReadback,
+    cards: tuple[Card, ...],
+    elapsed: float,
+    codes: dict[str, int | None],
+) -> str:
     t = view.total
     console = Console(record=True, width=110, file=io.StringIO())
     tokens = sum(r.length for r in records)
-    console.print(f"[bold]tokenfabric demo[/bold]: {len(records):,} items, {tokens:,} tokens from {path.name}")
+    console.print(
+        f"[bold]tokenfabric demo[/bold]: {len(records):,} items, {tokens:,} tokens from {path.name}"
+    )
     ledger = Table(title="ledger (processor checkpoint)", header_style="bold")
     ledger.add_column("")
     ledger.add_column("items", justify="right")
@@ -120,11 +165,14 @@ def _report(path: Path, records: list, view, back, cards: tuple[Card, ...], elap
         ledger.add_row(stage, f"{t(stage + '_items'):,}", f"{t(stage + '_tokens'):,}")
     ledger.add_row("dead-lettered", f"{t('dead_lettered_items'):,}", "")
     console.print(ledger)
-    balanced = t("received_tokens") == t("routed_tokens") + t("queued_tokens") and \
-        t("routed_tokens") == t("completed_tokens") + t("failed_tokens") + t("in_flight_tokens")
-    console.print(f"balanced: {'yes' if balanced else 'NO'}   "
-                  f"completions read back: {sum(back.completed_ids.values()):,} "
-                  f"({len(back.completed_ids):,} distinct items, {back.duplicates} duplicates)")
+    balanced = t("received_tokens") == t("routed_tokens") + t("queued_tokens") and t("routed_tokens") == t(
+        "completed_tokens"
+    ) + t("failed_tokens") + t("in_flight_tokens")
+    console.print(
+        f"balanced: {'yes' if balanced else 'NO'}   "
+        f"completions read back: {sum(back.completed_ids.values()):,} "
+        f"({len(back.completed_ids):,} distinct items, {back.duplicates} duplicates)"
+    )
     padded = sum(back.padded_tokens.values())
     real = sum(back.real_tokens.values())
     hits = sum(view.consumer_total(c.name, "cache_hits") for c in cards)
@@ -136,17 +184,38 @@ def _report(path: Path, records: list, view, back, cards: tuple[Card, ...], elap
         f"mixed-shape batches (read back) {back.mixed_shape_batches}   "
         f"over-budget batches {back.over_budget_batches}"
     )
-    console.print(f"throughput {back.completed_tokens / elapsed:,.0f} tokens/s, "
-                  f"{len(back.completed_ids) / elapsed:,.0f} items/s over {elapsed:.1f} s wall")
+    console.print(
+        f"throughput {back.completed_tokens / elapsed:,.0f} tokens/s, "
+        f"{len(back.completed_ids) / elapsed:,.0f} items/s over {elapsed:.1f} s wall"
+    )
     per = Table(title="where each card's batches went (read back from its topic)", header_style="bold")
-    for col in ("card", "budget", "batches", "items", "real tokens", "padded tokens", "padding waste",
-                "budget fill", "shapes", "exit"):
+    for col in (
+        "card",
+        "budget",
+        "batches",
+        "items",
+        "real tokens",
+        "padded tokens",
+        "padding waste",
+        "budget fill",
+        "shapes",
+        "exit",
+    ):
         per.add_column(col, justify="left" if col == "card" else "right")
     for c in cards:
         b, p, r = back.batches[c.name], back.padded_tokens[c.name], back.real_tokens[c.name]
-        per.add_row(c.name, f"{c.budget:,}", f"{b:,}", f"{back.items[c.name]:,}", f"{r:,}", f"{p:,}",
-                    f"{(p - r) / p if p else 0:.3%}", f"{p / (b * c.budget) if b else 0:.1%}",
-                    f"{back.shapes[c.name]:,}", str(codes.get(c.name)))
+        per.add_row(
+            c.name,
+            f"{c.budget:,}",
+            f"{b:,}",
+            f"{back.items[c.name]:,}",
+            f"{r:,}",
+            f"{p:,}",
+            f"{(p - r) / p if p else 0:.3%}",
+            f"{p / (b * c.budget) if b else 0:.1%}",
+            f"{back.shapes[c.name]:,}",
+            str(codes.get(c.name)),
+        )
     console.print(per)
     console.print(f"processor exit code {codes.get('processor')}; nothing left running")
     return console.export_text()

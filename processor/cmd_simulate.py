@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import IO
 
 from .cli_options import add_lane_arguments, lanes_from
@@ -16,21 +17,37 @@ from .traces import FORMATS, TraceError, read_trace
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace file (.gz accepted)")
     p.add_argument("--format", default="jsonl", choices=FORMATS, help="trace format (default: jsonl)")
-    p.add_argument("--shape-blocks", type=int, default=1,
-                   help="mooncake: leading hash ids that make the shape (default: 1)")
+    p.add_argument(
+        "--shape-blocks",
+        type=int,
+        default=1,
+        help="mooncake: leading hash ids that make the shape (default: 1)",
+    )
     p.add_argument("--model", default="default", help="model of mooncake/azure items (default: default)")
     p.add_argument("--limit", type=int, default=None, help="read only the first N items")
     p.add_argument("--backlog", action="store_true", help="every item present at t=0 (an offline backlog)")
     p.add_argument("--speed", type=float, default=1.0, help="replay arrivals X times faster (default: 1)")
-    p.add_argument("--consumer", action="append", default=[], metavar="SPEC",
-                   help="NAME:model=M,budget=16384,items=64,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4 "
-                        "(repeatable; default: a 16 GB and a 32 GB card)")
-    p.add_argument("--policy", default="lanes",
-                   help=f"one of {', '.join(POLICIES)}, a comma list, or 'all' (default: lanes)")
-    p.add_argument("--window", type=int, default=1024, help="sorted-window: items sorted at once (default: 1024)")
+    p.add_argument(
+        "--consumer",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="NAME:model=M,budget=16384,items=64,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4 "
+        "(repeatable; default: a 16 GB and a 32 GB card)",
+    )
+    p.add_argument(
+        "--policy",
+        default="lanes",
+        help=f"one of {', '.join(POLICIES)}, a comma list, or 'all' (default: lanes)",
+    )
+    p.add_argument(
+        "--window", type=int, default=1024, help="sorted-window: items sorted at once (default: 1024)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for engine-time jitter (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--emit-batches", metavar="FILE", help="write one JSON line per batch (single policy only)")
+    p.add_argument(
+        "--emit-batches", metavar="FILE", help="write one JSON line per batch (single policy only)"
+    )
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG chart comparing the policies")
     add_lane_arguments(p)
 
@@ -47,14 +64,30 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         if args.shape_blocks < 0:
             raise ValueError(f"--shape-blocks must be >= 0, got {args.shape_blocks}")
-        records = read_trace(args.trace, args.format, shape_blocks=args.shape_blocks,
-                             default_model=args.model, limit=args.limit)
+        records = read_trace(
+            args.trace,
+            args.format,
+            shape_blocks=args.shape_blocks,
+            default_model=args.model,
+            limit=args.limit,
+        )
         reports = []
         with _open_or_none(args.emit_batches) as emit:
             for policy in policies:
-                reports.append(simulate(records, consumers, policy, backlog=args.backlog, speed=args.speed,
-                                        lanes=lanes, dispatch=dispatch, window=args.window, seed=args.seed,
-                                        emit=emit))
+                reports.append(
+                    simulate(
+                        records,
+                        consumers,
+                        policy,
+                        backlog=args.backlog,
+                        speed=args.speed,
+                        lanes=lanes,
+                        dispatch=dispatch,
+                        window=args.window,
+                        seed=args.seed,
+                        emit=emit,
+                    )
+                )
     except (TraceError, ValueError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -82,7 +115,7 @@ def _policies(text: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _open_or_none(path: str | None):  # type: ignore[no-untyped-def]
+def _open_or_none(path: str | None) -> Iterator[IO[str] | None]:
     if path is None:
         yield None
         return

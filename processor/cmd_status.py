@@ -9,7 +9,7 @@ import time
 from rich.console import Console, Group
 from rich.table import Table
 
-from .cli_options import add_kafka_arguments, kafka_from
+from .cli_options import add_kafka_arguments, kafka_settings
 from .status import StatusView, gather
 
 
@@ -48,18 +48,32 @@ def render(view: StatusView) -> Group:
     figures.add_row("processors", ", ".join(sorted(view.checkpoints)) or "none has checkpointed")
 
     per = Table(title="consumers", header_style="bold")
-    for col in ("consumer", "model", "budget/items/pad", "in flight", "routed tokens", "completed tokens",
-                "padding waste", "budget fill", "cache hits", "switches"):
+    for col in (
+        "consumer",
+        "model",
+        "budget/items/pad",
+        "in flight",
+        "routed tokens",
+        "completed tokens",
+        "padding waste",
+        "budget fill",
+        "cache hits",
+        "switches",
+    ):
         per.add_column(col, justify="left" if col in ("consumer", "model") else "right")
     for name, c in sorted(view.contracts.items()):
         batches = view.consumer_total(name, "batches")
         padded_c = view.consumer_total(name, "padded_tokens")
         routed_c = view.consumer_total(name, "routed_tokens")
         per.add_row(
-            name, c.model, f"{c.budget_tokens:,}/{c.max_items}/{c.pad_multiple}",
+            name,
+            c.model,
+            f"{c.budget_tokens:,}/{c.max_items}/{c.pad_multiple}",
             f"{view.consumer_gauge(name, 'in_flight_batches')}/{c.max_inflight}",
-            f"{routed_c:,}", f"{view.consumer_total(name, 'completed_tokens'):,}",
-            _ratio(padded_c - routed_c, padded_c), _ratio(padded_c, batches * c.budget_tokens),
+            f"{routed_c:,}",
+            f"{view.consumer_total(name, 'completed_tokens'):,}",
+            _ratio(padded_c - routed_c, padded_c),
+            _ratio(padded_c, batches * c.budget_tokens),
             _ratio(view.consumer_total(name, "cache_hits"), view.consumer_total(name, "cache_lookups")),
             f"{view.consumer_gauge(name, 'shape_switches'):,}",
         )
@@ -72,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from .kafka_config import ConfigError
 
     try:
-        conf, topics = kafka_from(args)
+        conf, topics = kafka_settings(args)
     except ConfigError as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 2

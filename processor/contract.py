@@ -41,7 +41,9 @@ class Contract:
         for name in ("budget_tokens", "max_items", "pad_multiple", "max_inflight"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"contract {self.consumer}: {name} must be a positive integer, got {value!r}")
+                raise ValueError(
+                    f"contract {self.consumer}: {name} must be a positive integer, got {value!r}"
+                )
 
     def padded_length(self, length: int) -> int:
         return round_up(length, self.pad_multiple)

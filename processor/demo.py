@@ -37,14 +37,34 @@ class Card:
     overhead_ms: float = 5.0
 
     def args(self, model: str, time_scale: float) -> list[str]:
-        return ["--id", self.name, "--model", model, "--budget", str(self.budget), "--items", str(self.items),
-                "--pad", str(self.pad), "--inflight", str(self.inflight), "--engine", "sim",
-                "--tps", str(self.tps), "--overhead-ms", str(self.overhead_ms), "--cache", str(self.cache),
-                "--time-scale", str(time_scale)]
+        return [
+            "--id",
+            self.name,
+            "--model",
+            model,
+            "--budget",
+            str(self.budget),
+            "--items",
+            str(self.items),
+            "--pad",
+            str(self.pad),
+            "--inflight",
+            str(self.inflight),
+            "--engine",
+            "sim",
+            "--tps",
+            str(self.tps),
+            "--overhead-ms",
+            str(self.overhead_ms),
+            "--cache",
+            str(self.cache),
+            "--time-scale",
+            str(time_scale),
+        ]
 
 
 DEFAULT_CARDS = (
-    Card("card16", budget=16384, items=64, tps=25_000),   # a 16 GB card
+    Card("card16", budget=16384, items=64, tps=25_000),  # a 16 GB card
     Card("card32", budget=32768, items=128, tps=50_000),  # a 32 GB card: twice the room and speed
 )
 
@@ -105,8 +125,12 @@ class Pipeline:
 
     def spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> None:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the child until it exits)
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "processor.cli", *args], stdout=log,
-                                            stderr=subprocess.STDOUT, env=dict(env))
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "processor.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+        )
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -129,8 +153,14 @@ class Pipeline:
         return codes
 
 
-def wait_until_done(conf: Mapping[str, str], topics: TopicNames, expected_items: int, pipeline: Pipeline,
-                    timeout_s: float, progress: object | None = None) -> StatusView:
+def wait_until_done(
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    expected_items: int,
+    pipeline: Pipeline,
+    timeout_s: float,
+    progress: object | None = None,
+) -> StatusView:
     """Poll the accounting checkpoints until every item is completed, failed or dead-lettered."""
     deadline = time.monotonic() + timeout_s
     while True:

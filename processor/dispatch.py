@@ -190,8 +190,9 @@ class Scheduler:
         sl, lane = choice
         return self._emit(state, sl, lane, now_ms)
 
-    def _overdue_lane(self, state: ConsumerState, peers: list[ConsumerState],
-                      now_ms: int) -> tuple[ShapeLanes, Lane] | None:
+    def _overdue_lane(
+        self, state: ConsumerState, peers: list[ConsumerState], now_ms: int
+    ) -> tuple[ShapeLanes, Lane] | None:
         arrivals = self._arrivals[state.contract.model]
         while arrivals and arrivals[0].dispatched:
             arrivals.popleft()
@@ -224,8 +225,9 @@ class Scheduler:
                 return lane
         return None
 
-    def _switch_target(self, state: ConsumerState, active: dict[ShapeKey, ShapeLanes],
-                       peers: list[ConsumerState]) -> tuple[ShapeLanes, Lane] | None:
+    def _switch_target(
+        self, state: ConsumerState, active: dict[ShapeKey, ShapeLanes], peers: list[ConsumerState]
+    ) -> tuple[ShapeLanes, Lane] | None:
         best = max(active.values(), key=_waiting_tokens)
         lane = self._eligible_lane(best, state.contract, peers)
         if lane is not None:
@@ -392,9 +394,13 @@ def check_batch(batch: Batch, contract: Contract) -> None:
                 f"lane {it.lane}, batch is model {batch.model!r} shape {batch.shape:#x} lane {batch.lane}"
             )
     if batch.model != contract.model:
-        raise InvariantViolation(f"batch {batch.batch_id}: model {batch.model!r} sent to a {contract.model!r} consumer")
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: model {batch.model!r} sent to a {contract.model!r} consumer"
+        )
     if len(items) > contract.max_items:
-        raise InvariantViolation(f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}")
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
+        )
     longest = max(it.length for it in items)
     if batch.padded_length != contract.padded_length(longest):
         raise InvariantViolation(

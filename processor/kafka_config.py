@@ -45,12 +45,13 @@ def from_env(env: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in env.items():
         if name.startswith(ENV_PREFIX) and name != ENV_PREFIX + "CONFIG":
-            out[name[len(ENV_PREFIX):].lower().replace("_", ".")] = value
+            out[name[len(ENV_PREFIX) :].lower().replace("_", ".")] = value
     return out
 
 
-def client_config(bootstrap: str | None = None, config_file: str | None = None,
-                  env: Mapping[str, str] | None = None) -> dict[str, str]:
+def client_config(
+    bootstrap: str | None = None, config_file: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The librdkafka settings every tokenfabric client starts from."""
     env = os.environ if env is None else env
     conf: dict[str, str] = {}

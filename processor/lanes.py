@@ -227,8 +227,9 @@ class LaneTable:
 
     # -- removal --------------------------------------------------------------------------------
 
-    def take(self, sl: ShapeLanes, lane: Lane, budget_tokens: int, max_items: int, pad_multiple: int,
-             now_ms: int) -> tuple[list[Item], int]:
+    def take(
+        self, sl: ShapeLanes, lane: Lane, budget_tokens: int, max_items: int, pad_multiple: int, now_ms: int
+    ) -> tuple[list[Item], int]:
         """Pop a batch's worth of items from the head of ``lane``.
 
         Items leave in arrival order while ``n x round_up(longest, pad_multiple)`` stays within the
@@ -328,7 +329,8 @@ class LaneTable:
             tokens += s_tokens
         if (items, tokens) != (self.waiting_items, self.waiting_tokens):
             raise AssertionError(
-                f"lanes hold {items} items / {tokens} tokens, counted {self.waiting_items} / {self.waiting_tokens}"
+                f"lanes hold {items} items / {tokens} tokens, "
+                f"counted {self.waiting_items} / {self.waiting_tokens}"
             )
         if lanes != self.stats.lanes_in_use:
             raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")

@@ -24,7 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from . import codec
 from .accounting import Ledger
@@ -78,16 +86,25 @@ class ServiceCounters:
 
 
 class ProcessorService:
-    def __init__(self, conf: dict[str, str], topics: TopicNames, settings: ProcessorSettings | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        conf: dict[str, str],
+        topics: TopicNames,
+        settings: ProcessorSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.conf = dict(conf)
         self.topics = topics
         self.settings = settings or ProcessorSettings()
         self._clock = clock
         self._t0 = clock()
         epoch = int(time.time() * 1000)
-        self.core = Scheduler(self.settings.lanes, self.settings.dispatch, ledger=Ledger(),
-                              batch_prefix=f"{self.settings.instance}-{epoch}")
+        self.core = Scheduler(
+            self.settings.lanes,
+            self.settings.dispatch,
+            ledger=Ledger(),
+            batch_prefix=f"{self.settings.instance}-{epoch}",
+        )
         self.offsets = OffsetTracker()
         self.counters = ServiceCounters()
         self._fatal: BaseException | None = None
@@ -95,28 +112,34 @@ class ProcessorService:
         self._cache_hit: dict[str, bool] = {}
         self._last_commit = self._last_checkpoint = self._last_tick = -1 << 62
 
-        self.ingest = Consumer({
-            **self.conf,
-            "group.id": self.settings.group_id,
-            "enable.auto.commit": "false",
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "fetch.max.bytes": str(64 * 1024 * 1024),
-            "queued.max.messages.kbytes": str(256 * 1024),
-        })
-        self.control = Consumer({
-            **self.conf,
-            "group.id": f"{self.settings.group_id}-control-{self.settings.instance}",
-            "enable.auto.commit": "false",
-            "isolation.level": "read_committed",
-        })
-        self.producer = Producer({
-            **self.conf,
-            "enable.idempotence": "true",
-            "linger.ms": "5",
-            "batch.size": str(1024 * 1024),
-            "message.max.bytes": str(64 * 1024 * 1024),
-        })
+        self.ingest = Consumer(
+            {
+                **self.conf,
+                "group.id": self.settings.group_id,
+                "enable.auto.commit": "false",
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "fetch.max.bytes": str(64 * 1024 * 1024),
+                "queued.max.messages.kbytes": str(256 * 1024),
+            }
+        )
+        self.control = Consumer(
+            {
+                **self.conf,
+                "group.id": f"{self.settings.group_id}-control-{self.settings.instance}",
+                "enable.auto.commit": "false",
+                "isolation.level": "read_committed",
+            }
+        )
+        self.producer = Producer(
+            {
+                **self.conf,
+                "enable.idempotence": "true",
+                "linger.ms": "5",
+                "batch.size": str(1024 * 1024),
+                "message.max.bytes": str(64 * 1024 * 1024),
+            }
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -125,10 +148,13 @@ class ProcessorService:
 
     def start(self) -> None:
         self.ingest.subscribe([self.topics.ingest], on_revoke=self._on_revoke)
-        assignment = [TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
-                      for p in self._partitions(self.topics.contracts)]
-        assignment += [TopicPartition(self.topics.results, p, OFFSET_END)
-                       for p in self._partitions(self.topics.results)]
+        assignment = [
+            TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
+            for p in self._partitions(self.topics.contracts)
+        ]
+        assignment += [
+            TopicPartition(self.topics.results, p, OFFSET_END) for p in self._partitions(self.topics.results)
+        ]
         self.control.assign(assignment)
 
     def run(self, stop: threading.Event) -> None:
@@ -201,9 +227,15 @@ class ProcessorService:
         mark = DeadMark(offset)
         self.offsets.seen(partition, mark)
         value = msg.value() or b""
-        record = codec.DeadLetterRecord(reason=reason, source_topic=msg.topic(), partition=partition,
-                                        offset=offset, original=bytes(value), original_key=msg.key(),
-                                        dead_ms=int(time.time() * 1000))
+        record = codec.DeadLetterRecord(
+            reason=reason,
+            source_topic=msg.topic(),
+            partition=partition,
+            offset=offset,
+            original=bytes(value),
+            original_key=msg.key(),
+            dead_ms=int(time.time() * 1000),
+        )
 
         def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
@@ -275,11 +307,14 @@ class ProcessorService:
             for item in items:
                 item.safe = True  # type: ignore[attr-defined]
 
-        self._produce(self.topics.batches(batch.consumer), codec.encode_batch(batch),
-                      batch.batch_id.encode(), delivered)
+        self._produce(
+            self.topics.batches(batch.consumer), codec.encode_batch(batch), batch.batch_id.encode(), delivered
+        )
         self.counters.batches_produced += 1
 
-    def _produce(self, topic: str, value: bytes, key: bytes | None, on_delivery: Callable[[Any, Any], None]) -> None:
+    def _produce(
+        self, topic: str, value: bytes, key: bytes | None, on_delivery: Callable[[Any, Any], None]
+    ) -> None:
         while True:
             try:
                 self.producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
@@ -289,7 +324,9 @@ class ProcessorService:
 
     def _raise_fatal(self) -> None:
         if self._fatal is not None:
-            raise RuntimeError(f"processor {self.settings.instance}: a produce failed: {self._fatal}") from self._fatal
+            raise RuntimeError(
+                f"processor {self.settings.instance}: a produce failed: {self._fatal}"
+            ) from self._fatal
 
     # -- offsets and checkpoints ---------------------------------------------------------------
 
@@ -320,21 +357,23 @@ class ProcessorService:
         core = self.core
         counters = core.ledger.snapshot()
         st = core.table.stats
-        counters.update({
-            "waiting_items": core.table.waiting_items,
-            "waiting_tokens": core.table.waiting_tokens,
-            "lanes_in_use": st.lanes_in_use,
-            "lanes_in_use_peak": st.lanes_in_use_peak,
-            "lane_budget": core.table.settings.lane_budget,
-            "shapes": len(core.table.shapes),
-            "lane_reuses": st.reuses,
-            "new_lanes": st.new_lanes,
-            "idle_reclaims": st.idle_reclaims,
-            "shape_switches": core.shape_switches,
-            "oversized": core.oversized,
-            "unknown_completions": self.counters.unknown_completions,
-            "unsafe_offsets": self.offsets.unsafe(),
-        })
+        counters.update(
+            {
+                "waiting_items": core.table.waiting_items,
+                "waiting_tokens": core.table.waiting_tokens,
+                "lanes_in_use": st.lanes_in_use,
+                "lanes_in_use_peak": st.lanes_in_use_peak,
+                "lane_budget": core.table.settings.lane_budget,
+                "shapes": len(core.table.shapes),
+                "lane_reuses": st.reuses,
+                "new_lanes": st.new_lanes,
+                "idle_reclaims": st.idle_reclaims,
+                "shape_switches": core.shape_switches,
+                "oversized": core.oversized,
+                "unknown_completions": self.counters.unknown_completions,
+                "unsafe_offsets": self.offsets.unsafe(),
+            }
+        )
         per_consumer: dict[str, dict[str, int]] = {}
         for name, state in core.consumers.items():
             c = state.contract
@@ -347,9 +386,14 @@ class ProcessorService:
                 "shape_switches": state.shape_switches,
             }
         self._checkpoint_seq += 1
-        return codec.LedgerSnapshotRecord(instance=self.settings.instance, taken_ms=int(time.time() * 1000),
-                                          sequence=self._checkpoint_seq, counters=counters, per_model={},
-                                          per_consumer=per_consumer)
+        return codec.LedgerSnapshotRecord(
+            instance=self.settings.instance,
+            taken_ms=int(time.time() * 1000),
+            sequence=self._checkpoint_seq,
+            counters=counters,
+            per_model={},
+            per_consumer=per_consumer,
+        )
 
     def _checkpoint(self, force: bool = False) -> None:
         now = self.now_ms()
@@ -362,6 +406,10 @@ class ProcessorService:
             if err is not None:
                 log.error("accounting checkpoint not delivered: %s", err)
 
-        self._produce(self.topics.accounting, codec.encode_ledger_snapshot(self.snapshot()),
-                      self.settings.instance.encode(), delivered)
+        self._produce(
+            self.topics.accounting,
+            codec.encode_ledger_snapshot(self.snapshot()),
+            self.settings.instance.encode(),
+            delivered,
+        )
         self.counters.checkpoints += 1

@@ -41,7 +41,12 @@ DEFAULT_CONSUMERS = (
     "card32:model=default,budget=32768,items=128,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4",
 )
 
-_INT_KEYS = {"budget": "budget_tokens", "items": "max_items", "pad": "pad_multiple", "inflight": "max_inflight"}
+_INT_KEYS = {
+    "budget": "budget_tokens",
+    "items": "max_items",
+    "pad": "pad_multiple",
+    "inflight": "max_inflight",
+}
 _CARD_KEYS = {"tps": "tokens_per_s", "overhead_ms": "overhead_ms", "cache": "cache", "jitter": "jitter"}
 
 
@@ -49,7 +54,9 @@ def parse_consumer_spec(text: str) -> ConsumerSpec:
     """``NAME:model=M,budget=16384,items=64,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4``."""
     name, sep, rest = text.partition(":")
     if not sep or not name:
-        raise ValueError(f"--consumer {text!r}: expected NAME:key=value,... (e.g. card16:model=default,budget=16384)")
+        raise ValueError(
+            f"--consumer {text!r}: expected NAME:key=value,... (e.g. card16:model=default,budget=16384)"
+        )
     contract_args: dict[str, Any] = {"consumer": name, "model": "default"}
     card_args: dict[str, Any] = {}
     for part in filter(None, rest.split(",")):
@@ -181,8 +188,11 @@ class SimReport:
             "lane_reuses": self.lane_reuses,
             "new_lanes": self.new_lanes,
             "idle_reclaims": self.idle_reclaims,
-            "wait_ms": {"p50": self.wait_percentile(0.5), "p99": self.wait_percentile(0.99),
-                        "max": max(self.waits_ms, default=0)},
+            "wait_ms": {
+                "p50": self.wait_percentile(0.5),
+                "p99": self.wait_percentile(0.99),
+                "max": max(self.waits_ms, default=0),
+            },
             "makespan_ms": round(self.makespan_ms, 3),
             "tokens_per_s": round(self.tokens_per_s, 1),
             "oversized": self.oversized,
@@ -193,8 +203,11 @@ class SimReport:
                     "real_tokens": f.real_tokens,
                     "padded_tokens": f.padded_tokens,
                     "padding_waste": round((f.padded_tokens - f.real_tokens) / f.padded_tokens, 6)
-                    if f.padded_tokens else 0.0,
-                    "budget_fill": round(f.fill_padded_tokens / f.budget_tokens, 6) if f.budget_tokens else 0.0,
+                    if f.padded_tokens
+                    else 0.0,
+                    "budget_fill": round(f.fill_padded_tokens / f.budget_tokens, 6)
+                    if f.budget_tokens
+                    else 0.0,
                     "cache_hit_rate": round(f.cache_hits / f.batches, 6) if f.batches else 0.0,
                     "shape_switches": f.shape_switches,
                     "oversized": f.oversized,
@@ -205,8 +218,9 @@ class SimReport:
         }
 
 
-def make_policy(name: str, lanes: LaneSettings | None = None, dispatch: DispatchSettings | None = None,
-                window: int = 1024) -> Policy:
+def make_policy(
+    name: str, lanes: LaneSettings | None = None, dispatch: DispatchSettings | None = None, window: int = 1024
+) -> Policy:
     if name == "lanes":
         return Scheduler(lanes, dispatch, batch_prefix="sim")
     if name == "fifo":
@@ -256,12 +270,13 @@ def simulate(
     models = {spec.contract.model for spec in consumers}
     unserved = {r.model for r in records} - models
     if unserved:
-        raise ValueError(f"no consumer serves model(s) {', '.join(sorted(unserved))}: add a --consumer for each")
+        raise ValueError(
+            f"no consumer serves model(s) {', '.join(sorted(unserved))}: add a --consumer for each"
+        )
 
     report = SimReport(policy, consumers={name: ConsumerFigures() for name in cards})
     arrivals = [
-        (0 if backlog else int(r.t_ms / speed), Item(r.id, r.model, r.shape, r.length, 0))
-        for r in records
+        (0 if backlog else int(r.t_ms / speed), Item(r.id, r.model, r.shape, r.length, 0)) for r in records
     ]
     arrivals.sort(key=lambda a: a[0])
     for t, item in arrivals:
@@ -351,7 +366,9 @@ def _sample(report: SimReport, pol: Policy, scheduler: Scheduler | None, now: in
         t = scheduler.table
         report.samples.append(Sample(now, t.waiting_items, t.waiting_tokens, t.stats.lanes_in_use))
     else:
-        report.samples.append(Sample(now, getattr(pol, "waiting_items", 0), getattr(pol, "waiting_tokens", 0), 0))
+        report.samples.append(
+            Sample(now, getattr(pol, "waiting_items", 0), getattr(pol, "waiting_tokens", 0), 0)
+        )
 
 
 def _lane_peaks(report: SimReport, scheduler: Scheduler) -> None:
@@ -361,16 +378,19 @@ def _lane_peaks(report: SimReport, scheduler: Scheduler) -> None:
 
 
 def _batch_line(batch: Batch) -> str:
-    return json.dumps({
-        "batch_id": batch.batch_id,
-        "consumer": batch.consumer,
-        "model": batch.model,
-        "shape": batch.shape,
-        "lane": batch.lane,
-        "t_ms": batch.created_ms,
-        "padded_length": batch.padded_length,
-        "items": [[it.id, it.length] for it in batch.items],
-    }, separators=(",", ":"))
+    return json.dumps(
+        {
+            "batch_id": batch.batch_id,
+            "consumer": batch.consumer,
+            "model": batch.model,
+            "shape": batch.shape,
+            "lane": batch.lane,
+            "t_ms": batch.created_ms,
+            "padded_length": batch.padded_length,
+            "items": [[it.id, it.length] for it in batch.items],
+        },
+        separators=(",", ":"),
+    )
 
 
 def render_table(reports: Iterable[SimReport]) -> str:
@@ -391,15 +411,23 @@ def render_table(reports: Iterable[SimReport]) -> str:
         ("lane pressure (peak)", lambda r: f"{r.lane_pressure_peak:.3f}"),
         ("lane reuses / new lanes", lambda r: f"{r.lane_reuses:,} / {r.new_lanes:,}"),
         ("oversized", lambda r: f"{r.oversized:,}"),
-        ("wait p50 / p99 / max ms", lambda r: f"{r.wait_percentile(0.5):,} / {r.wait_percentile(0.99):,} / "
-                                              f"{max(r.waits_ms, default=0):,}"),
+        (
+            "wait p50 / p99 / max ms",
+            lambda r: (
+                f"{r.wait_percentile(0.5):,} / {r.wait_percentile(0.99):,} / {max(r.waits_ms, default=0):,}"
+            ),
+        ),
         ("makespan (virtual s)", lambda r: f"{r.makespan_ms / 1000:,.1f}"),
         ("tokens/s (virtual)", lambda r: f"{r.tokens_per_s:,.0f}"),
     ]
     width = max(len(name) for name, _ in rows)
     cols = [[fmt(r) for _, fmt in rows] for r in reports]
     col_w = [max(len(r.policy), *(len(v) for v in col)) for r, col in zip(reports, cols, strict=True)]
-    lines = ["".ljust(width) + "  " + "  ".join(r.policy.rjust(w) for r, w in zip(reports, col_w, strict=True))]
+    lines = [
+        "".ljust(width) + "  " + "  ".join(r.policy.rjust(w) for r, w in zip(reports, col_w, strict=True))
+    ]
     for i, (name, _) in enumerate(rows):
-        lines.append(name.ljust(width) + "  " + "  ".join(col[i].rjust(w) for col, w in zip(cols, col_w, strict=True)))
+        lines.append(
+            name.ljust(width) + "  " + "  ".join(col[i].rjust(w) for col, w in zip(cols, col_w, strict=True))
+        )
     return "\n".join(lines)

@@ -37,8 +37,14 @@ class StatusView:
 
 def read_compacted(conf: Mapping[str, str], topic: str, timeout_s: float = 10.0) -> Iterator[Any]:
     """Every message of ``topic`` from the beginning up to its end at the time of the call."""
-    consumer = Consumer({**conf, "group.id": f"tokenfabric-status-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": "false", "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": f"tokenfabric-status-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": "false",
+            "isolation.level": "read_committed",
+        }
+    )
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -60,13 +66,16 @@ def read_compacted(conf: Mapping[str, str], topic: str, timeout_s: float = 10.0)
                 if msg.error() is not None:
                     continue
                 yield msg
-                if msg.offset() + 1 >= remaining.get(msg.partition(), 0):
-                    remaining.pop(msg.partition(), None)
+                partition, offset = msg.partition(), msg.offset()
+                if partition is not None and offset is not None and offset + 1 >= remaining.get(partition, 0):
+                    remaining.pop(partition, None)
     finally:
         consumer.close()
 
 
-def ingest_lag(conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0) -> tuple[int | None, int]:
+def ingest_lag(
+    conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
+) -> tuple[int | None, int]:
     """(messages the group has not committed past, messages ever written) on ``topic``."""
     consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
     try:

@@ -53,7 +53,9 @@ COMPACTED = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "s
 RETAINED = {"retention.ms": str(7 * 24 * 3600 * 1000), "max.message.bytes": str(64 * 1024 * 1024)}
 
 
-def topic_specs(names: TopicNames, *, ingest_partitions: int = 6, consumers: Iterable[str] = ()) -> list[TopicSpec]:
+def topic_specs(
+    names: TopicNames, *, ingest_partitions: int = 6, consumers: Iterable[str] = ()
+) -> list[TopicSpec]:
     specs = [
         TopicSpec(names.ingest, ingest_partitions, RETAINED),
         TopicSpec(names.results, 3, RETAINED),
@@ -71,8 +73,10 @@ def create_topics(conf: Mapping[str, str], specs: Iterable[TopicSpec], timeout_s
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(dict(conf))
-    new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
-           for s in specs]
+    new = [
+        NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
+        for s in specs
+    ]
     created: list[str] = []
     if not new:
         return created

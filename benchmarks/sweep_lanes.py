@@ -1,0 +1,39 @@
+"""Sweep the lane settings over the shipped traces (backlog replays, default cards).
+
+Prints a markdown table of padding waste / budget fill / new lanes per trace for each setting, the
+measurement behind LaneSettings' defaults (docs/lanes.md). Run: python benchmarks/sweep_lanes.py
+"""
+
+from __future__ import annotations
+
+from processor.lanes import LaneSettings
+from processor.simulator import DEFAULT_CONSUMERS, parse_consumer_spec, simulate
+from processor.traces import read_shipped
+
+TRACES = ("mooncake_conversation", "mooncake_synthetic", "azure_code", "azure_conv")
+SETTINGS = [  # floor_tokens, start_ratio, full_ratio, cap_tokens
+    (16, 0.01, 0.10, 512),
+    (8, 0.005, 0.10, 512),
+    (8, 0.002, 0.05, 512),
+    (8, 0.002, 0.05, 256),
+    (0, 0.002, 0.05, 256),
+    (0, 0.001, 0.02, 128),
+]
+
+
+def main() -> None:
+    consumers = [parse_consumer_spec(s) for s in DEFAULT_CONSUMERS]
+    records = {name: read_shipped(name) for name in TRACES}
+    print("| floor | start | full | cap | " + " | ".join(TRACES) + " |")
+    print("|---:|---:|---:|---:|" + "---|" * len(TRACES))
+    for floor, start, full, cap in SETTINGS:
+        lanes = LaneSettings(floor_tokens=floor, start_ratio=start, full_ratio=full, cap_tokens=cap)
+        cells = []
+        for name in TRACES:
+            r = simulate(records[name], consumers, "lanes", backlog=True, lanes=lanes)
+            cells.append(f"{r.padding_waste:.3%} / {r.budget_fill:.1%} / {r.new_lanes:,}")
+        print(f"| {floor} | {start} | {full} | {cap} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

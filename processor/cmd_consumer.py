@@ -1,0 +1,147 @@
+"""``tokenfabric consumer``: run one GPU consumer app (processor.consumer_app) with an engine.
+
+Exit status: 0 after a clean stop (SIGTERM/SIGINT, ``--max-batches``, ``--idle-exit-s``) or a
+``--retire``; 2 for bad arguments or Kafka settings; 1 when Kafka or delivery fails at run time.
+A second SIGINT/SIGTERM while the current batch finishes aborts at once (the batch runs again on
+restart: its offset was not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from processor.cli_options import add_kafka_arguments, kafka_settings
+from processor.engines import ENGINES
+
+PROG = "tokenfabric consumer"
+#: ``--flag`` -> sim engine option; passed only to ``--engine sim``.
+SIM_FLAGS = {
+    "tps": "tps",
+    "overhead_ms": "overhead_ms",
+    "cache": "cache",
+    "time_scale": "time_scale",
+    "seed": "seed",
+}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--id", required=True, help="consumer id: names its batch topic and consumer group")
+    p.add_argument("--model", help="the model this consumer serves (required unless --retire)")
+    p.add_argument("--budget", type=int, help="padded tokens per batch (required unless --retire)")
+    p.add_argument("--items", type=int, help="most items per batch (required unless --retire)")
+    p.add_argument("--pad", type=int, default=8, help="pad multiple (default: 8)")
+    p.add_argument("--inflight", type=int, default=2, help="batches in flight at once (default: 2)")
+    p.add_argument("--engine", default="sim", choices=sorted(ENGINES), help="engine (default: sim)")
+    p.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option (repeatable; overrides the sim flags below)",
+    )
+    sim = p.add_argument_group("sim engine")
+    sim.add_argument("--tps", help="modelled prefill tokens/s (default: 50000)")
+    sim.add_argument("--overhead-ms", help="modelled fixed cost per batch in ms (default: 5)")
+    sim.add_argument("--cache", help="prefix-cache capacity in shapes (default: 4)")
+    sim.add_argument("--time-scale", help="sleep this fraction of the modelled time (default: 1; 0: instant)")
+    sim.add_argument("--seed", help="seed of the modelled jitter (default: 0)")
+    p.add_argument("--max-batches", type=int, help="exit after N batches (tests)")
+    p.add_argument("--idle-exit-s", type=float, help="exit after S seconds without a batch (demo)")
+    p.add_argument(
+        "--retire", action="store_true", help="publish a tombstone for this consumer's contract and exit"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log one line per batch")
+    add_kafka_arguments(p)
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for flag, key in SIM_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if args.engine != "sim":
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --engine sim only")
+        options[key] = value
+    for pair in args.engine_opt:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-opt {pair!r}: expected KEY=VALUE")
+        options[key] = value
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from processor.consumer_app import ConsumerApp, ConsumerAppError, retire
+    from processor.contract import CONSUMER_ID, Contract
+    from processor.engines import make_engine
+    from processor.kafka_config import ConfigError
+
+    try:
+        if not CONSUMER_ID.match(args.id):
+            raise ValueError(f"--id {args.id!r}: use 1-200 of A-Z a-z 0-9 . _ - (it names a topic)")
+        conf, topics = kafka_settings(args)
+        if args.retire:
+            retire(conf, topics, args.id)
+            print(f"retired consumer {args.id}: tombstone on {topics.contracts}")
+            return 0
+        missing = [f"--{n}" for n in ("model", "budget", "items") if getattr(args, n) is None]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} required to run a consumer")
+        if args.max_batches is not None and args.max_batches < 1:
+            raise ValueError(f"--max-batches must be >= 1, got {args.max_batches}")
+        if args.idle_exit_s is not None and not args.idle_exit_s > 0:
+            raise ValueError(f"--idle-exit-s must be > 0, got {args.idle_exit_s}")
+        contract = Contract(args.id, args.model, args.budget, args.items, args.pad, args.inflight)
+        engine = make_engine(args.engine, _engine_options(args))
+    except (ValueError, ConfigError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except (KafkaException, ConsumerAppError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format=f"consumer {args.id}: %(message)s",
+    )
+    app = ConsumerApp(
+        conf, topics, contract, engine, max_batches=args.max_batches, idle_exit_s=args.idle_exit_s
+    )
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    try:
+        stats = app.run(stop)
+    except (KafkaException, ConsumerAppError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
+        return 130
+    print(f"consumer {args.id}: {stats.summary()}")
+    return 0
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    """First SIGINT/SIGTERM: finish the batch, commit, exit 0. Second: abort now."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        logging.getLogger("tokenfabric.consumer").info(
+            "%s: finishing the current batch, then exiting", signal.Signals(signum).name
+        )
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals are delivered to the main thread only; an embedding caller owns them
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,467 @@
+"""A GPU consumer app: read batches from its own topic, run an engine, write one Completion per item.
+
+Lifecycle of :meth:`ConsumerApp.run`:
+
+1. Create the consumer's batch topic if it is missing (the processor may start after the consumer).
+2. Announce the contract on the contracts topic (compacted, keyed by consumer id) and wait for the
+   broker's acknowledgement: the processor learns the consumer exists and what it accepts.
+3. Read the batch topic in the group ``tokenfabric-consumer-<id>`` (``read_committed``, so batches of
+   an aborted processor transaction are never run; no auto-commit).
+4. For each batch: decode it, check it against the consumer's *own* contract, run the engine, produce
+   one Completion per item to the results topic, flush, and only then commit the batch's offset.
+
+Delivery guarantee: **at-least-once**. Completions are durable before the offset moves, so a crash
+loses no item; a crash between the flush and the commit re-runs the batch and writes its completions
+a second time (same ``item_id`` key, same ``batch_id``: readers dedupe on the pair). Exactly-once
+will come with Kafka transactions (``send_offsets_to_transaction`` around the completions and the
+offset), once the processor side uses them too.
+
+What never happens silently: a batch that does not decode goes whole to the dead-letter topic (and
+is committed past, so it cannot wedge the consumer); a batch that breaks the contract is answered
+with every item ``rejected`` and the reason, never run; an engine that raises or returns the wrong
+results answers every item ``failed`` with the error.
+
+Stopping: set the ``stop`` event (``tokenfabric consumer`` sets it on SIGTERM/SIGINT). The current
+batch finishes and is committed, then the app leaves its group and returns. The contract stays
+announced, so the processor keeps routing to this consumer's topic and a restart resumes where it
+stopped; :func:`retire` publishes the tombstone that withdraws it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+
+from processor.codec import (
+    STATUSES,
+    BatchRecord,
+    CompletionRecord,
+    ContractRecord,
+    DeadLetterRecord,
+    DecodeError,
+    Status,
+    decode_batch,
+    encode_completion,
+    encode_contract,
+    encode_dead_letter,
+)
+from processor.contract import Contract
+from processor.engines import Engine, ItemResult
+from processor.producer import with_kafka_logger
+from processor.topics import TopicNames, create_topics, topic_specs
+
+log = logging.getLogger("tokenfabric.consumer")
+
+#: Settings of the producer that writes completions, contracts and dead letters.
+PRODUCER_SETTINGS: dict[str, str] = {"enable.idempotence": "true", "acks": "all", "linger.ms": "5"}
+
+
+class ConsumerAppError(RuntimeError):
+    """The app cannot go on (a completion was not delivered, a fatal Kafka error)."""
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counts since :meth:`ConsumerApp.run` started (batches include dead-lettered ones)."""
+
+    batches: int = 0
+    items: int = 0
+    ok: int = 0
+    failed: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    engine_ms: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"{self.batches} batches, {self.items} items (ok {self.ok}, failed {self.failed}, "
+            f"rejected {self.rejected}), {self.dead_lettered} dead-lettered, engine {self.engine_ms} ms"
+        )
+
+
+def group_id(consumer: str) -> str:
+    return f"tokenfabric-consumer-{consumer}"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def contract_violation(contract: Contract, batch: BatchRecord) -> str | None:
+    """Why ``batch`` breaks ``contract``, or None when it respects it.
+
+    The consumer checks its own promise rather than trusting the processor: a bug or a stale
+    contract upstream must show up as rejected items with a reason, not as an engine that runs out
+    of memory. A single item may exceed the budget (an oversized item always travels alone).
+    """
+    n = len(batch.items)
+    if batch.consumer != contract.consumer:
+        return f"batch addressed to consumer {batch.consumer!r}, this is {contract.consumer!r}"
+    if batch.model != contract.model:
+        return f"batch model {batch.model!r}, contract model {contract.model!r}"
+    if n > contract.max_items:
+        return f"{n} items > contract max_items {contract.max_items}"
+    longest = max((item.token_count for item in batch.items), default=0)
+    if batch.padded_length < longest:
+        return f"padded_length {batch.padded_length} < longest item {longest} tokens"
+    mixed = sorted({item.model for item in batch.items if item.model != batch.model})
+    if mixed:
+        return f"items of model(s) {', '.join(mixed)} in a batch for {batch.model!r}"
+    cost = n * batch.padded_length
+    if cost > contract.budget_tokens and n > 1:
+        return (
+            f"{n} items x padded_length {batch.padded_length} = {cost} tokens > contract budget "
+            f"{contract.budget_tokens}"
+        )
+    return None
+
+
+class ConsumerApp:
+    """One consumer: its contract, its engine, its batch topic. ``run`` it in any thread.
+
+    ``conf`` is a :func:`processor.kafka_config.client_config` dict, shared by the Kafka consumer,
+    producer and admin client. ``max_batches`` stops after that many batches (tests);
+    ``idle_exit_s`` stops after that long without a batch (the demo). ``on_batch`` is called after
+    each batch is committed, with the stats so far (progress display, tests).
+    """
+
+    def __init__(
+        self,
+        conf: Mapping[str, str],
+        topics: TopicNames,
+        contract: Contract,
+        engine: Engine,
+        *,
+        max_batches: int | None = None,
+        idle_exit_s: float | None = None,
+        poll_timeout_s: float = 0.5,
+        on_batch: Callable[[ConsumerStats], None] | None = None,
+    ) -> None:
+        if max_batches is not None and max_batches < 1:
+            raise ValueError(f"max_batches must be >= 1, got {max_batches}")
+        if idle_exit_s is not None and not idle_exit_s > 0:
+            raise ValueError(f"idle_exit_s must be > 0, got {idle_exit_s}")
+        self.conf = dict(conf)
+        self.topics = topics
+        self.contract = contract
+        self.engine = engine
+        self.max_batches = max_batches
+        self.idle_exit_s = idle_exit_s
+        self.poll_timeout_s = poll_timeout_s
+        self.on_batch = on_batch
+        self.batch_topic = topics.batches(contract.consumer)
+        self.stats = ConsumerStats()
+        self._producer: Producer | None = None
+        self._delivery_errors: list[str] = []
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def ensure_topic(self, timeout_s: float = 15.0) -> bool:
+        """Create the batch topic if missing; True if this call created it.
+
+        Looks first, so a consumer whose credentials may not create topics still starts when an
+        operator created its topic, and an unreachable cluster fails in ``timeout_s`` with one line.
+        """
+        from confluent_kafka.admin import AdminClient
+
+        conf = cast(dict[str, str], with_kafka_logger(self.conf))
+        where = self.conf.get("bootstrap.servers", "?")
+        try:
+            existing = AdminClient(with_kafka_logger(self.conf)).list_topics(timeout=timeout_s).topics
+        except KafkaException as exc:
+            raise ConsumerAppError(f"cannot reach Kafka at {where} within {timeout_s:g} s: {exc}") from None
+        if self.batch_topic in existing:
+            return False
+        all_specs = topic_specs(self.topics, consumers=[self.contract.consumer])
+        specs = [s for s in all_specs if s.name == self.batch_topic]
+        try:
+            return bool(create_topics(conf, specs, timeout_s=timeout_s))
+        except TimeoutError:
+            raise ConsumerAppError(
+                f"creating {self.batch_topic} on {where}: no answer in {timeout_s:g} s"
+            ) from None
+
+    def announce(self) -> None:
+        """Publish the contract (keyed by consumer id) and wait until the broker has it."""
+        value = encode_contract(ContractRecord(self.contract, _now_ms()))
+        self._produce(self.topics.contracts, self.contract.consumer.encode("utf-8"), value)
+        self._flush("contract announcement")
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> ConsumerStats:
+        """Announce, then process batches until ``stop`` is set, ``max_batches`` or ``idle_exit_s``.
+
+        Raises :class:`ConsumerAppError` or ``KafkaException`` when it cannot go on. The app owns the
+        engine and closes it when ``run`` returns or raises, so call ``run`` once per app.
+        """
+        stop = stop or threading.Event()
+        self.stats = ConsumerStats()
+        self._producer = Producer(with_kafka_logger({**self.conf, **PRODUCER_SETTINGS}))
+        consumer: Consumer | None = None
+        try:
+            if self.ensure_topic():
+                log.info("created topic %s", self.batch_topic)
+            self.announce()
+            consumer = Consumer(
+                with_kafka_logger(
+                    {
+                        **self.conf,
+                        "group.id": group_id(self.contract.consumer),
+                        "enable.auto.commit": "false",
+                        "isolation.level": "read_committed",
+                        "auto.offset.reset": "earliest",
+                    }
+                )
+            )
+            consumer.subscribe([self.batch_topic])
+            log.info(
+                "contract announced (model %s, budget %d, items %d, engine %s); reading %s",
+                self.contract.model,
+                self.contract.budget_tokens,
+                self.contract.max_items,
+                self.engine.name,
+                self.batch_topic,
+            )
+            self._loop(consumer, stop)
+        finally:
+            if consumer is not None:
+                consumer.close()
+            if self._producer is not None:
+                self._producer.flush(10.0)
+            self.engine.close()
+        return self.stats
+
+    def _loop(self, consumer: Consumer, stop: threading.Event) -> None:
+        last_batch = time.monotonic()
+        while not stop.is_set():
+            if self.max_batches is not None and self.stats.batches >= self.max_batches:
+                return
+            if self.idle_exit_s is not None and time.monotonic() - last_batch >= self.idle_exit_s:
+                log.info("no batch for %.1f s: exiting", self.idle_exit_s)
+                return
+            msg = consumer.poll(self.poll_timeout_s)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                self._consumer_error(error)
+                continue
+            self.handle(msg)
+            self._commit(consumer, msg)
+            last_batch = time.monotonic()
+            if self.on_batch is not None:
+                self.on_batch(self.stats)
+
+    def _consumer_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise KafkaException(error)
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        # Transient (a topic still propagating, a broker restarting): librdkafka retries by itself.
+        log.warning("consumer: %s", error.str())
+
+    def _commit(self, consumer: Consumer, msg: Message) -> None:
+        try:
+            consumer.commit(message=msg, asynchronous=False)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.fatal():
+                raise
+            # Lost the partition in a rebalance: its new owner re-runs the batch (at-least-once).
+            log.warning(
+                "commit of %s[%d]@%d failed (%s): the batch may run again",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                exc,
+            )
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    def handle(self, msg: Message) -> None:
+        """Process one batch message up to durable completions (the caller commits)."""
+        self.stats.batches += 1
+        value = msg.value()
+        try:
+            batch = decode_batch(value)
+        except DecodeError as exc:
+            self._dead_letter(msg, exc)
+            return
+        if not batch.items:
+            log.warning("batch %s has no items: nothing to answer", batch.batch_id)
+            return
+        violation = contract_violation(self.contract, batch)
+        engine_ms = 0
+        if violation is not None:
+            log.warning("batch %s rejected: %s", batch.batch_id, violation)
+            results = [
+                ItemResult(i.item_id, "rejected", b"", 0, f"contract: {violation}", False)
+                for i in batch.items
+            ]
+        else:
+            started = time.perf_counter()
+            results = self._run_engine(batch)
+            engine_ms = round((time.perf_counter() - started) * 1000)
+        completed_ms = _now_ms()
+        for item, result in zip(batch.items, results, strict=True):
+            rec = _completion(
+                batch,
+                item.item_id,
+                item.job_id,
+                item.token_count,
+                item.produced_ms,
+                result,
+                engine_ms,
+                completed_ms,
+            )
+            self._produce(self.topics.results, item.item_id.encode("utf-8"), encode_completion(rec))
+            self._count(rec.status)
+        self.stats.items += len(batch.items)
+        self.stats.engine_ms += engine_ms
+        self._flush(f"completions of batch {batch.batch_id}")
+        log.debug("batch %s: %d items, %d ms", batch.batch_id, len(batch.items), engine_ms)
+
+    def _run_engine(self, batch: BatchRecord) -> list[ItemResult]:
+        """The engine's results, or every item failed with why (see processor.engines)."""
+        try:
+            results = self.engine.run(batch)
+        except Exception as exc:  # the engine contract: raising fails the whole batch, not the app
+            log.warning(
+                "batch %s failed in engine %s: %s: %s",
+                batch.batch_id,
+                self.engine.name,
+                type(exc).__name__,
+                exc,
+            )
+            return _all_failed(batch, f"engine error: {type(exc).__name__}: {exc}")
+        ids = [getattr(r, "item_id", None) for r in results] if isinstance(results, list) else None
+        bad = ids is None or any(not isinstance(r, ItemResult) or r.status not in STATUSES for r in results)
+        if bad or ids != [item.item_id for item in batch.items]:
+            got = "not a list of ItemResult" if bad else f"{len(results)} results"
+            reason = (
+                f"engine-contract: {self.engine.name} returned {got} for {len(batch.items)} items "
+                "(wanted one per item, same order, status ok|failed|rejected)"
+            )
+            log.warning("batch %s: %s", batch.batch_id, reason)
+            return _all_failed(batch, reason)
+        return results
+
+    def _count(self, status: Status) -> None:
+        if status == "ok":
+            self.stats.ok += 1
+        elif status == "failed":
+            self.stats.failed += 1
+        else:
+            self.stats.rejected += 1
+
+    def _dead_letter(self, msg: Message, exc: DecodeError) -> None:
+        value = msg.value() or b""
+        log.warning(
+            "%s[%d]@%d: undecodable batch (%s: %s): dead-lettered",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            exc.reason,
+            exc,
+        )
+        rec = DeadLetterRecord(
+            reason=exc.reason,
+            source_topic=msg.topic() or self.batch_topic,
+            partition=msg.partition() or 0,
+            offset=msg.offset() or 0,
+            original=value,
+            original_key=msg.key(),
+            dead_ms=_now_ms(),
+        )
+        self._produce(self.topics.dead_letter, msg.key(), encode_dead_letter(rec))
+        self._flush("dead letter")
+        self.stats.dead_lettered += 1
+
+    # -- producing ------------------------------------------------------------------------------
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        producer = self._producer
+        if producer is None:
+            raise ConsumerAppError("the app's producer is not open: call run()")
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=self._on_delivery)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._delivery_errors.append(f"{msg.topic()}: {err.str()}")
+
+    def _flush(self, what: str, timeout_s: float = 60.0) -> None:
+        """Wait for every queued message; raise (so nothing is committed) if any was not delivered."""
+        assert self._producer is not None
+        remaining = self._producer.flush(timeout_s)
+        if self._delivery_errors:
+            errors, self._delivery_errors = self._delivery_errors, []
+            raise ConsumerAppError(f"{what}: {len(errors)} messages not delivered; first: {errors[0]}")
+        if remaining:
+            raise ConsumerAppError(f"{what}: {remaining} messages still unacknowledged after {timeout_s:g} s")
+
+
+def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:
+    return [ItemResult(item.item_id, "failed", b"", 0, reason, False) for item in batch.items]
+
+
+def _completion(
+    batch: BatchRecord,
+    item_id: str,
+    job_id: str,
+    input_tokens: int,
+    produced_ms: int,
+    result: ItemResult,
+    engine_ms: int,
+    completed_ms: int,
+) -> CompletionRecord:
+    ok = result.status == "ok"
+    queued = batch.created_ms - produced_ms if 0 < produced_ms <= batch.created_ms else 0
+    return CompletionRecord(
+        item_id=item_id,
+        job_id=job_id,
+        batch_id=batch.batch_id,
+        consumer=batch.consumer,
+        model=batch.model,
+        status=result.status,
+        reason=None if ok else (result.reason or result.status),
+        input_tokens=input_tokens,
+        output_tokens=result.output_tokens if ok else 0,
+        padded_tokens=batch.padded_length,
+        output=result.output if ok else b"",
+        queued_ms=queued,
+        engine_ms=engine_ms,
+        completed_ms=completed_ms,
+        cache_hit=result.cache_hit,
+    )
+
+
+def retire(conf: Mapping[str, str], topics: TopicNames, consumer: str, timeout_s: float = 30.0) -> None:
+    """Withdraw a consumer: a tombstone for its id on the contracts topic, acknowledged by the broker.
+
+    The processor stops routing to it; batches already on its topic stay there (a consumer started
+    again with the same id announces itself and resumes them).
+    """
+    producer = Producer(with_kafka_logger({**conf, **PRODUCER_SETTINGS}))
+    errors: list[str] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err.str())
+
+    producer.produce(topics.contracts, None, consumer.encode("utf-8"), on_delivery=on_delivery)
+    remaining = producer.flush(timeout_s)
+    if errors or remaining:
+        detail = errors[0] if errors else f"not acknowledged after {timeout_s:g} s"
+        raise ConsumerAppError(f"retiring {consumer}: tombstone on {topics.contracts} lost: {detail}")
