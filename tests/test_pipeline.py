@@ -61,15 +61,24 @@ def pipeline(kafka_bootstrap: str) -> Iterator[Running]:
             except BaseException as exc:  # recorded and re-raised by the test below
                 errors.append(exc)
                 stop.set()
+
         return body
 
     threads = []
     for contract in (SMALL, LARGE):
-        app = ConsumerApp(conf, topics, contract, SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0),
-                          poll_timeout_s=0.05)
+        app = ConsumerApp(
+            conf,
+            topics,
+            contract,
+            SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0),
+            poll_timeout_s=0.05,
+        )
         threads.append(threading.Thread(target=guarded(app.run), name=contract.consumer))
-    service = ProcessorService(conf, topics, ProcessorSettings(instance="itest", group_id=f"{topics.prefix}-proc",
-                                                               checkpoint_interval_ms=300))
+    service = ProcessorService(
+        conf,
+        topics,
+        ProcessorSettings(instance="itest", group_id=f"{topics.prefix}-proc", checkpoint_interval_ms=300),
+    )
     threads.append(threading.Thread(target=guarded(service.run), name="processor"))
     for t in threads:
         t.start()
@@ -94,7 +103,9 @@ def test_a_real_trace_goes_from_producer_to_results_exactly_once(pipeline: Runni
     # Two models' worth of shapes: split the trace into 4 prompt templates.
     with TokenProducer(pipeline.conf, pipeline.topics) as producer:
         for r in records:
-            producer.send(r.id, "default", synthetic_tokens(r.id, r.length), components=[f"template-{int(r.id) % 4}"])
+            producer.send(
+                r.id, "default", synthetic_tokens(r.id, r.length), components=[f"template-{int(r.id) % 4}"]
+            )
     sent_tokens = sum(r.length for r in records)
 
     def all_completed() -> bool:
@@ -146,7 +157,10 @@ def test_malformed_messages_are_dead_lettered_and_the_processor_keeps_going(pipe
     producer.flush(30)
 
     def dead_letters() -> list[codec.DeadLetterRecord]:
-        return [codec.decode_dead_letter(m.value()) for m in read_compacted(pipeline.conf, pipeline.topics.dead_letter)]
+        return [
+            codec.decode_dead_letter(m.value())
+            for m in read_compacted(pipeline.conf, pipeline.topics.dead_letter)
+        ]
 
     wait_for(lambda: len(dead_letters()) >= len(bad), 60, "the dead letters")
     letters = dead_letters()
@@ -161,9 +175,18 @@ def test_malformed_messages_are_dead_lettered_and_the_processor_keeps_going(pipe
 
 
 def _item_fields(**overrides: object) -> dict[str, object]:
-    fields: dict[str, object] = {"item_id": "bad", "job_id": "", "model": "default", "shape": 7, "token_count": 1,
-                                 "tokens": b"\x01\x00\x00\x00", "shape_components": None, "produced_ms": 0,
-                                 "output_budget": None, "metadata": None}
+    fields: dict[str, object] = {
+        "item_id": "bad",
+        "job_id": "",
+        "model": "default",
+        "shape": 7,
+        "token_count": 1,
+        "tokens": b"\x01\x00\x00\x00",
+        "shape_components": None,
+        "produced_ms": 0,
+        "output_budget": None,
+        "metadata": None,
+    }
     fields.update(overrides)
     return fields
 
@@ -188,7 +211,9 @@ def _with_unknown_field() -> bytes:
 def _card(contract: Contract):  # type: ignore[no-untyped-def]
     from processor.demo import Card
 
-    return Card(contract.consumer, contract.budget_tokens, contract.max_items, tps=1, pad=contract.pad_multiple)
+    return Card(
+        contract.consumer, contract.budget_tokens, contract.max_items, tps=1, pad=contract.pad_multiple
+    )
 
 
 def _assert_batches_within_contracts(pipeline: Running) -> None:
