@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import codec
-from .status import StatusView, gather, read_compacted
+from .replay import read_topic
+from .status import StatusView, gather
 from .topics import TopicNames
 
 
@@ -94,7 +95,7 @@ def read_back(conf: Mapping[str, str], topics: TopicNames, cards: Sequence[Card]
     out = TopicReadback()
     for card in cards:
         shapes_seen: set[int] = set()
-        for msg in read_compacted(conf, topics.batches(card.name)):
+        for msg in read_topic(conf, topics.batches(card.name)):
             batch = codec.decode_batch(msg.value())
             n = len(batch.items)
             out.batches[card.name] += 1
@@ -107,7 +108,7 @@ def read_back(conf: Mapping[str, str], topics: TopicNames, cards: Sequence[Card]
                 out.over_budget_batches += 1
             shapes_seen.add(batch.shape)
         out.shapes[card.name] = len(shapes_seen)
-    for msg in read_compacted(conf, topics.results):
+    for msg in read_topic(conf, topics.results):
         rec = codec.decode_completion(msg.value())
         out.completed_ids[rec.item_id] += 1
         if rec.status == "ok":

@@ -138,6 +138,28 @@ class Scheduler:
         self.ledger.received(item.model, item.length)
         self._enqueue(item, now_ms)
 
+    def restore_waiting(self, item: Item, now_ms: int) -> None:
+        """Put back an item a restored ledger already counts as received and queued."""
+        self._enqueue(item, now_ms)
+
+    def restore_in_flight(self, batch: Batch, now_ms: int) -> bool:
+        """Re-register a batch a restored ledger counts as in flight.
+
+        Returns False if its consumer has no contract any more: the items then go back to their lanes,
+        counted as redelivered.
+        """
+        state = self.consumers.get(batch.consumer)
+        flight = InFlight(batch)
+        if state is None:
+            holder = ConsumerState(Contract(batch.consumer, batch.model, 1, 1))
+            holder.in_flight[batch.batch_id] = flight
+            self._in_flight[batch.batch_id] = (holder, flight)
+            self.requeue(batch.batch_id, now_ms)
+            return False
+        state.in_flight[batch.batch_id] = flight
+        self._in_flight[batch.batch_id] = (state, flight)
+        return True
+
     def _enqueue(self, item: Item, now_ms: int) -> None:
         sl = self.table.place(item, now_ms)
         if sl.waiting_items == 1:

@@ -35,6 +35,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -44,8 +46,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,8 @@ class BrokerInfo:
     pid: int
     data_dir: Path
     log_dir: Path
+    security_protocol: str = "PLAINTEXT"
+    """``SASL_PLAINTEXT`` when started with ``sasl_users`` (clients must then log in)."""
 
 
 # Popen handles of brokers started by this process, kept so that they can be reaped (no zombies)
@@ -188,12 +192,21 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def start_broker(
-    state_dir: Path, *, port: int | None = None, heap_mb: int = 768, timeout_s: float = 120
+    state_dir: Path,
+    *,
+    port: int | None = None,
+    heap_mb: int = 768,
+    timeout_s: float = 120,
+    sasl_users: Mapping[str, str] | None = None,
 ) -> BrokerInfo:
     """Start a fresh single-node broker whose files live in *state_dir*, and wait until it serves.
 
     *port* is the client port (default: a free one). The controller port is always picked free.
     *timeout_s* bounds the wait for readiness, not the one-off jar download before it.
+    *sasl_users* (user name -> password) makes the client listener ``SASL_PLAINTEXT`` with the
+    ``PLAIN`` mechanism: only those users (and the broker's own, random, inter-broker user) may
+    connect. That is for testing how clients log in; PLAIN over plaintext sends the password in the
+    clear, so a real cluster uses ``SASL_SSL``. The controller listener stays ``PLAINTEXT`` on loopback.
     Raises KafkaLocalError if a broker of this state dir is already running, if the JVM exits
     (the message carries the first errors and the tail of its log), or if it is not ready in time.
     """
@@ -201,6 +214,7 @@ def start_broker(
     running = broker_status(state_dir)
     if running is not None:
         raise KafkaLocalError(f"a broker is already running for {state_dir}: {running.bootstrap}")
+    sasl = _SaslSetup.create(sasl_users) if sasl_users is not None else None
     jars = jars_dir()
     java = _java_executable()
     deadline = time.monotonic() + timeout_s
@@ -209,21 +223,74 @@ def start_broker(
     cluster_id = _random_cluster_id()
     props = state_dir / "server.properties"
     client_port, controller_port = _pick_ports(port)
-    _write_properties(props, data_dir, client_port=client_port, controller_port=controller_port)
+    _write_properties(props, data_dir, client_port=client_port, controller_port=controller_port, sasl=sasl)
     # Formatting does not record the ports (static quorum), so one format serves every attempt.
     _format_storage(java, jars, props, cluster_id, log_dir)
     for attempt in range(1, _MAX_START_ATTEMPTS + 1):
         try:
             return _launch_and_wait(
-                state_dir, java, jars, props, cluster_id, client_port, controller_port, heap_mb, deadline
+                state_dir,
+                java,
+                jars,
+                props,
+                cluster_id,
+                client_port,
+                controller_port,
+                heap_mb,
+                deadline,
+                sasl,
             )
         except _BindError as exc:
             if port is not None or attempt == _MAX_START_ATTEMPTS:
                 raise KafkaLocalError(str(exc)) from exc
             log.warning("port taken (attempt %d), retrying with other ports", attempt)
         client_port, controller_port = _pick_ports(port)
-        _write_properties(props, data_dir, client_port=client_port, controller_port=controller_port)
+        _write_properties(
+            props, data_dir, client_port=client_port, controller_port=controller_port, sasl=sasl
+        )
     raise AssertionError("unreachable")
+
+
+_SASL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_BROKER_USER = "tokenfabric-broker"
+
+
+@dataclass(frozen=True)
+class _SaslSetup:
+    """The PLAIN users of a SASL broker, plus the broker's own login for inter-broker requests."""
+
+    users: dict[str, str] = field(repr=False)
+    broker_user: str
+    broker_password: str = field(repr=False)
+
+    @classmethod
+    def create(cls, users: Mapping[str, str]) -> _SaslSetup:
+        for name, password in users.items():
+            # The JAAS line quotes values with '"' and has no escapes; a property file reads '\\'.
+            if not _SASL_NAME.match(name) or name == _BROKER_USER:
+                raise KafkaLocalError(
+                    f"SASL user name {name!r}: use 1-64 of A-Z a-z 0-9 . _ -, not {_BROKER_USER!r}"
+                )
+            if not password or any(c in password for c in '"\\;\n\r'):
+                raise KafkaLocalError(f"SASL password of {name!r}: non-empty, without quotes, \\ or ;")
+        return cls(dict(users), _BROKER_USER, secrets.token_hex(16))
+
+    def jaas(self) -> str:
+        accounts = {self.broker_user: self.broker_password, **self.users}
+        users = " ".join(f'user_{name}="{password}"' for name, password in accounts.items())
+        return (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{self.broker_user}" password="{self.broker_password}" {users};'
+        )
+
+    def client_conf(self) -> dict[str, str]:
+        """librdkafka settings that log in as the broker's own user (its readiness check)."""
+        return {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": self.broker_user,
+            "sasl.password": self.broker_password,
+        }
 
 
 def _launch_and_wait(
@@ -236,6 +303,7 @@ def _launch_and_wait(
     controller_port: int,
     heap_mb: int,
     deadline: float,
+    sasl: _SaslSetup | None = None,
 ) -> BrokerInfo:
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
     cmd = [
@@ -254,7 +322,10 @@ def _launch_and_wait(
         )  # fmt: skip
     _CHILDREN[proc.pid] = proc
     bootstrap = f"{HOST}:{client_port}"
-    info = BrokerInfo(bootstrap=bootstrap, pid=proc.pid, data_dir=data_dir, log_dir=log_dir)
+    protocol = "PLAINTEXT" if sasl is None else "SASL_PLAINTEXT"
+    info = BrokerInfo(
+        bootstrap=bootstrap, pid=proc.pid, data_dir=data_dir, log_dir=log_dir, security_protocol=protocol
+    )
     # Written before waiting, so that `stop` finds the JVM even if this process is interrupted.
     _write_atomic(
         state_dir / _STATE_FILE,
@@ -266,6 +337,7 @@ def _launch_and_wait(
                 "controller_port": controller_port,
                 "cluster_id": cluster_id,
                 "kafka_version": KAFKA_VERSION,
+                "security_protocol": protocol,  # never a password: this file is read by status
                 "state_dir": str(state_dir),
                 "data_dir": str(data_dir),
                 "log_dir": str(log_dir),
@@ -277,7 +349,7 @@ def _launch_and_wait(
         + "\n",
     )
     try:
-        _wait_ready(proc, client_port, log_dir, deadline)
+        _wait_ready(proc, client_port, log_dir, deadline, sasl.client_conf() if sasl else {})
     except BaseException:
         _terminate(proc.pid, timeout_s=1)  # a failed instance: no need for a clean shutdown
         (state_dir / _STATE_FILE).unlink(missing_ok=True)
@@ -287,7 +359,13 @@ def _launch_and_wait(
     return info
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], client_port: int, log_dir: Path, deadline: float) -> None:
+def _wait_ready(
+    proc: subprocess.Popen[bytes],
+    client_port: int,
+    log_dir: Path,
+    deadline: float,
+    client_conf: Mapping[str, str],
+) -> None:
     """Poll until the client listener accepts and answers a metadata request."""
     # The client listener opens only once the broker has registered with the controller and is unfenced,
     # so a TCP connect is the cheap first check. The metadata request confirms it serves clients.
@@ -311,7 +389,9 @@ def _wait_ready(proc: subprocess.Popen[bytes], client_port: int, log_dir: Path, 
             )
         if _tcp_open(HOST, client_port):
             if admin is None:
-                admin = AdminClient({"bootstrap.servers": f"{HOST}:{client_port}", "log_level": 3})
+                admin = AdminClient(
+                    {"bootstrap.servers": f"{HOST}:{client_port}", "log_level": 3, **client_conf}
+                )
             try:
                 metadata = admin.list_topics(timeout=min(5.0, max(remaining, 0.1)))
             except Exception as exc:  # KafkaException mostly; keep waiting until the deadline
@@ -359,7 +439,9 @@ def _random_cluster_id() -> str:
             return text
 
 
-def _write_properties(props: Path, data_dir: Path, *, client_port: int, controller_port: int) -> None:
+def _write_properties(
+    props: Path, data_dir: Path, *, client_port: int, controller_port: int, sasl: _SaslSetup | None = None
+) -> None:
     settings: dict[str, str | int] = {
         "process.roles": "broker,controller",
         "node.id": NODE_ID,
@@ -390,9 +472,25 @@ def _write_properties(props: Path, data_dir: Path, *, client_port: int, controll
         "num.io.threads": 4,
         "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
     }
+    if sasl is not None:
+        # One client listener, SASL_PLAINTEXT: clients and the broker's own inter-broker requests
+        # (transaction markers go to the partition leader, itself) must log in.
+        settings.update(
+            {
+                "listeners": f"SASL_PLAINTEXT://{HOST}:{client_port},CONTROLLER://{HOST}:{controller_port}",
+                "advertised.listeners": f"SASL_PLAINTEXT://{HOST}:{client_port}",
+                "inter.broker.listener.name": "SASL_PLAINTEXT",
+                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms": "PLAIN",
+                "sasl.mechanism.inter.broker.protocol": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config": sasl.jaas(),
+            }
+        )
     lines = [f"# written by processor/kafka_local.py for Kafka {KAFKA_VERSION}"]
     lines += [f"{key}={value}" for key, value in settings.items()]
     _write_atomic(props, "\n".join(lines) + "\n")
+    if sasl is not None:
+        props.chmod(0o600)  # it holds the users' passwords
 
 
 def _format_storage(java: str, jars: Path, props: Path, cluster_id: str, log_dir: Path) -> None:
@@ -452,6 +550,7 @@ def broker_status(state_dir: Path) -> BrokerInfo | None:
         pid=pid,
         data_dir=Path(record["data_dir"]),
         log_dir=Path(record["log_dir"]),
+        security_protocol=str(record.get("security_protocol", "PLAINTEXT")),
     )
 
 

@@ -156,7 +156,7 @@ class LaneTable:
             sl = self.shapes[key] = ShapeLanes(key)
         lane = self._choose_lane(sl, item.length, now_ms)
         # Choosing may reclaim idle lanes, this shape's last one included, which drops the shape.
-        pass
+        self.shapes[key] = sl
         self._append(sl, lane, item, now_ms)
         return sl
 

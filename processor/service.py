@@ -85,7 +85,30 @@ class ServiceCounters:
     checkpoints: int = 0
 
 
+class ServiceObserver:
+    """Hooks the metrics layer implements; the default observes nothing.
+
+    Called from the owner thread, so implementations must be quick and must not call back into the
+    service.
+    """
+
+    def committed(self, seconds: float) -> None:
+        """An ingest offset commit (or a transaction commit, with exactly-once) took ``seconds``."""
+
+    def checkpointed(self, seconds: float) -> None:
+        """A ledger checkpoint was produced; ``seconds`` is the time to build and queue it."""
+
+
 class ProcessorService:
+    """The processor's owner thread and its Kafka clients.
+
+    Read-only views for metrics and health (safe to read from another thread, values may be a step
+    old): ``core`` (the scheduler, its ``ledger`` and lane ``table``), ``counters``, ``lag`` (ingest
+    messages not yet consumed, per partition), ``last_step_s`` (monotonic time the loop last completed
+    a step), ``last_broker_ok_s`` (last time the broker answered), ``ledger_error`` (why the last
+    ledger check failed, or None).
+    """
+
     def __init__(
         self,
         conf: dict[str, str],
@@ -111,6 +134,11 @@ class ProcessorService:
         self._checkpoint_seq = 0
         self._cache_hit: dict[str, bool] = {}
         self._last_commit = self._last_checkpoint = self._last_tick = -1 << 62
+        self.observer = ServiceObserver()
+        self.lag: dict[int, int] = {}
+        self.last_step_s = clock()
+        self.last_broker_ok_s = clock()
+        self.ledger_error: str | None = None
 
         self.ingest = Consumer(
             {
@@ -203,6 +231,7 @@ class ProcessorService:
             self._last_tick = now
         self._commit()
         self._checkpoint()
+        self.last_step_s = self._clock()
         return len(msgs)
 
     def _ingest(self, msg: Any, now: int) -> None:

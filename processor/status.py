@@ -6,15 +6,14 @@ shows the same figures an audit would start from.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from . import codec
 from .contract import Contract
+from .replay import read_topic
 from .topics import TopicNames
 
 
@@ -33,44 +32,6 @@ class StatusView:
 
     def consumer_gauge(self, consumer: str, key: str) -> int:
         return sum(cp.per_consumer.get(consumer, {}).get(key, 0) for cp in self.checkpoints.values())
-
-
-def read_compacted(conf: Mapping[str, str], topic: str, timeout_s: float = 10.0) -> Iterator[Any]:
-    """Every message of ``topic`` from the beginning up to its end at the time of the call."""
-    consumer = Consumer(
-        {
-            **conf,
-            "group.id": f"tokenfabric-status-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": "false",
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return
-        ends: dict[int, int] = {}
-        for p in meta.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-            if high > low:
-                ends[p] = high
-        if not ends:
-            return
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        remaining = dict(ends)
-        while remaining:
-            msgs = consumer.consume(num_messages=1000, timeout=timeout_s)
-            if not msgs:
-                break
-            for msg in msgs:
-                if msg.error() is not None:
-                    continue
-                yield msg
-                partition, offset = msg.partition(), msg.offset()
-                if partition is not None and offset is not None and offset + 1 >= remaining.get(partition, 0):
-                    remaining.pop(partition, None)
-    finally:
-        consumer.close()
 
 
 def ingest_lag(
@@ -96,13 +57,13 @@ def ingest_lag(
 
 def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabric-processor") -> StatusView:
     view = StatusView()
-    for msg in read_compacted(conf, topics.contracts):
+    for msg in read_topic(conf, topics.contracts):
         key = (msg.key() or b"").decode("utf-8", "replace")
         if msg.value() is None:
             view.contracts.pop(key, None)
         else:
             view.contracts[key] = codec.decode_contract(msg.value()).contract
-    for msg in read_compacted(conf, topics.accounting):
+    for msg in read_topic(conf, topics.accounting):
         cp = codec.decode_ledger_snapshot(msg.value())
         previous = view.checkpoints.get(cp.instance)
         if previous is None or (cp.taken_ms, cp.sequence) >= (previous.taken_ms, previous.sequence):

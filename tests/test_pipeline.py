@@ -26,8 +26,9 @@ from processor.contract import Contract
 from processor.demo import read_back
 from processor.engines.sim import SimEngine
 from processor.producer import TokenProducer, synthetic_tokens
+from processor.replay import read_topic
 from processor.service import ProcessorService, ProcessorSettings
-from processor.status import gather, read_compacted
+from processor.status import gather
 from processor.topics import TopicNames, create_topics, topic_specs
 from processor.traces import read_shipped
 
@@ -159,7 +160,7 @@ def test_malformed_messages_are_dead_lettered_and_the_processor_keeps_going(pipe
     def dead_letters() -> list[codec.DeadLetterRecord]:
         return [
             codec.decode_dead_letter(m.value())
-            for m in read_compacted(pipeline.conf, pipeline.topics.dead_letter)
+            for m in read_topic(pipeline.conf, pipeline.topics.dead_letter)
         ]
 
     wait_for(lambda: len(dead_letters()) >= len(bad), 60, "the dead letters")
@@ -219,7 +220,7 @@ def _card(contract: Contract):  # type: ignore[no-untyped-def]
 def _assert_batches_within_contracts(pipeline: Running) -> None:
     for contract in (SMALL, LARGE):
         sizes: Counter[int] = Counter()
-        for msg in read_compacted(pipeline.conf, pipeline.topics.batches(contract.consumer)):
+        for msg in read_topic(pipeline.conf, pipeline.topics.batches(contract.consumer)):
             batch = codec.decode_batch(msg.value())
             assert batch.consumer == contract.consumer
             assert len(batch.items) <= contract.max_items

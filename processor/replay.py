@@ -1,0 +1,89 @@
+"""Reading topics from a point to their current end: restore, status, audit and the demo's read-back.
+
+Reads are ``read_committed`` (aborted transactions are invisible) and end at each partition's end as
+the broker reports it with ``enable.partition.eof``, so transaction markers at the tail, which take
+offsets but carry no message, never make a reader wait for a message that will not come.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+
+def position(msg: Any) -> tuple[int, int]:
+    """(partition, offset) of a consumed message (both always set on consumed messages)."""
+    partition, offset = msg.partition(), msg.offset()
+    return (-1 if partition is None else partition), (-1 if offset is None else offset)
+
+
+def partitions_of(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> list[int] | None:
+    meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return None
+    return sorted(meta.partitions)
+
+
+def read_topic(
+    conf: Mapping[str, str],
+    topic: str,
+    starts: Mapping[int, int] | None = None,
+    stops: Mapping[int, int] | None = None,
+    timeout_s: float = 30.0,
+) -> Iterator[Any]:
+    """Messages of ``topic`` from ``starts`` (default: the beginning) to the end, or to ``stops``.
+
+    ``stops[p]`` is exclusive. Partitions missing from ``starts`` (when given) are not read.
+    """
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": f"tokenfabric-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "true",
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        partitions = partitions_of(consumer, topic)
+        if partitions is None:
+            return
+        if starts is not None:
+            partitions = [p for p in partitions if p in starts]
+        open_partitions = set(partitions)
+        for p in partitions:
+            if stops is not None and starts is not None and stops.get(p, 1 << 62) <= starts[p]:
+                open_partitions.discard(p)
+        if not open_partitions:
+            return
+        consumer.assign(
+            [
+                TopicPartition(topic, p, OFFSET_BEGINNING if starts is None else starts[p])
+                for p in sorted(open_partitions)
+            ]
+        )
+        while open_partitions:
+            msgs = consumer.consume(num_messages=5000, timeout=timeout_s)
+            if not msgs:
+                raise TimeoutError(f"reading {topic}: no progress in {timeout_s:.0f} s")
+            for msg in msgs:
+                err = msg.error()
+                partition, offset = position(msg)
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        open_partitions.discard(partition)
+                        continue
+                    raise KafkaException(err)
+                if partition not in open_partitions:
+                    continue
+                if stops is not None and offset >= stops.get(partition, 1 << 62):
+                    open_partitions.discard(partition)
+                    continue
+                yield msg
+                if stops is not None and offset + 1 >= stops.get(partition, 1 << 62):
+                    open_partitions.discard(partition)
+    finally:
+        consumer.close()

@@ -1,0 +1,156 @@
+"""The ledger: two equations, in items and in tokens, per model, per consumer and in total."""
+
+from __future__ import annotations
+
+import pytest
+
+from processor.accounting import Ledger, LedgerImbalance, Tally, sum_tallies
+
+
+def busy_ledger() -> Ledger:
+    """Two models, two consumers, every kind of event at least once."""
+    ledger = Ledger()
+    for tokens in (100, 200, 300, 400):
+        ledger.received("alpha", tokens)
+    ledger.received("beta", 50)
+    ledger.received("beta", 70)
+    ledger.routed("alpha", "card-1", 2, 300, 400, False)  # items of 100 + 200, padded to 2 x 200
+    ledger.routed("alpha", "card-2", 1, 400, 400, True)
+    ledger.routed("beta", "card-2", 2, 120, 160, False)
+    ledger.finished("alpha", "card-1", 1, 100, 1, 200)
+    ledger.requeued("alpha", "card-2", 1, 400)
+    ledger.routed("alpha", "card-1", 1, 400, 400, False)
+    ledger.finished("beta", "card-2", 2, 120, 0, 0)
+    ledger.cache("card-1", True)
+    ledger.cache("card-1", False)
+    ledger.dead_lettered = 3
+    return ledger
+
+
+def tally(t: Tally) -> tuple[int, int]:
+    return t.items, t.tokens
+
+
+def test_received_equals_queued_plus_routed_in_items_and_tokens() -> None:
+    ledger = busy_ledger()
+    ledger.check()
+    for book in ledger.models.values():
+        assert book.received.items == book.queued.items + book.routed.items
+        assert book.received.tokens == book.queued.tokens + book.routed.tokens
+    assert tally(ledger.total("received")) == (6, 1120)
+    assert tally(ledger.total("queued")) == (1, 300)
+    assert tally(ledger.total("routed")) == (5, 820)
+
+
+def test_routed_equals_completed_plus_in_flight_plus_failed() -> None:
+    ledger = busy_ledger()
+    for book in [*ledger.models.values(), *ledger.consumers.values()]:
+        parts = sum_tallies([book.completed, book.in_flight, book.failed])
+        assert tally(book.routed) == tally(parts)
+    assert tally(ledger.total("completed")) == (3, 220)
+    assert tally(ledger.total("failed")) == (1, 200)
+    assert tally(ledger.total("in_flight")) == (1, 400)
+
+
+def test_a_requeued_batch_is_routed_no_longer_and_counts_as_redelivered() -> None:
+    ledger = Ledger()
+    ledger.received("m", 100)
+    ledger.routed("m", "c", 1, 100, 104, False)
+    ledger.requeued("m", "c", 1, 100)
+    ledger.check()
+    book, consumer = ledger.models["m"], ledger.consumer("c")
+    assert (tally(book.queued), tally(book.routed), tally(book.in_flight)) == ((1, 100), (0, 0), (0, 0))
+    assert tally(consumer.redelivered) == (1, 100)
+    assert consumer.batches == 1 and consumer.padded_tokens == 104  # what was sent stays sent
+
+
+def test_consumer_counters() -> None:
+    c = busy_ledger().consumer("card-1")
+    assert (c.batches, c.padded_tokens, c.oversized, c.cache_hits, c.cache_lookups) == (2, 800, 0, 1, 2)
+    assert busy_ledger().consumer("card-2").oversized == 1
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (
+            lambda lg: lg.models["alpha"].queued.add(0, 7),
+            "model alpha out of balance: received 4 items / 1,000 tokens, "
+            "queued+routed 4 items / 1,007 tokens",
+        ),
+        (
+            lambda lg: lg.models["beta"].completed.add(1, 0),
+            "model beta out of balance: routed 2 items / 120 tokens, "
+            "completed+in_flight+failed 3 items / 120 tokens",
+        ),
+        (
+            lambda lg: lg.consumers["card-1"].failed.add(0, -5),
+            "consumer card-1 out of balance: routed 3 items / 700 tokens, "
+            "completed+in_flight+failed 3 items / 695 tokens",
+        ),
+    ],
+    ids=["received side", "routed side, items", "consumer"],
+)
+def test_an_imbalance_names_where_and_both_sides(tamper, message: str) -> None:  # type: ignore[no-untyped-def]
+    ledger = busy_ledger()
+    tamper(ledger)
+    with pytest.raises(LedgerImbalance) as info:
+        ledger.check()
+    assert str(info.value) == message
+
+
+def test_model_and_consumer_totals_must_agree() -> None:
+    ledger = busy_ledger()
+    # Move a completed item from one consumer's book to nowhere, keeping that consumer's own equation.
+    c = ledger.consumers["card-2"]
+    c.completed.add(-1, -50)
+    c.routed.add(-1, -50)
+    with pytest.raises(
+        LedgerImbalance, match="routed by model 5 items / 820 tokens, routed by consumer 4 items / 770"
+    ):
+        ledger.check()
+
+
+def test_imbalance_is_an_assertion_error() -> None:
+    assert issubclass(LedgerImbalance, AssertionError)
+
+
+def test_snapshot_is_flat_and_carries_totals_models_and_consumers() -> None:
+    snap = busy_ledger().snapshot()
+    assert all(isinstance(k, str) and isinstance(v, int) for k, v in snap.items())
+    assert snap["received_items"] == 6 and snap["received_tokens"] == 1120
+    assert snap["queued_tokens@alpha"] == 300
+    assert snap["redelivered_items#card-2"] == 1
+    assert snap["padded_tokens#card-1"] == 800
+    assert snap["cache_lookups#card-1"] == 2
+    assert snap["dead_lettered_items"] == 3
+
+
+def test_snapshot_restore_round_trip() -> None:
+    ledger = busy_ledger()
+    snap = ledger.snapshot()
+    restored = Ledger.restore(snap)
+    assert restored.snapshot() == snap
+    restored.check()
+    assert restored.consumer("card-1").padded_tokens == 800
+    assert restored.dead_lettered == 3
+
+
+def test_a_restored_ledger_keeps_counting() -> None:
+    restored = Ledger.restore(busy_ledger().snapshot())
+    restored.routed("alpha", "card-2", 1, 300, 304, False)
+    restored.finished("alpha", "card-2", 1, 300, 0, 0)
+    restored.check()
+    assert tally(restored.total("queued")) == (0, 0)
+
+
+def test_restore_of_an_empty_snapshot_is_an_empty_ledger() -> None:
+    assert Ledger.restore(Ledger().snapshot()).snapshot() == Ledger().snapshot()
+
+
+def test_model_names_with_separator_characters_survive_a_round_trip() -> None:
+    ledger = Ledger()
+    ledger.received("org@model#v2", 10)
+    ledger.routed("org@model#v2", "c", 1, 10, 16, False)
+    snap = ledger.snapshot()
+    assert Ledger.restore(snap).snapshot() == snap
