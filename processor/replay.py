@@ -7,6 +7,7 @@ offsets but carry no message, never make a reader wait for a message that will n
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -34,7 +35,8 @@ def read_topic(
     stops: Mapping[int, int] | None = None,
     timeout_s: float = 30.0,
 ) -> Iterator[Any]:
-    """Messages of ``topic`` from ``starts`` (default: the beginning) to the end, or to ``stops``.
+    """Messages of ``topic`` from ``starts`` (default: the beginning) to its end at the time of the
+    call, or to ``stops`` if that comes first.
 
     ``stops[p]`` is exclusive. Partitions missing from ``starts`` (when given) are not read.
     """
@@ -44,6 +46,7 @@ def read_topic(
             "group.id": f"tokenfabric-reader-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": "false",
             "enable.partition.eof": "true",
+            "fetch.wait.max.ms": "100",
             "isolation.level": "read_committed",
         }
     )
@@ -54,9 +57,15 @@ def read_topic(
         if starts is not None:
             partitions = [p for p in partitions if p in starts]
         open_partitions = set(partitions)
+        # Stop at the end as it is now: a topic written to while we read (checkpoints every few hundred
+        # ms) would otherwise keep a long-polling fetch busy and never report its end.
+        ends: dict[int, int] = {}
         for p in partitions:
-            if stops is not None and starts is not None and stops.get(p, 1 << 62) <= starts[p]:
-                open_partitions.discard(p)
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            ends[p] = min(high, (stops or {}).get(p, 1 << 62))
+            first = low if starts is None else max(low, starts[p])
+            if first >= ends[p]:
+                open_partitions.discard(p)  # nothing to read: no EOF would ever be needed
         if not open_partitions:
             return
         consumer.assign(
@@ -65,10 +74,15 @@ def read_topic(
                 for p in sorted(open_partitions)
             ]
         )
+        deadline = time.monotonic() + timeout_s
         while open_partitions:
-            msgs = consumer.consume(num_messages=5000, timeout=timeout_s)
+            # consume() waits for its whole timeout unless it fills num_messages: keep the wait short.
+            msgs = consumer.consume(num_messages=5000, timeout=0.2)
             if not msgs:
-                raise TimeoutError(f"reading {topic}: no progress in {timeout_s:.0f} s")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic}: no progress in {timeout_s:.0f} s")
+                continue
+            deadline = time.monotonic() + timeout_s
             for msg in msgs:
                 err = msg.error()
                 partition, offset = position(msg)
@@ -79,11 +93,11 @@ def read_topic(
                     raise KafkaException(err)
                 if partition not in open_partitions:
                     continue
-                if stops is not None and offset >= stops.get(partition, 1 << 62):
+                if offset >= ends[partition]:
                     open_partitions.discard(partition)
                     continue
                 yield msg
-                if stops is not None and offset + 1 >= stops.get(partition, 1 << 62):
+                if offset + 1 >= ends[partition]:
                     open_partitions.discard(partition)
     finally:
         consumer.close()
