@@ -34,11 +34,13 @@ def read_topic(
     starts: Mapping[int, int] | None = None,
     stops: Mapping[int, int] | None = None,
     timeout_s: float = 30.0,
+    tail: int | None = None,
 ) -> Iterator[Any]:
     """Messages of ``topic`` from ``starts`` (default: the beginning) to its end at the time of the
     call, or to ``stops`` if that comes first.
 
-    ``stops[p]`` is exclusive. Partitions missing from ``starts`` (when given) are not read.
+    ``stops[p]`` is exclusive. Partitions missing from ``starts`` (when given) are not read. ``tail``
+    reads only the last ``tail`` offsets of each partition (the latest checkpoints, say).
     """
     consumer = Consumer(
         {
@@ -60,17 +62,21 @@ def read_topic(
         # Stop at the end as it is now: a topic written to while we read (checkpoints every few hundred
         # ms) would otherwise keep a long-polling fetch busy and never report its end.
         ends: dict[int, int] = {}
+        begin: dict[int, int] = {}
         for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
             ends[p] = min(high, (stops or {}).get(p, 1 << 62))
             first = low if starts is None else max(low, starts[p])
+            if tail is not None:
+                first = max(first, ends[p] - tail)
+            begin[p] = first
             if first >= ends[p]:
                 open_partitions.discard(p)  # nothing to read: no EOF would ever be needed
         if not open_partitions:
             return
         consumer.assign(
             [
-                TopicPartition(topic, p, OFFSET_BEGINNING if starts is None else starts[p])
+                TopicPartition(topic, p, OFFSET_BEGINNING if starts is None and tail is None else begin[p])
                 for p in sorted(open_partitions)
             ]
         )

@@ -4,12 +4,15 @@ Each step of the loop, in order:
 
 1. consume up to ``consume_batch`` ingest messages; decode each into an item (or dead-letter it with
    its reason and original bytes) and submit it to the core;
-2. read contracts (compacted, from the beginning) and completions (from the end at start-up), which
-   tell the core who may take work and which in-flight slots are free;
-3. ask the core for batches and produce each to its consumer's topic; the delivery report marks its
-   items' ingest offsets safe;
-4. on their intervals: retire quiet lanes, commit the ingest offsets below the oldest unsafe message,
-   and checkpoint the ledger to the compacted accounting topic.
+2. read contracts (compacted, from the beginning) and completions, which tell the core who may take
+   work and which in-flight slots are free;
+3. ask the core for batches and produce each to its consumer's topic;
+4. every ``commit_interval_ms``: make all of that durable through the committer
+   (``processor/commit.py``: one Kafka transaction in exactly-once mode) with a ledger checkpoint.
+
+At start-up in exactly-once mode the processor first fences any older process with its transactional
+id, then restores lanes, in-flight batches and the ledger from the last commit
+(``processor/restore.py``).
 
 librdkafka's own threads do the network I/O; everything that touches lanes or the ledger runs here,
 so nothing on the hot path takes a lock. The core is unaware of Kafka; this module is the adapter.
@@ -24,49 +27,41 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from . import codec
-from .accounting import Ledger
+from .accounting import Ledger, LedgerImbalance
+from .commit import AtLeastOnceCommitter, Committer, IngestItem, TransactionalCommitter
 from .dispatch import DispatchSettings, Scheduler
-from .item import Batch, Item
+from .item import Batch
 from .lanes import LaneSettings
-from .offsets import DeadMark, OffsetTracker
+from .restore import restore, transactional_id
 from .topics import TopicNames
 
 log = logging.getLogger("tokenfabric.processor")
 
-
-class IngestItem(Item):
-    """An item that remembers where it came from, so its offset can be committed once it is safe."""
-
-    __slots__ = ("offset", "partition", "safe")
-
-    def __init__(self, rec: codec.TokenItemRecord, now_ms: int, partition: int, offset: int) -> None:
-        super().__init__(rec.item_id, rec.model, rec.shape, rec.token_count, now_ms, rec)
-        self.partition = partition
-        self.offset = offset
-        self.safe = False
+__all__ = ["IngestItem", "ProcessorService", "ProcessorSettings", "ServiceCounters", "ServiceObserver"]
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessorSettings:
     instance: str = "processor-0"
+    """Names this instance's transactional id, checkpoints and batch ids: keep it stable across restarts."""
     group_id: str = "tokenfabric-processor"
+    exactly_once: bool = True
+    """Transactions, changelog and restore (see processor/commit.py); False is at-least-once."""
     consume_batch: int = 5000
     """Most ingest messages taken per ``consume`` call."""
     poll_timeout_ms: int = 20
     """How long one ``consume`` call may block when nothing arrives."""
-    commit_interval_ms: int = 1000
+    commit_interval_ms: int = 500
+    """How often progress (a transaction, or offsets plus a checkpoint) is made durable."""
+    eager_commit_ms: int = 50
+    """Exactly-once: with new batches in the open transaction, commit after this long instead (a batch
+    reaches its consumer only when its transaction commits)."""
     checkpoint_interval_ms: int = 2000
+    """At-least-once mode only: how often the ledger is checkpointed (exactly-once checkpoints in every
+    transaction, so the ledger always matches the committed state)."""
     tick_interval_ms: int = 500
     lanes: LaneSettings = field(default_factory=LaneSettings)
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
@@ -83,6 +78,9 @@ class ServiceCounters:
     contracts: int = 0
     commits: int = 0
     checkpoints: int = 0
+    restored_items: int = 0
+    restored_batches: int = 0
+    restore_seconds: float = 0.0
 
 
 class ServiceObserver:
@@ -118,32 +116,27 @@ class ProcessorService:
     ) -> None:
         self.conf = dict(conf)
         self.topics = topics
-        self.settings = settings or ProcessorSettings()
+        self.settings = s = settings or ProcessorSettings()
         self._clock = clock
         self._t0 = clock()
-        epoch = int(time.time() * 1000)
         self.core = Scheduler(
-            self.settings.lanes,
-            self.settings.dispatch,
-            ledger=Ledger(),
-            batch_prefix=f"{self.settings.instance}-{epoch}",
+            s.lanes, s.dispatch, ledger=Ledger(), batch_prefix=f"{s.instance}-{int(time.time() * 1000)}"
         )
-        self.offsets = OffsetTracker()
         self.counters = ServiceCounters()
-        self._fatal: BaseException | None = None
-        self._checkpoint_seq = 0
-        self._cache_hit: dict[str, bool] = {}
-        self._last_commit = self._last_checkpoint = self._last_tick = -1 << 62
         self.observer = ServiceObserver()
         self.lag: dict[int, int] = {}
         self.last_step_s = clock()
         self.last_broker_ok_s = clock()
         self.ledger_error: str | None = None
+        self._checkpoint_seq = 0
+        self._cache_hit: dict[str, bool] = {}
+        self._last_tick = self._last_checkpoint = -1 << 62
+        self._closing = False
 
         self.ingest = Consumer(
             {
                 **self.conf,
-                "group.id": self.settings.group_id,
+                "group.id": s.group_id,
                 "enable.auto.commit": "false",
                 "auto.offset.reset": "earliest",
                 "isolation.level": "read_committed",
@@ -154,20 +147,31 @@ class ProcessorService:
         self.control = Consumer(
             {
                 **self.conf,
-                "group.id": f"{self.settings.group_id}-control-{self.settings.instance}",
+                "group.id": f"{s.group_id}-control-{s.instance}",
                 "enable.auto.commit": "false",
+                "auto.offset.reset": "latest",
                 "isolation.level": "read_committed",
             }
         )
-        self.producer = Producer(
-            {
-                **self.conf,
-                "enable.idempotence": "true",
-                "linger.ms": "5",
-                "batch.size": str(1024 * 1024),
-                "message.max.bytes": str(64 * 1024 * 1024),
-            }
-        )
+        producer_conf = {
+            **self.conf,
+            "enable.idempotence": "true",
+            "linger.ms": "5",
+            "batch.size": str(1024 * 1024),
+            "message.max.bytes": str(64 * 1024 * 1024),
+        }
+        args = (self.ingest, self.control, topics, s.instance, s.commit_interval_ms)
+        self.committer: Committer
+        if s.exactly_once:
+            producer_conf["transactional.id"] = transactional_id(s.instance, s.group_id)
+            producer_conf["transaction.timeout.ms"] = "60000"
+            self.producer = Producer(producer_conf)
+            self.committer = TransactionalCommitter(
+                self.producer, *args, is_in_flight=self._is_in_flight, eager_ms=s.eager_commit_ms
+            )
+        else:
+            self.producer = Producer(producer_conf)
+            self.committer = AtLeastOnceCommitter(self.producer, *args)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -175,36 +179,80 @@ class ProcessorService:
         return int((self._clock() - self._t0) * 1000)
 
     def start(self) -> None:
+        """Fence older instances, restore (exactly-once), then subscribe."""
+        self.committer.start()
+        if isinstance(self.committer, TransactionalCommitter):
+            self._restore(self.committer)
         self.ingest.subscribe([self.topics.ingest], on_revoke=self._on_revoke)
         assignment = [
             TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
             for p in self._partitions(self.topics.contracts)
         ]
-        assignment += [
-            TopicPartition(self.topics.results, p, OFFSET_END) for p in self._partitions(self.topics.results)
-        ]
+        assignment += [TopicPartition(self.topics.results, p) for p in self._partitions(self.topics.results)]
         self.control.assign(assignment)
 
     def run(self, stop: threading.Event) -> None:
-        """Process until ``stop`` is set, then shut down cleanly (flush, commit, checkpoint)."""
+        """Process until ``stop`` is set, then make everything durable and close.
+
+        On an exception nothing more is committed: the open transaction is abandoned (the broker
+        aborts it) and a restart resumes from the last commit.
+        """
         self.start()
         try:
             while not stop.is_set():
                 self.step()
-        finally:
-            self.shutdown()
+        except BaseException:
+            self._close(commit=False)
+            raise
+        self._close(commit=True)
 
-    def shutdown(self) -> None:
+    def _close(self, commit: bool) -> None:
         log.info("processor %s: shutting down", self.settings.instance)
-        remaining = self.producer.flush(30)
-        if remaining:
-            log.error("processor %s: %d messages undelivered at shutdown", self.settings.instance, remaining)
-        self._raise_fatal()
-        self._commit(force=True)
-        self._checkpoint(force=True)
+        self._closing = True
+        if commit:
+            self._commit(force=True)
+            self.core.check(deep=True)
         self.producer.flush(30)
         self.ingest.close()
         self.control.close()
+
+    def _restore(self, committer: TransactionalCommitter) -> None:
+        s = self.settings
+        state = restore(self.conf, self.topics, s.instance, s.group_id)
+        now = self.now_ms()
+        if state.ledger is not None:
+            self.core.ledger = state.ledger
+        for contract in state.contracts.values():
+            self.core.set_contract(contract)
+        for ref in sorted(state.changelog.waiting):
+            item = IngestItem(state.records[ref], now, *ref)
+            committer.adopt(item)
+            self.core.restore_waiting(item, now)
+        for entry in state.changelog.batches.values():
+            items = [IngestItem(state.records[ref], now, *ref) for ref in entry.refs]
+            for item in items:
+                item.dispatched = True
+                item.lane = entry.lane
+            first = items[0]
+            batch = Batch(
+                entry.batch_id,
+                entry.consumer,
+                first.model,
+                first.shape,
+                entry.lane,
+                entry.pad_multiple,
+                entry.padded_length,
+                list(items),
+                entry.created_ms,
+                entry.oversized,
+            )
+            committer.adopt_batch(entry.batch_id, first.partition)
+            if not self.core.restore_in_flight(batch, now):
+                committer.requeued(entry.batch_id, items)
+        self.core.check(deep=True)  # the restored ledger must match what was rebuilt, or we stop here
+        self.counters.restored_items = len(state.changelog.waiting)
+        self.counters.restored_batches = len(state.changelog.batches)
+        self.counters.restore_seconds = state.seconds
 
     def _partitions(self, topic: str) -> list[int]:
         meta = self.ingest.list_topics(topic, timeout=30)
@@ -223,14 +271,14 @@ class ProcessorService:
         for msg in msgs:
             self._ingest(msg, now)
         self._control(now)
-        self._dispatch(now)
+        for batch in self.core.dispatch(now):
+            self._send_batch(batch)
         self.producer.poll(0)
         self._raise_fatal()
         if now - self._last_tick >= s.tick_interval_ms:
             self.core.tick(now)
             self._last_tick = now
         self._commit()
-        self._checkpoint()
         self.last_step_s = self._clock()
         return len(msgs)
 
@@ -249,30 +297,25 @@ class ProcessorService:
             self._dead_letter(msg, f"{exc.reason}: {exc}", partition, offset)
             return
         item = IngestItem(rec, now, partition, offset)
-        self.offsets.seen(partition, item)
+        self.committer.item_seen(item)
         self.core.submit(item, now)
 
     def _dead_letter(self, msg: Any, reason: str, partition: int, offset: int) -> None:
-        mark = DeadMark(offset)
-        self.offsets.seen(partition, mark)
-        value = msg.value() or b""
         record = codec.DeadLetterRecord(
             reason=reason,
             source_topic=msg.topic(),
             partition=partition,
             offset=offset,
-            original=bytes(value),
+            original=bytes(msg.value() or b""),
             original_key=msg.key(),
             dead_ms=int(time.time() * 1000),
         )
-
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                self._fatal = KafkaException(err)
-            else:
-                mark.safe = True
-
-        self._produce(self.topics.dead_letter, codec.encode_dead_letter(record), msg.key(), delivered)
+        self.committer.produce(
+            self.topics.dead_letter,
+            codec.encode_dead_letter(record),
+            msg.key(),
+            self.committer.dead_letter(partition, offset),
+        )
         self.core.ledger.dead_lettered += 1
         self.counters.dead_lettered += 1
         log.warning("dead-lettered %s[%d]@%d: %s", msg.topic(), partition, offset, reason)
@@ -295,6 +338,8 @@ class ProcessorService:
         if value is None:
             if consumer in self.core.consumers:
                 returned = self.core.retire(consumer, now)
+                for batch in returned:
+                    self.committer.requeued(batch.batch_id, batch.items)
                 log.info("consumer %s retired; %d batches go back to their lanes", consumer, len(returned))
             return
         try:
@@ -320,66 +365,78 @@ class ProcessorService:
         elif done:
             self.core.ledger.cache(rec.consumer, hit)
             self._cache_hit.pop(rec.batch_id, None)
-
-    def _dispatch(self, now: int) -> None:
-        for batch in self.core.dispatch(now):
-            self._send_batch(batch)
+            self.committer.batch_finished(rec.batch_id)
 
     def _send_batch(self, batch: Batch) -> None:
-        items = batch.items
+        on_delivery = self.committer.batch_emitted(batch)
 
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                self._fatal = KafkaException(err)
-                return
-            self.counters.batches_delivered += 1
-            for item in items:
-                item.safe = True  # type: ignore[attr-defined]
+        def delivered(err: Any, msg: Any) -> None:
+            on_delivery(err, msg)
+            if err is None:
+                self.counters.batches_delivered += 1
 
-        self._produce(
+        self.committer.produce(
             self.topics.batches(batch.consumer), codec.encode_batch(batch), batch.batch_id.encode(), delivered
         )
         self.counters.batches_produced += 1
 
-    def _produce(
-        self, topic: str, value: bytes, key: bytes | None, on_delivery: Callable[[Any, Any], None]
-    ) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
+    def _is_in_flight(self, batch_id: str) -> bool:
+        return batch_id in self.core._in_flight
 
     def _raise_fatal(self) -> None:
-        if self._fatal is not None:
-            raise RuntimeError(
-                f"processor {self.settings.instance}: a produce failed: {self._fatal}"
-            ) from self._fatal
+        fatal = self.committer.fatal
+        if fatal is not None:
+            raise RuntimeError(f"processor {self.settings.instance}: a produce failed: {fatal}") from fatal
 
-    # -- offsets and checkpoints ---------------------------------------------------------------
+    # -- commits and checkpoints ---------------------------------------------------------------
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        if self._closing:
+            return
+        if isinstance(self.committer, TransactionalCommitter):
+            # Items of these partitions may wait in lanes here; handing them over needs a restore on
+            # the new owner, which is not built yet: stop rather than dispatch them twice.
+            self.committer.fatal = RuntimeError(
+                f"ingest partitions {[tp.partition for tp in partitions]} revoked while running; restart "
+                "this processor (one processor instance per ingest topic in exactly-once mode)"
+            )
+            return
         self._commit(force=True)
-        for tp in partitions:
-            self.offsets.drop(tp.partition)
+        self.committer.revoked([tp.partition for tp in partitions])
 
     def _commit(self, force: bool = False) -> None:
         now = self.now_ms()
-        if not force and now - self._last_commit < self.settings.commit_interval_ms:
+        if not self.committer.due(now) and not force:
             return
-        self._last_commit = now
-        offsets = self.offsets.committable()
-        if not offsets:
-            return
-        tps = [TopicPartition(self.topics.ingest, p, o) for p, o in offsets.items()]
         try:
-            self.ingest.commit(offsets=tps, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("ingest commit failed (will retry): %s", exc)
-            return
-        self.offsets.committed(offsets)
+            self.core.check(deep=False)
+            self.ledger_error = None
+        except LedgerImbalance as exc:
+            self.ledger_error = str(exc)
+            raise
+        seconds = self.committer.commit(self._snapshot_bytes)
+        self.last_broker_ok_s = self._clock()
         self.counters.commits += 1
+        self.observer.committed(seconds)
+        self._update_lag()
+
+    def _snapshot_bytes(self) -> bytes:
+        started = time.monotonic()
+        value = codec.encode_ledger_snapshot(self.snapshot())
+        self.counters.checkpoints += 1
+        self.observer.checkpointed(time.monotonic() - started)
+        return value
+
+    def _update_lag(self) -> None:
+        assignment = self.ingest.assignment()
+        if not assignment:
+            return
+        for tp in self.ingest.position(assignment):
+            if tp.offset < 0:
+                continue
+            _low, high = self.ingest.get_watermark_offsets(tp, cached=True)
+            if high is not None and high >= 0:
+                self.lag[tp.partition] = max(0, high - tp.offset)
 
     def snapshot(self) -> codec.LedgerSnapshotRecord:
         """The ledger plus the gauges ``status`` shows, as one checkpoint record."""
@@ -400,7 +457,6 @@ class ProcessorService:
                 "shape_switches": core.shape_switches,
                 "oversized": core.oversized,
                 "unknown_completions": self.counters.unknown_completions,
-                "unsafe_offsets": self.offsets.unsafe(),
             }
         )
         per_consumer: dict[str, dict[str, int]] = {}
@@ -423,22 +479,3 @@ class ProcessorService:
             per_model={},
             per_consumer=per_consumer,
         )
-
-    def _checkpoint(self, force: bool = False) -> None:
-        now = self.now_ms()
-        if not force and now - self._last_checkpoint < self.settings.checkpoint_interval_ms:
-            return
-        self._last_checkpoint = now
-        self.core.check(deep=force)
-
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                log.error("accounting checkpoint not delivered: %s", err)
-
-        self._produce(
-            self.topics.accounting,
-            codec.encode_ledger_snapshot(self.snapshot()),
-            self.settings.instance.encode(),
-            delivered,
-        )
-        self.counters.checkpoints += 1

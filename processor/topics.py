@@ -34,6 +34,10 @@ class TopicNames:
         return f"{self.prefix}.accounting"
 
     @property
+    def changelog(self) -> str:
+        return f"{self.prefix}.lanes-changelog"
+
+    @property
     def dead_letter(self) -> str:
         return f"{self.prefix}.dead-letter"
 
@@ -48,7 +52,13 @@ class TopicSpec:
     config: Mapping[str, str]
 
 
-COMPACTED = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "600000"}
+# Small segments so compaction keeps up with a checkpoint or changelog record per transaction.
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "min.cleanable.dirty.ratio": "0.1",
+    "segment.ms": "60000",
+    "segment.bytes": str(4 * 1024 * 1024),
+}
 # Batches and results carry token payloads; a week of retention lets an audit replay them.
 RETAINED = {"retention.ms": str(7 * 24 * 3600 * 1000), "max.message.bytes": str(64 * 1024 * 1024)}
 
@@ -61,6 +71,8 @@ def topic_specs(
         TopicSpec(names.results, 3, RETAINED),
         TopicSpec(names.contracts, 1, COMPACTED),
         TopicSpec(names.accounting, 1, COMPACTED),
+        # One changelog partition per ingest partition: a waiting item's record sits beside its shape.
+        TopicSpec(names.changelog, ingest_partitions, COMPACTED),
         TopicSpec(names.dead_letter, 1, RETAINED),
     ]
     specs.extend(TopicSpec(names.batches(c), 1, RETAINED) for c in consumers)

@@ -1,0 +1,294 @@
+"""How the processor makes its progress durable: two strategies behind one small interface.
+
+``TransactionalCommitter`` (exactly-once, the default): everything a step produces (batches, dead
+letters, changelog records, the ledger checkpoint) and the ingest offsets go out in one Kafka
+transaction, committed every ``commit_interval_ms``. A crash anywhere loses the open transaction
+whole; readers (``read_committed``) never see its batches, and restore (``processor/restore.py``)
+starts from the last commit, where changelog, ledger and offsets agree. The transactional id is
+stable per instance, so a replacement fences the process it replaces: a zombie's commit fails.
+
+``AtLeastOnceCommitter``: plain produces; the ingest offset committed is the first one whose item is
+not yet safely in a delivered batch (``processor/offsets.py``). Nothing is lost, but a crash may
+dispatch again items that were already dispatched. Cheaper; kept for measurement and for clusters
+without transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, cast
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from . import changelog, codec
+from .item import Batch, Item
+from .offsets import DeadMark, OffsetTracker
+from .topics import TopicNames
+
+log = logging.getLogger("tokenfabric.processor")
+
+Deliver = Callable[[Any, Any], None]
+
+
+class IngestItem(Item):
+    """An item that remembers where it came from, so progress can be recorded against its offset."""
+
+    __slots__ = ("logged", "offset", "partition", "safe")
+
+    def __init__(self, rec: codec.TokenItemRecord, now_ms: int, partition: int, offset: int) -> None:
+        super().__init__(rec.item_id, rec.model, rec.shape, rec.token_count, now_ms, rec)
+        self.partition = partition
+        self.offset = offset
+        self.safe = False  # at-least-once: in a delivered batch
+        self.logged = False  # exactly-once: has a committed "waiting" changelog record
+
+
+class Committer(Protocol):
+    fatal: BaseException | None
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        on_delivery: Deliver | None = None,
+        partition: int | None = None,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def item_seen(self, item: IngestItem) -> None: ...
+    def dead_letter(self, partition: int, offset: int) -> Deliver: ...
+    def batch_emitted(self, batch: Batch) -> Deliver: ...
+    def batch_finished(self, batch_id: str) -> None: ...
+    def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
+    def due(self, now_ms: int) -> bool: ...
+    def commit(self, snapshot: Callable[[], bytes]) -> float: ...
+    def revoked(self, partitions: list[int]) -> None: ...
+
+
+class _Base:
+    def __init__(
+        self,
+        producer: Producer,
+        ingest: Consumer,
+        control: Consumer,
+        topics: TopicNames,
+        instance: str,
+        interval_ms: int,
+    ) -> None:
+        self.producer = producer
+        self.ingest = ingest
+        self.control = control
+        self.topics = topics
+        self.instance = instance
+        self.interval_ms = interval_ms
+        self.fatal: BaseException | None = None
+        self._last_ms = -1 << 62
+
+    def due(self, now_ms: int) -> bool:
+        if now_ms - self._last_ms >= self.interval_ms:
+            self._last_ms = now_ms
+            return True
+        return False
+
+    def _failed(self, err: Any, _msg: Any) -> None:
+        if err is not None and self.fatal is None:
+            self.fatal = KafkaException(err)
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        on_delivery: Deliver | None = None,
+        partition: int | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"value": value, "key": key, "on_delivery": on_delivery or self._failed}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _commit_control(self) -> None:
+        """Results offsets move only after the step that processed them is durable."""
+        try:
+            self.control.commit(asynchronous=True)
+        except KafkaException as exc:  # nothing consumed yet, or a transient error: next commit retries
+            log.debug("results offset commit skipped: %s", exc)
+
+
+class AtLeastOnceCommitter(_Base):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offsets = OffsetTracker()
+
+    def start(self) -> None:
+        return None
+
+    def item_seen(self, item: IngestItem) -> None:
+        self.offsets.seen(item.partition, item)
+
+    def dead_letter(self, partition: int, offset: int) -> Deliver:
+        mark = DeadMark(offset)
+        self.offsets.seen(partition, mark)
+
+        def delivered(err: Any, msg: Any) -> None:
+            self._failed(err, msg)
+            mark.safe = err is None
+
+        return delivered
+
+    def batch_emitted(self, batch: Batch) -> Deliver:
+        items = batch.items
+
+        def delivered(err: Any, msg: Any) -> None:
+            self._failed(err, msg)
+            if err is None:
+                for item in items:
+                    item.safe = True  # type: ignore[attr-defined]
+
+        return delivered
+
+    def batch_finished(self, batch_id: str) -> None:
+        return None
+
+    def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
+        return None
+
+    def commit(self, snapshot: Callable[[], bytes]) -> float:
+        started = time.monotonic()
+        self.produce(self.topics.accounting, snapshot(), self.instance.encode())
+        offsets = self.offsets.committable()
+        if offsets:
+            tps = [TopicPartition(self.topics.ingest, p, o) for p, o in offsets.items()]
+            try:
+                self.ingest.commit(offsets=tps, asynchronous=False)
+                self.offsets.committed(offsets)
+            except KafkaException as exc:
+                log.warning("ingest commit failed (will retry): %s", exc)
+        self._commit_control()
+        return time.monotonic() - started
+
+    def revoked(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.offsets.drop(p)
+
+
+class TransactionalCommitter(_Base):
+    def __init__(self, *args: Any, is_in_flight: Callable[[str], bool], eager_ms: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._is_in_flight = is_in_flight
+        self.eager_ms = eager_ms
+        self._new_items: list[IngestItem] = []
+        self._emitted: list[Batch] = []
+        self._finished: list[str] = []
+        self._logged_batches: dict[str, int] = {}  # batch id -> changelog partition
+        self.in_transaction = False
+
+    def start(self) -> None:
+        self.producer.init_transactions(60)
+        self._begin()
+
+    def _begin(self) -> None:
+        self.producer.begin_transaction()
+        self.in_transaction = True
+
+    def due(self, now_ms: int) -> bool:
+        """A batch reaches its consumer only when its transaction commits: commit early when one waits."""
+        elapsed = now_ms - self._last_ms
+        if elapsed >= self.interval_ms or (self._emitted and elapsed >= self.eager_ms):
+            self._last_ms = now_ms
+            return True
+        return False
+
+    def adopt(self, item: IngestItem) -> None:
+        """A restored waiting item: its changelog record is already committed."""
+        item.logged = True
+
+    def adopt_batch(self, batch_id: str, partition: int) -> None:
+        self._logged_batches[batch_id] = partition
+
+    def item_seen(self, item: IngestItem) -> None:
+        self._new_items.append(item)
+
+    def dead_letter(self, partition: int, offset: int) -> Deliver:
+        return self._failed
+
+    def batch_emitted(self, batch: Batch) -> Deliver:
+        self._emitted.append(batch)
+        return self._failed
+
+    def batch_finished(self, batch_id: str) -> None:
+        self._finished.append(batch_id)
+
+    def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
+        self._finished.append(batch_id)
+        self._new_items.extend(cast(Iterable[IngestItem], items))
+
+    def _log_changes(self) -> None:
+        cl = self.topics.changelog
+        for item in self._new_items:
+            if not item.dispatched and not item.logged:
+                self.produce(
+                    cl,
+                    changelog.PRESENT,
+                    changelog.waiting_key(item.partition, item.offset),
+                    partition=item.partition,
+                )
+                item.logged = True
+        for batch in self._emitted:
+            items = cast(list[IngestItem], batch.items)
+            for it in items:
+                if it.logged:
+                    self.produce(
+                        cl, None, changelog.waiting_key(it.partition, it.offset), partition=it.partition
+                    )
+                    it.logged = False
+            if self._is_in_flight(batch.batch_id):
+                partition = items[0].partition
+                entry = changelog.BatchEntry(
+                    batch.batch_id,
+                    batch.consumer,
+                    batch.lane,
+                    batch.padded_length,
+                    batch.pad_multiple,
+                    batch.created_ms,
+                    batch.oversized,
+                    tuple((it.partition, it.offset) for it in items),
+                )
+                self.produce(cl, entry.value(), changelog.batch_key(batch.batch_id), partition=partition)
+                self._logged_batches[batch.batch_id] = partition
+        for batch_id in self._finished:
+            partition_of = self._logged_batches.pop(batch_id, None)
+            if partition_of is not None:
+                self.produce(cl, None, changelog.batch_key(batch_id), partition=partition_of)
+        self._new_items.clear()
+        self._emitted.clear()
+        self._finished.clear()
+
+    def commit(self, snapshot: Callable[[], bytes]) -> float:
+        started = time.monotonic()
+        self._log_changes()
+        self.produce(self.topics.accounting, snapshot(), self.instance.encode())
+        assignment = self.ingest.assignment()
+        if assignment:
+            positions = [tp for tp in self.ingest.position(assignment) if tp.offset >= 0]
+            if positions:
+                self.producer.send_offsets_to_transaction(
+                    positions, self.ingest.consumer_group_metadata(), 30
+                )
+        self.producer.commit_transaction(60)
+        self.in_transaction = False
+        if self.fatal is not None:
+            raise RuntimeError(f"processor {self.instance}: a produce failed: {self.fatal}") from self.fatal
+        self._commit_control()
+        self._begin()
+        return time.monotonic() - started
+
+    def revoked(self, partitions: list[int]) -> None:
+        return None
