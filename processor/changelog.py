@@ -9,6 +9,8 @@ Two kinds of records, on a compacted topic:
 * ``W`` + partition (4 bytes) + offset (8 bytes), value ``b"1"``: an item waiting in a lane.
 * ``B`` + batch id, value: the batch's consumer, lane, padded length and item references: a batch
   its consumer has not finished yet (it holds one of the consumer's in-flight slots).
+* ``R`` + results partition, value: the offset up to which completions have been applied, so a
+  restart re-reads exactly the completions the last commit had not yet counted.
 
 A tombstone (null value) ends each record: the item was dispatched, the batch completed. Items that
 arrive and leave within one transaction are never written at all, so a processor that keeps up
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 WAITING = b"W"
 BATCH = b"B"
+RESULTS = b"R"
 PRESENT = b"1"
 _REF = struct.Struct(">iq")
 
@@ -33,6 +36,14 @@ def waiting_key(partition: int, offset: int) -> bytes:
 
 def batch_key(batch_id: str) -> bytes:
     return BATCH + batch_id.encode("utf-8")
+
+
+def results_key(partition: int) -> bytes:
+    return RESULTS + struct.pack(">i", partition)
+
+
+def results_value(offset: int) -> bytes:
+    return struct.pack(">q", offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +92,7 @@ class ChangelogState:
     def __init__(self) -> None:
         self.waiting: set[tuple[int, int]] = set()
         self.batches: dict[str, BatchEntry] = {}
+        self.results: dict[int, int] = {}
         self.records = 0
 
     def apply(self, key: bytes, value: bytes | None) -> None:
@@ -98,6 +110,8 @@ class ChangelogState:
                 self.batches.pop(batch_id, None)
             else:
                 self.batches[batch_id] = BatchEntry.parse(batch_id, value)
+        elif kind == RESULTS and value is not None:
+            self.results[struct.unpack(">i", key[1:])[0]] = struct.unpack(">q", value)[0]
         else:
             raise ValueError(f"changelog: unknown record kind {kind!r} in key {key!r}")
 

@@ -188,6 +188,7 @@ class TransactionalCommitter(_Base):
         self._emitted: list[Batch] = []
         self._finished: list[str] = []
         self._logged_batches: dict[str, int] = {}  # batch id -> changelog partition
+        self._results_done: dict[int, int] = {}  # results partition -> offset applied and committed
         self.in_transaction = False
 
     def start(self) -> None:
@@ -209,6 +210,26 @@ class TransactionalCommitter(_Base):
     def adopt(self, item: IngestItem) -> None:
         """A restored waiting item: its changelog record is already committed."""
         item.logged = True
+
+    def adopt_results(self, offsets: dict[int, int]) -> None:
+        self._results_done.update(offsets)
+
+    def _log_results(self) -> None:
+        """Record, in this transaction, how far completions have been applied (not a group commit: it
+        must commit or abort together with the ledger counts those completions changed)."""
+        partitions = [TopicPartition(self.topics.results, p) for p in self._results_partitions()]
+        for tp in self.control.position(partitions) if partitions else []:
+            if tp.offset >= 0 and self._results_done.get(tp.partition) != tp.offset:
+                self.produce(
+                    self.topics.changelog,
+                    changelog.results_value(tp.offset),
+                    changelog.results_key(tp.partition),
+                    partition=0,
+                )
+                self._results_done[tp.partition] = tp.offset
+
+    def _results_partitions(self) -> list[int]:
+        return [tp.partition for tp in self.control.assignment() if tp.topic == self.topics.results]
 
     def adopt_batch(self, batch_id: str, partition: int) -> None:
         self._logged_batches[batch_id] = partition
@@ -274,6 +295,7 @@ class TransactionalCommitter(_Base):
     def commit(self, snapshot: Callable[[], bytes]) -> float:
         started = time.monotonic()
         self._log_changes()
+        self._log_results()
         self.produce(self.topics.accounting, snapshot(), self.instance.encode())
         assignment = self.ingest.assignment()
         if assignment:
@@ -286,7 +308,6 @@ class TransactionalCommitter(_Base):
         self.in_transaction = False
         if self.fatal is not None:
             raise RuntimeError(f"processor {self.instance}: a produce failed: {self.fatal}") from self.fatal
-        self._commit_control()
         self._begin()
         return time.monotonic() - started
 

@@ -181,14 +181,22 @@ class ProcessorService:
     def start(self) -> None:
         """Fence older instances, restore (exactly-once), then subscribe."""
         self.committer.start()
+        results_from: dict[int, int] = {}
         if isinstance(self.committer, TransactionalCommitter):
-            self._restore(self.committer)
+            results_from = self._restore(self.committer)
         self.ingest.subscribe([self.topics.ingest], on_revoke=self._on_revoke)
         assignment = [
             TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
             for p in self._partitions(self.topics.contracts)
         ]
-        assignment += [TopicPartition(self.topics.results, p) for p in self._partitions(self.topics.results)]
+        # Exactly-once resumes results where the last commit left them; at-least-once from the group's
+        # committed position (or the beginning).
+        assignment += [
+            TopicPartition(self.topics.results, p, results_from.get(p, OFFSET_BEGINNING))
+            if results_from or isinstance(self.committer, TransactionalCommitter)
+            else TopicPartition(self.topics.results, p)
+            for p in self._partitions(self.topics.results)
+        ]
         self.control.assign(assignment)
 
     def run(self, stop: threading.Event) -> None:
@@ -216,7 +224,8 @@ class ProcessorService:
         self.ingest.close()
         self.control.close()
 
-    def _restore(self, committer: TransactionalCommitter) -> None:
+    def _restore(self, committer: TransactionalCommitter) -> dict[int, int]:
+        """Rebuild lanes, in-flight batches and the ledger; returns where to resume reading results."""
         s = self.settings
         state = restore(self.conf, self.topics, s.instance, s.group_id)
         now = self.now_ms()
@@ -253,6 +262,8 @@ class ProcessorService:
         self.counters.restored_items = len(state.changelog.waiting)
         self.counters.restored_batches = len(state.changelog.batches)
         self.counters.restore_seconds = state.seconds
+        committer.adopt_results(state.changelog.results)
+        return state.changelog.results
 
     def _partitions(self, topic: str) -> list[int]:
         meta = self.ingest.list_topics(topic, timeout=30)

@@ -1,0 +1,148 @@
+"""Fault tests: kill the processor at seeded random instants, fence a zombie, and check nothing was lost
+or doubled by reading every topic back (read_committed), not by asking the processor.
+
+The processor runs as a real subprocess (``tokenfabric processor``) so SIGKILL and SIGSTOP are real;
+the two consumer apps run in threads of the test with an instant simulated engine.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from processor import codec
+from processor.cardmodel import CardSpec
+from processor.consumer_app import ConsumerApp
+from processor.contract import Contract
+from processor.demo import Pipeline, child_env
+from processor.engines.sim import SimEngine
+from processor.producer import TokenProducer, synthetic_tokens
+from processor.replay import read_topic
+from processor.status import gather
+from processor.topics import TopicNames, create_topics, topic_specs
+from processor.tracegen import synthetic_records
+
+pytestmark = pytest.mark.kafka
+
+CARDS = (
+    Contract("small", "default", budget_tokens=4096, max_items=16, pad_multiple=8, max_inflight=2),
+    Contract("large", "default", budget_tokens=8192, max_items=32, pad_multiple=8, max_inflight=2),
+)
+
+
+@dataclass
+class Rig:
+    conf: dict[str, str]
+    topics: TopicNames
+    group: str
+    pipeline: Pipeline
+    bootstrap: str
+
+    def spawn_processor(self, name: str, instance: str = "p0") -> None:
+        self.pipeline.spawn(name, [
+            "processor", "--bootstrap", self.bootstrap, "--topic-prefix", self.topics.prefix,
+            "--instance", instance, "--group", self.group, "--commit-interval-ms", "200",
+            "--metrics-port", "0", "--log-level", "WARNING",
+        ], child_env(self.bootstrap))
+
+    def completed(self) -> int:
+        return gather(self.conf, self.topics, group=self.group).total("completed_items")
+
+    def wait_completed(self, n: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.completed() < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {self.completed():,} of {n:,} items completed in {timeout_s:.0f} s")
+            time.sleep(0.5)
+
+
+@pytest.fixture
+def rig(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Rig]:
+    conf = {"bootstrap.servers": kafka_bootstrap}
+    topics = TopicNames(f"f{uuid.uuid4().hex[:8]}")
+    create_topics(conf, topic_specs(topics, ingest_partitions=3, consumers=[c.consumer for c in CARDS]))
+    stop = threading.Event()
+    apps = [ConsumerApp(conf, topics, c, SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0),
+                        poll_timeout_s=0.05) for c in CARDS]
+    threads = [threading.Thread(target=app.run, args=(stop,), name=app.contract.consumer) for app in apps]
+    for t in threads:
+        t.start()
+    rig = Rig(conf, topics, f"{topics.prefix}-proc", Pipeline(tmp_path), kafka_bootstrap)
+    yield rig
+    rig.pipeline.stop()
+    stop.set()
+    for t in threads:
+        t.join(30)
+
+
+def produce(rig: Rig, n: int, seed: int) -> tuple[set[str], int]:
+    records = synthetic_records(n, seed=seed, shapes=12, min_len=16, max_len=600, rate_per_s=None)
+    with TokenProducer(rig.conf, rig.topics) as producer:
+        for r in records:
+            producer.send(r.id, r.model, synthetic_tokens(r.id, r.length), shape=r.shape)
+    return {r.id for r in records}, sum(r.length for r in records)
+
+
+def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:
+    dispatched: Counter[str] = Counter()
+    for contract in CARDS:
+        for msg in read_topic(rig.conf, rig.topics.batches(contract.consumer)):
+            batch = codec.decode_batch(msg.value())
+            assert len({it.shape for it in batch.items}) == 1
+            dispatched.update(it.item_id for it in batch.items)
+    completed: Counter[str] = Counter()
+    for msg in read_topic(rig.conf, rig.topics.results):
+        completed[codec.decode_completion(msg.value()).item_id] += 1
+    assert set(dispatched) == ids, f"{len(ids - set(dispatched))} never dispatched"
+    assert max(dispatched.values()) == 1, f"dispatched twice: {[k for k, v in dispatched.items() if v > 1][:5]}"
+    assert set(completed) == ids
+    assert max(completed.values()) == 1, f"completed twice: {[k for k, v in completed.items() if v > 1][:5]}"
+    view = gather(rig.conf, rig.topics, group=rig.group)
+    t = view.total
+    assert (t("received_items"), t("received_tokens")) == (len(ids), tokens)
+    assert (t("completed_items"), t("completed_tokens")) == (len(ids), tokens)
+    assert t("queued_items") == t("in_flight_items") == 0
+    assert t("routed_tokens") == t("completed_tokens") + t("failed_tokens") + t("in_flight_tokens")
+
+
+def test_processor_killed_at_five_random_instants_dispatches_every_item_exactly_once(rig: Rig) -> None:
+    ids, tokens = produce(rig, 20_000, seed=7)
+    rng = random.Random(20261129)
+    for kill in range(5):
+        rig.spawn_processor(f"processor-{kill}")
+        time.sleep(rng.uniform(1.5, 5.0))  # mid-consume, mid-dispatch or mid-commit: wherever it is
+        proc = rig.pipeline.procs[f"processor-{kill}"]
+        assert proc.poll() is None, f"processor-{kill} died on its own"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    rig.spawn_processor("processor-final")
+    rig.wait_completed(len(ids), timeout_s=240)
+    codes = rig.pipeline.stop()
+    assert codes["processor-final"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+def test_a_zombie_processor_is_fenced_and_emits_nothing(rig: Rig) -> None:
+    ids, tokens = produce(rig, 5_000, seed=11)
+    rig.spawn_processor("old")
+    time.sleep(3)
+    old = rig.pipeline.procs["old"]
+    old.send_signal(signal.SIGSTOP)  # paused, as a GC pause or a frozen VM would
+    rig.spawn_processor("new")
+    time.sleep(4)  # the replacement fences the old transactional id and takes over
+    old.send_signal(signal.SIGCONT)
+    rig.wait_completed(len(ids), timeout_s=240)
+    old_code = old.wait(60)
+    assert old_code != 0, "the zombie should have stopped on being fenced"
+    codes = rig.pipeline.stop()
+    assert codes["new"] == 0
+    assert_exactly_once(rig, ids, tokens)
