@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "processor": ("processor.cmd_processor", "run the stream processor"),
     "consumer": ("processor.cmd_consumer", "run a GPU consumer app with an engine"),
     "status": ("processor.cmd_status", "print contracts, accounting and lag"),
+    "audit": ("processor.cmd_audit", "re-derive the ledger from the topics; exit 1 on a difference"),
     "demo": ("processor.cmd_demo", "run the whole pipeline on a real trace and print a report"),
 }
 

@@ -17,6 +17,7 @@ from types import FrameType
 
 from processor.cli_options import add_kafka_arguments, kafka_settings
 from processor.engines import ENGINES
+from processor.health import CONSUMER_PORT, add_http_arguments, http_settings
 
 PROG = "tokenfabric consumer"
 #: ``--flag`` -> sim engine option; passed only to ``--engine sim``.
@@ -57,6 +58,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per batch")
     add_kafka_arguments(p)
+    add_http_arguments(p, CONSUMER_PORT, health_checks=False)
 
 
 def _engine_options(args: argparse.Namespace) -> dict[str, str]:
@@ -82,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     from processor.consumer_app import ConsumerApp, ConsumerAppError, retire
     from processor.contract import CONSUMER_ID, Contract
     from processor.engines import make_engine
-    from processor.kafka_config import ConfigError
+    from processor.health import ServingHealth, start_http
+    from processor.kafka_config import ConfigError, describe
+    from processor.metrics import ConsumerMetrics
 
     try:
         if not CONSUMER_ID.match(args.id):
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         if args.idle_exit_s is not None and not args.idle_exit_s > 0:
             raise ValueError(f"--idle-exit-s must be > 0, got {args.idle_exit_s}")
         contract = Contract(args.id, args.model, args.budget, args.items, args.pad, args.inflight)
+        http = http_settings(args, CONSUMER_PORT)
         engine = make_engine(args.engine, _engine_options(args))
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -113,9 +118,24 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format=f"consumer {args.id}: %(message)s",
     )
+    logging.getLogger("tokenfabric.consumer").info("kafka client settings: %s", describe(conf))
+    metrics = ConsumerMetrics(contract.consumer)
     app = ConsumerApp(
-        conf, topics, contract, engine, max_batches=args.max_batches, idle_exit_s=args.idle_exit_s
+        conf,
+        topics,
+        contract,
+        engine,
+        max_batches=args.max_batches,
+        idle_exit_s=args.idle_exit_s,
+        on_engine=metrics.engine_ran,
     )
+    metrics.watch(app)
+    try:
+        server = start_http(http, metrics.registry, ServingHealth())
+    except OSError as exc:
+        engine.close()
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     _install_stop_handlers(stop)
     try:
@@ -126,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
         return 130
+    finally:
+        if server is not None:
+            server.close()
     print(f"consumer {args.id}: {stats.summary()}")
     return 0
 

@@ -77,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, console: Console, records: list, path: Path, bootstrap: str) -> int:
+    from .kafka_config import client_config
     from .producer import TokenProducer, synthetic_tokens
     from .topics import TopicNames, create_topics, topic_specs
 
-    conf = {"bootstrap.servers": bootstrap}
+    conf = client_config(bootstrap)
     topics = TopicNames(unique_prefix())
     cards = DEFAULT_CARDS
     create_topics(conf, topic_specs(topics, consumers=[c.name for c in cards]))
@@ -88,10 +89,12 @@ def _run(args: argparse.Namespace, console: Console, records: list, path: Path, 
     env = child_env(bootstrap)
     pipeline = Pipeline(logs)
     prefix = ["--topic-prefix", topics.prefix]
-    pipeline.spawn("processor", ["processor", *prefix, "--checkpoint-interval-ms", "500"], env)
+    # Child processes serve no metrics: the demo runs three of them side by side on one machine.
+    quiet = ["--metrics-port", "0"]
+    pipeline.spawn("processor", ["processor", *prefix, *quiet], env)
     model = records[0].model if records else "default"
     for card in cards:
-        pipeline.spawn(card.name, ["consumer", *prefix, *card.args(model, args.time_scale)], env)
+        pipeline.spawn(card.name, ["consumer", *prefix, *quiet, *card.args(model, args.time_scale)], env)
     console.print(f"topics {topics.prefix}.*, logs in {logs}")
     started = time.monotonic()
     try:

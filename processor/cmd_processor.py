@@ -1,4 +1,8 @@
-"""``tokenfabric processor``: run the stream processor until SIGTERM or SIGINT."""
+"""``tokenfabric processor``: run the stream processor until SIGTERM or SIGINT.
+
+It also serves ``/metrics``, ``/healthz`` and ``/readyz`` (processor.metrics, processor.health) on
+127.0.0.1:9464 unless ``--metrics-port 0``; the server lives exactly as long as the service.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import sys
 import threading
 
 from .cli_options import add_kafka_arguments, add_lane_arguments, kafka_settings, lanes_from
+from .health import PROCESSOR_PORT, add_http_arguments, http_settings
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -23,10 +28,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_lane_arguments(p)
+    add_http_arguments(p, PROCESSOR_PORT, health_checks=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .kafka_config import ConfigError
+    from .health import ProcessorHealth, start_http
+    from .kafka_config import ConfigError, describe
+    from .metrics import processor_registry
     from .service import ProcessorService, ProcessorSettings
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -44,16 +52,31 @@ def run(args: argparse.Namespace) -> int:
             commit_interval_ms=args.commit_interval_ms,
             checkpoint_interval_ms=args.checkpoint_interval_ms,
         )
+        http = http_settings(args, PROCESSOR_PORT)
     except (ConfigError, ValueError) as exc:
         print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
         return 2
+    log = logging.getLogger("tokenfabric.processor")
+    log.info("kafka client settings: %s", describe(conf))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     service = ProcessorService(conf, topics, settings)
-    service.run(stop)
+    server = None
+    if http is not None:
+        health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)
+        try:
+            server = start_http(http, processor_registry(service), health)
+        except OSError as exc:
+            print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
+            return 2
+    try:
+        service.run(stop)
+    finally:
+        if server is not None:
+            server.close()
     c = service.counters
-    logging.getLogger("tokenfabric.processor").info(
+    log.info(
         "stopped: consumed %d, dead-lettered %d, batches %d, completions %d",
         c.consumed,
         c.dead_lettered,

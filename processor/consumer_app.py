@@ -77,6 +77,12 @@ class ConsumerStats:
     rejected: int = 0
     dead_lettered: int = 0
     engine_ms: int = 0
+    # For metrics (processor.metrics): batches the engine ran, not those the contract check rejected.
+    input_tokens: int = 0
+    output_tokens: int = 0
+    padded_tokens: int = 0
+    cache_hits: int = 0
+    cache_lookups: int = 0
 
     def summary(self) -> str:
         return (
@@ -128,7 +134,8 @@ class ConsumerApp:
     ``conf`` is a :func:`processor.kafka_config.client_config` dict, shared by the Kafka consumer,
     producer and admin client. ``max_batches`` stops after that many batches (tests);
     ``idle_exit_s`` stops after that long without a batch (the demo). ``on_batch`` is called after
-    each batch is committed, with the stats so far (progress display, tests).
+    each batch is committed, with the stats so far (progress display, tests). ``on_engine`` is called
+    with the seconds the engine spent on each batch it ran (the metrics histogram).
     """
 
     def __init__(
@@ -142,6 +149,7 @@ class ConsumerApp:
         idle_exit_s: float | None = None,
         poll_timeout_s: float = 0.5,
         on_batch: Callable[[ConsumerStats], None] | None = None,
+        on_engine: Callable[[float], None] | None = None,
     ) -> None:
         if max_batches is not None and max_batches < 1:
             raise ValueError(f"max_batches must be >= 1, got {max_batches}")
@@ -155,6 +163,7 @@ class ConsumerApp:
         self.idle_exit_s = idle_exit_s
         self.poll_timeout_s = poll_timeout_s
         self.on_batch = on_batch
+        self.on_engine = on_engine
         self.batch_topic = topics.batches(contract.consumer)
         self.stats = ConsumerStats()
         self._producer: Producer | None = None
@@ -308,7 +317,9 @@ class ConsumerApp:
         else:
             started = time.perf_counter()
             results = self._run_engine(batch)
-            engine_ms = round((time.perf_counter() - started) * 1000)
+            engine_s = time.perf_counter() - started
+            engine_ms = round(engine_s * 1000)
+            self._count_engine(batch, results, engine_s)
         completed_ms = _now_ms()
         for item, result in zip(batch.items, results, strict=True):
             rec = _completion(
@@ -352,6 +363,16 @@ class ConsumerApp:
             log.warning("batch %s: %s", batch.batch_id, reason)
             return _all_failed(batch, reason)
         return results
+
+    def _count_engine(self, batch: BatchRecord, results: list[ItemResult], engine_s: float) -> None:
+        st = self.stats
+        st.input_tokens += sum(item.token_count for item in batch.items)
+        st.output_tokens += sum(r.output_tokens for r in results if r.status == "ok")
+        st.padded_tokens += batch.padded_length * len(batch.items)
+        st.cache_lookups += 1
+        st.cache_hits += any(r.cache_hit for r in results)
+        if self.on_engine is not None:
+            self.on_engine(engine_s)
 
     def _count(self, status: Status) -> None:
         if status == "ok":

@@ -38,8 +38,13 @@ def plot_simulation(reports: Sequence[SimReport], path: str) -> None:
     lanes_axis = lanes.twinx()
     for r in reports:
         if r.policy == "lanes":
-            lanes_axis.plot([s.t_ms / 1000 for s in r.samples], [s.lanes_in_use for s in r.samples],
-                            color="black", linestyle=":", label="lanes in use")
+            lanes_axis.plot(
+                [s.t_ms / 1000 for s in r.samples],
+                [s.lanes_in_use for s in r.samples],
+                color="black",
+                linestyle=":",
+                label="lanes in use",
+            )
             lanes_axis.set_ylabel("lanes in use")
     lanes.legend(loc="upper right", fontsize="small")
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from processor import codec
+from processor.audit import audit
 from processor.cardmodel import CardSpec
 from processor.consumer_app import ConsumerApp
 from processor.contract import Contract
@@ -48,11 +49,27 @@ class Rig:
     bootstrap: str
 
     def spawn_processor(self, name: str, instance: str = "p0") -> None:
-        self.pipeline.spawn(name, [
-            "processor", "--bootstrap", self.bootstrap, "--topic-prefix", self.topics.prefix,
-            "--instance", instance, "--group", self.group, "--commit-interval-ms", "200",
-            "--metrics-port", "0", "--log-level", "WARNING",
-        ], child_env(self.bootstrap))
+        self.pipeline.spawn(
+            name,
+            [
+                "processor",
+                "--bootstrap",
+                self.bootstrap,
+                "--topic-prefix",
+                self.topics.prefix,
+                "--instance",
+                instance,
+                "--group",
+                self.group,
+                "--commit-interval-ms",
+                "200",
+                "--metrics-port",
+                "0",
+                "--log-level",
+                "WARNING",
+            ],
+            child_env(self.bootstrap),
+        )
 
     def completed(self) -> int:
         return gather(self.conf, self.topics, group=self.group).total("completed_items")
@@ -61,7 +78,9 @@ class Rig:
         deadline = time.monotonic() + timeout_s
         while self.completed() < n:
             if time.monotonic() > deadline:
-                raise AssertionError(f"only {self.completed():,} of {n:,} items completed in {timeout_s:.0f} s")
+                raise AssertionError(
+                    f"only {self.completed():,} of {n:,} items completed in {timeout_s:.0f} s"
+                )
             time.sleep(0.5)
 
 
@@ -71,8 +90,12 @@ def rig(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Rig]:
     topics = TopicNames(f"f{uuid.uuid4().hex[:8]}")
     create_topics(conf, topic_specs(topics, ingest_partitions=3, consumers=[c.consumer for c in CARDS]))
     stop = threading.Event()
-    apps = [ConsumerApp(conf, topics, c, SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0),
-                        poll_timeout_s=0.05) for c in CARDS]
+    apps = [
+        ConsumerApp(
+            conf, topics, c, SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0), poll_timeout_s=0.05
+        )
+        for c in CARDS
+    ]
     threads = [threading.Thread(target=app.run, args=(stop,), name=app.contract.consumer) for app in apps]
     for t in threads:
         t.start()
@@ -103,7 +126,9 @@ def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:
     for msg in read_topic(rig.conf, rig.topics.results):
         completed[codec.decode_completion(msg.value()).item_id] += 1
     assert set(dispatched) == ids, f"{len(ids - set(dispatched))} never dispatched"
-    assert max(dispatched.values()) == 1, f"dispatched twice: {[k for k, v in dispatched.items() if v > 1][:5]}"
+    assert max(dispatched.values()) == 1, (
+        f"dispatched twice: {[k for k, v in dispatched.items() if v > 1][:5]}"
+    )
     assert set(completed) == ids
     assert max(completed.values()) == 1, f"completed twice: {[k for k, v in completed.items() if v > 1][:5]}"
     view = gather(rig.conf, rig.topics, group=rig.group)
@@ -112,6 +137,9 @@ def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:
     assert (t("completed_items"), t("completed_tokens")) == (len(ids), tokens)
     assert t("queued_items") == t("in_flight_items") == 0
     assert t("routed_tokens") == t("completed_tokens") + t("failed_tokens") + t("in_flight_tokens")
+    report = audit(rig.conf, rig.topics, rig.group)
+    assert report.clean, "\n".join(report.lines())
+    assert (report.received_items, report.completed_items, report.lost_items) == (len(ids), len(ids), 0)
 
 
 def test_processor_killed_at_five_random_instants_dispatches_every_item_exactly_once(rig: Rig) -> None:
@@ -146,3 +174,30 @@ def test_a_zombie_processor_is_fenced_and_emits_nothing(rig: Rig) -> None:
     codes = rig.pipeline.stop()
     assert codes["new"] == 0
     assert_exactly_once(rig, ids, tokens)
+
+
+def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig) -> None:
+    """A checkpoint that claims items waiting that are not there (the reference system's bug)."""
+    ids, _ = produce(rig, 500, seed=3)
+    rig.spawn_processor("processor")
+    rig.wait_completed(len(ids), timeout_s=120)
+    assert rig.pipeline.stop()["processor"] == 0
+    assert audit(rig.conf, rig.topics, rig.group).clean
+    latest = gather(rig.conf, rig.topics, group=rig.group).checkpoints["p0"]
+    phantom = dict(latest.counters, queued_items=latest.counters["queued_items"] + 1_000_000)
+    forged = codec.LedgerSnapshotRecord(
+        instance="p0",
+        taken_ms=latest.taken_ms + 1,
+        sequence=latest.sequence + 1,
+        counters=phantom,
+        per_model={},
+        per_consumer={},
+    )
+    from confluent_kafka import Producer
+
+    producer = Producer(rig.conf)
+    producer.produce(rig.topics.accounting, key=b"p0", value=codec.encode_ledger_snapshot(forged))
+    producer.flush(30)
+    report = audit(rig.conf, rig.topics, rig.group)
+    assert not report.clean
+    assert any("queued_items: checkpoint says 1,000,000" in d for d in report.differences), report.differences

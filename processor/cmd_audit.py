@@ -1,0 +1,33 @@
+"""``tokenfabric audit``: re-derive the ledger from the topics; exit 1 on any difference."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .cli_options import add_kafka_arguments, kafka_settings
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_kafka_arguments(p)
+    p.add_argument("--group", default="tokenfabric-processor", help="the processors' ingest consumer group")
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from .audit import audit
+    from .kafka_config import ConfigError
+
+    try:
+        conf, topics = kafka_settings(args)
+    except ConfigError as exc:
+        print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = audit(conf, topics, args.group)
+    except (KafkaException, TimeoutError) as exc:
+        print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(report.lines()))
+    return 0 if report.clean else 1
