@@ -52,6 +52,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     sim.add_argument("--time-scale", help="sleep this fraction of the modelled time (default: 1; 0: instant)")
     sim.add_argument("--seed", help="seed of the modelled jitter (default: 0)")
     p.add_argument("--max-batches", type=int, help="exit after N batches (tests)")
+    p.add_argument(
+        "--at-least-once",
+        action="store_true",
+        help="commit offsets after flushing completions instead of in one transaction with them",
+    )
     p.add_argument("--idle-exit-s", type=float, help="exit after S seconds without a batch (demo)")
     p.add_argument(
         "--retire", action="store_true", help="publish a tombstone for this consumer's contract and exit"
@@ -128,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         max_batches=args.max_batches,
         idle_exit_s=args.idle_exit_s,
         on_engine=metrics.engine_ran,
+        exactly_once=not args.at_least_once,
     )
     metrics.watch(app)
     try:

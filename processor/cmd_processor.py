@@ -21,6 +21,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instance", default="processor-0", help="this instance's id (names its checkpoints)")
     p.add_argument("--group", default="tokenfabric-processor", help="ingest consumer group")
     p.add_argument(
+        "--at-least-once",
+        action="store_true",
+        help="no transactions: faster, but a crash may dispatch items twice (docs/reliability.md)",
+    )
+    p.add_argument(
         "--commit-interval-ms", type=int, default=1000, help="how often ingest offsets are committed"
     )
     p.add_argument(
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             dispatch=dispatch,
             commit_interval_ms=args.commit_interval_ms,
             checkpoint_interval_ms=args.checkpoint_interval_ms,
+            exactly_once=not args.at_least_once,
         )
         http = http_settings(args, PROCESSOR_PORT)
     except (ConfigError, ValueError) as exc:

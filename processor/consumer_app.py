@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processor.codec import (
     STATUSES,
@@ -150,6 +150,7 @@ class ConsumerApp:
         poll_timeout_s: float = 0.5,
         on_batch: Callable[[ConsumerStats], None] | None = None,
         on_engine: Callable[[float], None] | None = None,
+        exactly_once: bool = True,
     ) -> None:
         if max_batches is not None and max_batches < 1:
             raise ValueError(f"max_batches must be >= 1, got {max_batches}")
@@ -164,6 +165,7 @@ class ConsumerApp:
         self.poll_timeout_s = poll_timeout_s
         self.on_batch = on_batch
         self.on_engine = on_engine
+        self.exactly_once = exactly_once
         self.batch_topic = topics.batches(contract.consumer)
         self.stats = ConsumerStats()
         self._producer: Producer | None = None
@@ -199,8 +201,27 @@ class ConsumerApp:
     def announce(self) -> None:
         """Publish the contract (keyed by consumer id) and wait until the broker has it."""
         value = encode_contract(ContractRecord(self.contract, _now_ms()))
+        if self.exactly_once:
+            self._txn().begin_transaction()
         self._produce(self.topics.contracts, self.contract.consumer.encode("utf-8"), value)
         self._flush("contract announcement")
+        if self.exactly_once:
+            self._txn().commit_transaction(60)
+
+    def _txn(self) -> Producer:
+        assert self._producer is not None, "run() creates the producer"
+        return self._producer
+
+    def _commit_transaction(self, consumer: Consumer, msg: Message) -> None:
+        """The batch's completions and its offset in one transaction: a crash before this line re-runs
+        the batch and read_committed readers never see the first attempt's completions."""
+        partition, offset = msg.partition(), msg.offset()
+        assert partition is not None and offset is not None
+        producer = self._txn()
+        producer.send_offsets_to_transaction(
+            [TopicPartition(self.batch_topic, partition, offset + 1)], consumer.consumer_group_metadata(), 30
+        )
+        producer.commit_transaction(60)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -212,7 +233,13 @@ class ConsumerApp:
         """
         stop = stop or threading.Event()
         self.stats = ConsumerStats()
-        self._producer = Producer(with_kafka_logger({**self.conf, **PRODUCER_SETTINGS}))
+        producer_conf = {**self.conf, **PRODUCER_SETTINGS}
+        if self.exactly_once:
+            # Stable per consumer id: a restarted app fences its predecessor's open transaction.
+            producer_conf["transactional.id"] = f"tokenfabric-consumer-{self.contract.consumer}"
+        self._producer = Producer(with_kafka_logger(producer_conf))
+        if self.exactly_once:
+            self._producer.init_transactions(60)
         consumer: Consumer | None = None
         try:
             if self.ensure_topic():
@@ -262,11 +289,26 @@ class ConsumerApp:
             if error is not None:
                 self._consumer_error(error)
                 continue
-            self.handle(msg)
-            self._commit(consumer, msg)
+            if not self.exactly_once:
+                self.handle(msg)
+                self._commit(consumer, msg)
+            else:
+                self._txn().begin_transaction()
+                try:
+                    self.handle(msg)
+                    self._commit_transaction(consumer, msg)
+                except BaseException:
+                    self._abort()
+                    raise
             last_batch = time.monotonic()
             if self.on_batch is not None:
                 self.on_batch(self.stats)
+
+    def _abort(self) -> None:
+        try:
+            self._txn().abort_transaction(30)
+        except KafkaException as exc:  # fenced or broker gone: the broker aborts it on timeout anyway
+            log.error("could not abort the open transaction: %s", exc)
 
     def _consumer_error(self, error: KafkaError) -> None:
         if error.fatal():
