@@ -44,6 +44,18 @@ def kafka_settings(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames
     return client_config(args.bootstrap, args.kafka_config), TopicNames(args.topic_prefix)
 
 
+def add_trace_reading_arguments(p: argparse.ArgumentParser) -> None:
+    """How a trace file becomes items (shared by ``simulate`` and ``produce``)."""
+    p.add_argument(
+        "--shape-blocks",
+        type=int,
+        default=1,
+        help="mooncake: leading hash ids that make the shape (default: 1)",
+    )
+    p.add_argument("--model", default="default", help="model of mooncake/azure items (default: default)")
+    p.add_argument("--limit", type=int, default=None, help="take only the first N items of the trace")
+
+
 def add_lane_arguments(p: argparse.ArgumentParser) -> None:
     d = LaneSettings()
     g = p.add_argument_group("lanes (docs/lanes.md)")

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from processor.cli_options import add_kafka_arguments, kafka_settings
+from processor.cli_options import add_kafka_arguments, add_trace_reading_arguments, kafka_settings
 from processor.traces import FORMATS, SHIPPED
 
 if TYPE_CHECKING:  # Kafka loads only when the command runs
@@ -43,14 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="trace format (default: jsonl, or the shipped trace's own)",
     )
-    p.add_argument(
-        "--shape-blocks",
-        type=int,
-        default=1,
-        help="mooncake: leading hash ids that make the shape (default: 1)",
-    )
-    p.add_argument("--model", default="default", help="model of mooncake/azure items (default: default)")
-    p.add_argument("--limit", type=int, default=None, help="send only the first N items")
+    add_trace_reading_arguments(p)
     pace = p.add_mutually_exclusive_group()
     pace.add_argument(
         "--speed", type=float, default=None, help="keep the trace's arrival times, X times faster"

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import IO
 
-from .cli_options import add_lane_arguments, lanes_from
+from .cli_options import add_lane_arguments, add_trace_reading_arguments, lanes_from
 from .simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, render_table, simulate
 from .traces import FORMATS, TraceError, read_trace
 
@@ -17,14 +17,7 @@ from .traces import FORMATS, TraceError, read_trace
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace file (.gz accepted)")
     p.add_argument("--format", default="jsonl", choices=FORMATS, help="trace format (default: jsonl)")
-    p.add_argument(
-        "--shape-blocks",
-        type=int,
-        default=1,
-        help="mooncake: leading hash ids that make the shape (default: 1)",
-    )
-    p.add_argument("--model", default="default", help="model of mooncake/azure items (default: default)")
-    p.add_argument("--limit", type=int, default=None, help="read only the first N items")
+    add_trace_reading_arguments(p)
     p.add_argument("--backlog", action="store_true", help="every item present at t=0 (an offline backlog)")
     p.add_argument("--speed", type=float, default=1.0, help="replay arrivals X times faster (default: 1)")
     p.add_argument(
