@@ -132,6 +132,7 @@ class ProcessorService:
         self._cache_hit: dict[str, bool] = {}
         self._last_tick = self._last_checkpoint = -1 << 62
         self._closing = False
+        self._revoked: set[int] = set()
 
         self.ingest = Consumer(
             {
@@ -184,7 +185,7 @@ class ProcessorService:
         results_from: dict[int, int] = {}
         if isinstance(self.committer, TransactionalCommitter):
             results_from = self._restore(self.committer)
-        self.ingest.subscribe([self.topics.ingest], on_revoke=self._on_revoke)
+        self.ingest.subscribe([self.topics.ingest], on_assign=self._on_assign, on_revoke=self._on_revoke)
         assignment = [
             TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
             for p in self._partitions(self.topics.contracts)
@@ -402,18 +403,26 @@ class ProcessorService:
     # -- commits and checkpoints ---------------------------------------------------------------
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Make everything consumed so far durable while the partitions are still ours."""
         if self._closing:
             return
-        if isinstance(self.committer, TransactionalCommitter):
-            # Items of these partitions may wait in lanes here; handing them over needs a restore on
-            # the new owner, which is not built yet: stop rather than dispatch them twice.
-            self.committer.fatal = RuntimeError(
-                f"ingest partitions {[tp.partition for tp in partitions]} revoked while running; restart "
-                "this processor (one processor instance per ingest topic in exactly-once mode)"
-            )
-            return
         self._commit(force=True)
-        self.committer.revoked([tp.partition for tp in partitions])
+        self._revoked = {tp.partition for tp in partitions}
+        if not isinstance(self.committer, TransactionalCommitter):
+            self.committer.revoked(sorted(self._revoked))
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """An eager rebalance revokes everything and usually hands it straight back; only partitions
+        that went to another instance are a problem in exactly-once mode."""
+        lost = self._revoked - {tp.partition for tp in partitions}
+        self._revoked = set()
+        if lost and isinstance(self.committer, TransactionalCommitter):
+            # Items of these partitions may wait in our lanes; handing them over needs a restore on the
+            # new owner, which is not built yet: stop rather than dispatch them twice.
+            self.committer.fatal = RuntimeError(
+                f"ingest partitions {sorted(lost)} moved to another processor; restart this one "
+                "(one processor instance per ingest topic in exactly-once mode)"
+            )
 
     def _commit(self, force: bool = False) -> None:
         now = self.now_ms()

@@ -391,6 +391,8 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
             return parse(text)
 
         def all_done() -> bool:
+            if errors:
+                raise errors[0]
             m = scrape()
             key = ("tokenfabric_tokens_completed_total", frozenset({("model", "default")}))
             return m.get(key, 0) >= total
