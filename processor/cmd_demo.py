@@ -46,6 +46,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--timeout-s", type=float, default=600, help="give up after this long (default: 600)")
     p.add_argument("--bootstrap", help="use this cluster instead of starting a local broker")
+    p.add_argument(
+        "--plot",
+        default="tokenfabric-demo.png",
+        metavar="FILE.png",
+        help="chart of the same trace through every policy, simulated (default: tokenfabric-demo.png; "
+        "'' for none)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,12 +140,30 @@ def _run(args: argparse.Namespace, console: Console, records: list, path: Path, 
     final = _final_view(conf, topics) or view
     back = read_back(conf, topics, cards)
     print(_report(path, records, final, back, cards, elapsed, codes))
+    if args.plot:
+        _plot(records, cards, model, args.plot)
     balanced = (
         final.total("received_items") == final.total("routed_items") + final.total("queued_items")
         and back.duplicates == 0
         and back.mixed_shape_batches == 0
     )
     return 0 if balanced and all(c == 0 for c in codes.values()) else 1
+
+
+def _plot(records: list[TraceRecord], cards: tuple[Card, ...], model: str, path: str) -> None:
+    """What the same cards would have seen under each policy, in virtual time, as one PNG."""
+    from .simulator import POLICIES, parse_consumer_spec, simulate
+
+    specs = [parse_consumer_spec(c.spec(model)) for c in cards]
+    reports = [simulate(records, specs, policy, backlog=True) for policy in POLICIES]
+    try:
+        from .plots import plot_simulation
+
+        plot_simulation(reports, path)
+    except ValueError as exc:  # matplotlib missing: the report above stands on its own
+        print(f"no chart: {exc}", file=sys.stderr)
+        return
+    print(f"chart of every policy on this trace (simulated): {path}")
 
 
 def _final_view(conf: dict[str, str], topics: TopicNames) -> StatusView:

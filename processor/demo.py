@@ -37,6 +37,13 @@ class Card:
     cache: int = 4
     overhead_ms: float = 5.0
 
+    def spec(self, model: str) -> str:
+        """The same card as a ``simulate --consumer`` spec."""
+        return (
+            f"{self.name}:model={model},budget={self.budget},items={self.items},pad={self.pad},"
+            f"inflight={self.inflight},tps={self.tps},overhead_ms={self.overhead_ms},cache={self.cache}"
+        )
+
     def args(self, model: str, time_scale: float) -> list[str]:
         return [
             "--id",
