@@ -138,30 +138,24 @@ class ProcessorCollector(Collector):
     def _ledger(self) -> Iterator[Metric]:
         ledger = self.service.core.ledger
         models = _items(ledger.models)
-        for stage, doc in (
-            ("received", "taken from the ingest topic"),
-            ("completed", "completed ok by a consumer"),
-            ("failed", "answered failed or rejected by a consumer"),
+        # Received, completed and failed only grow (counters); the others go down as items move on.
+        for family, stage, doc in (
+            (CounterMetricFamily, "received", "taken from the ingest topic"),
+            (CounterMetricFamily, "completed", "completed ok by a consumer"),
+            (CounterMetricFamily, "failed", "answered failed or rejected by a consumer"),
+            (GaugeMetricFamily, "queued", "waiting in lanes"),
+            (
+                GaugeMetricFamily,
+                "routed",
+                "sent to a consumer and not handed back (net: a retiring consumer's batches return)",
+            ),
+            (GaugeMetricFamily, "in_flight", "sent to a consumer and not answered yet"),
         ):
             for unit in ("items", "tokens"):
-                fam = CounterMetricFamily(
-                    f"tokenfabric_{unit}_{stage}", f"Prompt {unit} {doc}.", labels=["model"]
-                )
+                fam = family(f"tokenfabric_{unit}_{stage}", f"Prompt {unit} {doc}.", labels=["model"])
                 for model, book in models:
                     fam.add_metric([model], getattr(getattr(book, stage), unit))
                 yield fam
-        for stage, doc in (
-            ("queued", "waiting in lanes"),
-            ("routed", "sent to a consumer and not handed back (net: a retiring consumer's batches return)"),
-            ("in_flight", "sent to a consumer and not answered yet"),
-        ):
-            for unit in ("items", "tokens"):
-                gauge = GaugeMetricFamily(
-                    f"tokenfabric_{unit}_{stage}", f"Prompt {unit} {doc}.", labels=["model"]
-                )
-                for model, book in models:
-                    gauge.add_metric([model], getattr(getattr(book, stage), unit))
-                yield gauge
         dead = CounterMetricFamily(
             "tokenfabric_items_dead_lettered", "Ingest messages dead-lettered (undecodable or invalid)."
         )
