@@ -15,7 +15,7 @@ up as differences.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient
@@ -79,10 +79,18 @@ def batch_topics(conf: Mapping[str, str], topics: TopicNames) -> list[str]:
     return sorted(name for name in names if name.startswith(prefix))
 
 
-def audit(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabric-processor") -> AuditReport:
+def audit(
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    group: str = "tokenfabric-processor",
+    progress: Callable[[str], None] | None = None,
+) -> AuditReport:
+    """``progress`` is told the name of each topic as the audit starts reading it."""
+    say = progress or (lambda _topic: None)
     r = AuditReport()
     tokens: dict[str, int] = {}
     by_position: dict[tuple[int, int], str] = {}
+    say(topics.ingest)
     for msg in read_topic(conf, topics.ingest):
         try:
             rec = codec.decode_token_item(msg.value())
@@ -93,10 +101,12 @@ def audit(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabric
         by_position[position(msg)] = rec.item_id
         r.received_items += 1
         r.received_tokens += rec.token_count
+    say(topics.dead_letter)
     r.dead_lettered = sum(1 for _ in read_topic(conf, topics.dead_letter))
 
     dispatched: Counter[str] = Counter()
     for topic in batch_topics(conf, topics):
+        say(topic)
         for msg in read_topic(conf, topic):
             dispatched.update(it.item_id for it in codec.decode_batch(msg.value()).items)
     r.dispatched_items = len(dispatched)
@@ -104,6 +114,7 @@ def audit(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabric
     r.duplicate_dispatches = sum(n - 1 for n in dispatched.values())
 
     outcomes: Counter[str] = Counter()
+    say(topics.results)
     for msg in read_topic(conf, topics.results):
         done = codec.decode_completion(msg.value())
         outcomes[done.item_id] += 1
@@ -118,6 +129,7 @@ def audit(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabric
     r.duplicate_completions = sum(n - 1 for n in outcomes.values())
 
     state = changelog.ChangelogState()
+    say(topics.changelog)
     for msg in read_topic(conf, topics.changelog):
         state.apply(msg.key(), msg.value())
     waiting = {by_position[ref] for ref in state.waiting if ref in by_position}

@@ -24,8 +24,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
         return 2
+    from rich.console import Console
+
     try:
-        report = audit(conf, topics, args.group)
+        with Console(stderr=True).status("auditing") as status:
+            report = audit(conf, topics, args.group, lambda topic: status.update(f"reading {topic}"))
     except (KafkaException, TimeoutError) as exc:
         print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
         return 2

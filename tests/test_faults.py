@@ -22,6 +22,7 @@ import pytest
 from processor import codec
 from processor.audit import audit
 from processor.cardmodel import CardSpec
+from processor.cli import main
 from processor.consumer_app import ConsumerApp
 from processor.contract import Contract
 from processor.demo import Pipeline, child_env
@@ -182,7 +183,16 @@ def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig) -> None:
     rig.spawn_processor("processor")
     rig.wait_completed(len(ids), timeout_s=120)
     assert rig.pipeline.stop()["processor"] == 0
-    assert audit(rig.conf, rig.topics, rig.group).clean
+    audit_cli = [
+        "audit",
+        "--bootstrap",
+        rig.bootstrap,
+        "--topic-prefix",
+        rig.topics.prefix,
+        "--group",
+        rig.group,
+    ]
+    assert main(audit_cli) == 0
     latest = gather(rig.conf, rig.topics, group=rig.group).checkpoints["p0"]
     phantom = dict(latest.counters, queued_items=latest.counters["queued_items"] + 1_000_000)
     forged = codec.LedgerSnapshotRecord(
@@ -198,6 +208,7 @@ def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig) -> None:
     producer = Producer(rig.conf)
     producer.produce(rig.topics.accounting, key=b"p0", value=codec.encode_ledger_snapshot(forged))
     producer.flush(30)
+    assert main(audit_cli) == 1
     report = audit(rig.conf, rig.topics, rig.group)
     assert not report.clean
     assert any("queued_items: checkpoint says 1,000,000" in d for d in report.differences), report.differences
