@@ -212,3 +212,64 @@ def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig) -> None:
     report = audit(rig.conf, rig.topics, rig.group)
     assert not report.clean
     assert any("queued_items: checkpoint says 1,000,000" in d for d in report.differences), report.differences
+
+
+def test_a_consumer_killed_mid_batch_loses_and_doubles_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Both consumers are real processes whose engine takes 20 ms a batch, so each of the three SIGKILLs
+    most likely lands inside a batch; the replacements must not complete anything twice."""
+    conf = {"bootstrap.servers": kafka_bootstrap}
+    topics = TopicNames(f"c{uuid.uuid4().hex[:8]}")
+    create_topics(conf, topic_specs(topics, ingest_partitions=3, consumers=[c.consumer for c in CARDS]))
+    rig = Rig(conf, topics, f"{topics.prefix}-proc", Pipeline(tmp_path), kafka_bootstrap)
+
+    def spawn_consumer(name: str, contract: Contract) -> None:
+        rig.pipeline.spawn(
+            name,
+            [
+                "consumer",
+                "--bootstrap",
+                kafka_bootstrap,
+                "--topic-prefix",
+                topics.prefix,
+                "--id",
+                contract.consumer,
+                "--model",
+                contract.model,
+                "--budget",
+                str(contract.budget_tokens),
+                "--items",
+                str(contract.max_items),
+                "--pad",
+                str(contract.pad_multiple),
+                "--inflight",
+                str(contract.max_inflight),
+                "--engine",
+                "sim",
+                "--tps",
+                "2000000",
+                "--overhead-ms",
+                "20",
+                "--metrics-port",
+                "0",
+            ],
+            child_env(kafka_bootstrap),
+        )
+
+    try:
+        for contract in CARDS:
+            spawn_consumer(contract.consumer, contract)
+        rig.spawn_processor("processor")
+        ids, tokens = produce(rig, 3_000, seed=5)
+        rng = random.Random(42)
+        for kill in range(3):
+            time.sleep(rng.uniform(1.0, 3.0))
+            victim = CARDS[kill % 2]
+            proc = rig.pipeline.procs[victim.consumer if kill < 2 else f"{victim.consumer}-1"]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            spawn_consumer(f"{victim.consumer}-{kill + 1}", victim)
+        rig.wait_completed(len(ids), timeout_s=240)
+    finally:
+        codes = rig.pipeline.stop()
+    assert codes["processor"] == 0
+    assert_exactly_once(rig, ids, tokens)
