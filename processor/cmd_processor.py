@@ -21,6 +21,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instance", default="processor-0", help="this instance's id (names its checkpoints)")
     p.add_argument("--group", default="tokenfabric-processor", help="ingest consumer group")
     p.add_argument(
+        "--max-waiting-tokens",
+        type=int,
+        default=0,
+        help="pause ingest while this many tokens wait in lanes (backpressure; default 0: no cap)",
+    )
+    p.add_argument(
         "--at-least-once",
         action="store_true",
         help="no transactions: faster, but a crash may dispatch items twice (docs/reliability.md)",
@@ -49,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         for name in ("commit_interval_ms", "checkpoint_interval_ms"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if args.max_waiting_tokens < 0:
+            raise ValueError("--max-waiting-tokens must be >= 0 (0 means no cap)")
         settings = ProcessorSettings(
             instance=args.instance,
             group_id=args.group,
@@ -57,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             commit_interval_ms=args.commit_interval_ms,
             checkpoint_interval_ms=args.checkpoint_interval_ms,
             exactly_once=not args.at_least_once,
+            max_waiting_tokens=args.max_waiting_tokens,
         )
         http = http_settings(args, PROCESSOR_PORT)
     except (ConfigError, ValueError) as exc:

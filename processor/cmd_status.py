@@ -45,6 +45,9 @@ def render(view: StatusView) -> Group:
     figures.add_row("shape switches", f"{t('shape_switches'):,}")
     lag = "-" if view.ingest_lag is None else f"{view.ingest_lag:,} of {view.ingest_end:,} messages"
     figures.add_row("ingest not yet committed", lag)
+    figures.add_row(
+        "ingest", "PAUSED by backpressure (--max-waiting-tokens)" if t("ingest_paused") else "flowing"
+    )
     figures.add_row("processors", ", ".join(sorted(view.checkpoints)) or "none has checkpointed")
 
     per = Table(title="consumers", header_style="bold")

@@ -70,6 +70,10 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
     "contracts": ("tokenfabric_contract_announcements_total", "Consumer contract announcements read."),
     "commits": ("tokenfabric_offset_commits_total", "Successful ingest offset commits."),
     "checkpoints": ("tokenfabric_checkpoints_total", "Ledger checkpoints produced to the accounting topic."),
+    "backpressure_pauses": (
+        "tokenfabric_backpressure_pauses_total",
+        "Times ingest was paused because waiting tokens reached --max-waiting-tokens.",
+    ),
 }
 
 
@@ -339,6 +343,11 @@ class ProcessorCollector(Collector):
         )
         broker.add_metric([], max(0.0, now - s.last_broker_ok_s))
         yield broker
+        paused = GaugeMetricFamily(
+            "tokenfabric_ingest_paused", "1 while ingest is paused by backpressure (--max-waiting-tokens)."
+        )
+        paused.add_metric([], int(getattr(s, "ingest_paused", False)))
+        yield paused
 
 
 def _received_gap(b: ModelBook) -> int:

@@ -63,6 +63,9 @@ class ProcessorSettings:
     """At-least-once mode only: how often the ledger is checkpointed (exactly-once checkpoints in every
     transaction, so the ledger always matches the committed state)."""
     tick_interval_ms: int = 500
+    max_waiting_tokens: int = 0
+    """Backpressure: past this many tokens waiting in lanes, stop consuming ingest (the backlog stays in
+    Kafka; nothing is dropped) until 10% has drained. 0 means no cap."""
     lanes: LaneSettings = field(default_factory=LaneSettings)
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
 
@@ -78,6 +81,7 @@ class ServiceCounters:
     contracts: int = 0
     commits: int = 0
     checkpoints: int = 0
+    backpressure_pauses: int = 0
     restored_items: int = 0
     restored_batches: int = 0
     restore_seconds: float = 0.0
@@ -133,6 +137,7 @@ class ProcessorService:
         self._last_tick = self._last_checkpoint = -1 << 62
         self._closing = False
         self._revoked: set[int] = set()
+        self.ingest_paused = False
 
         self.ingest = Consumer(
             {
@@ -290,9 +295,27 @@ class ProcessorService:
         if now - self._last_tick >= s.tick_interval_ms:
             self.core.tick(now)
             self._last_tick = now
+        self._backpressure()
         self._commit()
         self.last_step_s = self._clock()
         return len(msgs)
+
+    def _backpressure(self) -> None:
+        """Pause ingest at the cap, resume once 10% of it has drained (hysteresis: no flapping)."""
+        cap = self.settings.max_waiting_tokens
+        if not cap:
+            return
+        waiting = self.core.table.waiting_tokens
+        assignment = self.ingest.assignment()
+        if not self.ingest_paused and waiting >= cap and assignment:
+            self.ingest.pause(assignment)
+            self.ingest_paused = True
+            self.counters.backpressure_pauses += 1
+            log.warning("backpressure: %d tokens waiting >= cap %d; ingest paused", waiting, cap)
+        elif self.ingest_paused and waiting <= cap * 0.9:
+            self.ingest.resume(assignment)
+            self.ingest_paused = False
+            log.info("backpressure: %d tokens waiting; ingest resumed", waiting)
 
     def _ingest(self, msg: Any, now: int) -> None:
         err = msg.error()
@@ -477,6 +500,7 @@ class ProcessorService:
                 "shape_switches": core.shape_switches,
                 "oversized": core.oversized,
                 "unknown_completions": self.counters.unknown_completions,
+                "ingest_paused": int(self.ingest_paused),
             }
         )
         per_consumer: dict[str, dict[str, int]] = {}
