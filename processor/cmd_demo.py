@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .cmd_status import ledger_table
 from .demo import (
     DEFAULT_CARDS,
     Card,
@@ -185,14 +186,7 @@ def _report(
     console.print(
         f"[bold]tokenfabric demo[/bold]: {len(records):,} items, {tokens:,} tokens from {path.name}"
     )
-    ledger = Table(title="ledger (processor checkpoint)", header_style="bold")
-    ledger.add_column("")
-    ledger.add_column("items", justify="right")
-    ledger.add_column("tokens", justify="right")
-    for stage in ("received", "routed", "completed", "failed", "queued", "in_flight"):
-        ledger.add_row(stage, f"{t(stage + '_items'):,}", f"{t(stage + '_tokens'):,}")
-    ledger.add_row("dead-lettered", f"{t('dead_lettered_items'):,}", "")
-    console.print(ledger)
+    console.print(ledger_table(view, "ledger (processor checkpoint)"))
     balanced = t("received_tokens") == t("routed_tokens") + t("queued_tokens") and t("routed_tokens") == t(
         "completed_tokens"
     ) + t("failed_tokens") + t("in_flight_tokens")

@@ -32,10 +32,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="no transactions: faster, but a crash may dispatch items twice (docs/reliability.md)",
     )
     p.add_argument(
-        "--commit-interval-ms", type=int, default=1000, help="how often ingest offsets are committed"
-    )
-    p.add_argument(
-        "--checkpoint-interval-ms", type=int, default=2000, help="how often the ledger is checkpointed"
+        "--commit-interval-ms",
+        type=int,
+        default=500,
+        help="how often progress, offsets and a ledger checkpoint are committed (default: 500)",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_lane_arguments(p)
@@ -52,9 +52,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         conf, topics = kafka_settings(args)
         lanes, dispatch = lanes_from(args)
-        for name in ("commit_interval_ms", "checkpoint_interval_ms"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if args.commit_interval_ms < 1:
+            raise ValueError("--commit-interval-ms must be >= 1")
         if args.max_waiting_tokens < 0:
             raise ValueError("--max-waiting-tokens must be >= 0 (0 means no cap)")
         settings = ProcessorSettings(
@@ -63,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
             lanes=lanes,
             dispatch=dispatch,
             commit_interval_ms=args.commit_interval_ms,
-            checkpoint_interval_ms=args.checkpoint_interval_ms,
             exactly_once=not args.at_least_once,
             max_waiting_tokens=args.max_waiting_tokens,
         )

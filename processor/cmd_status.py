@@ -24,15 +24,22 @@ def _ratio(num: int, den: int) -> str:
     return f"{num / den:.2%}" if den else "-"
 
 
+def ledger_table(view: StatusView, title: str) -> Table:
+    """Items and tokens at each stage of the ledger, summed over the processors' checkpoints."""
+    t = view.total
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("")
+    table.add_column("items", justify="right")
+    table.add_column("tokens", justify="right")
+    for stage in ("received", "queued", "routed", "in_flight", "completed", "failed"):
+        table.add_row(stage.replace("_", " "), f"{t(stage + '_items'):,}", f"{t(stage + '_tokens'):,}")
+    table.add_row("dead-lettered", f"{t('dead_lettered_items'):,}", "")
+    return table
+
+
 def render(view: StatusView) -> Group:
     t = view.total
-    summary = Table(title="tokenfabric", show_header=True, header_style="bold")
-    summary.add_column("")
-    summary.add_column("items", justify="right")
-    summary.add_column("tokens", justify="right")
-    for stage in ("received", "queued", "routed", "in_flight", "completed", "failed"):
-        summary.add_row(stage.replace("_", " "), f"{t(stage + '_items'):,}", f"{t(stage + '_tokens'):,}")
-    summary.add_row("dead-lettered", f"{t('dead_lettered_items'):,}", "")
+    summary = ledger_table(view, "tokenfabric")
     padded = sum(view.consumer_total(c, "padded_tokens") for c in view.contracts)
     real = sum(view.consumer_total(c, "routed_tokens") for c in view.contracts)
     hits = sum(view.consumer_total(c, "cache_hits") for c in view.contracts)

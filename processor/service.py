@@ -55,13 +55,11 @@ class ProcessorSettings:
     poll_timeout_ms: int = 20
     """How long one ``consume`` call may block when nothing arrives."""
     commit_interval_ms: int = 500
-    """How often progress (a transaction, or offsets plus a checkpoint) is made durable."""
+    """How often progress (a transaction, or offsets plus a checkpoint) is made durable; the ledger is
+    checkpointed with every commit, so it always matches the committed state."""
     eager_commit_ms: int = 50
     """Exactly-once: with new batches in the open transaction, commit after this long instead (a batch
     reaches its consumer only when its transaction commits)."""
-    checkpoint_interval_ms: int = 2000
-    """At-least-once mode only: how often the ledger is checkpointed (exactly-once checkpoints in every
-    transaction, so the ledger always matches the committed state)."""
     tick_interval_ms: int = 500
     max_waiting_tokens: int = 0
     """Backpressure: past this many tokens waiting in lanes, stop consuming ingest (the backlog stays in
@@ -134,7 +132,7 @@ class ProcessorService:
         self.ledger_error: str | None = None
         self._checkpoint_seq = 0
         self._cache_hit: dict[str, bool] = {}
-        self._last_tick = self._last_checkpoint = -1 << 62
+        self._last_tick = -1 << 62
         self._closing = False
         self._revoked: set[int] = set()
         self.ingest_paused = False

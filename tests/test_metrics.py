@@ -354,7 +354,7 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
     service = ProcessorService(
         conf,
         topics,
-        ProcessorSettings(instance="mtest", group_id=f"{topics.prefix}-proc", checkpoint_interval_ms=300),
+        ProcessorSettings(instance="mtest", group_id=f"{topics.prefix}-proc", commit_interval_ms=300),
     )
     proc_server = ObservabilityServer(processor_registry(service), ProcessorHealth(service), "127.0.0.1", 0)
     app_server = ObservabilityServer(consumer_metrics.registry, ServingHealth(), "127.0.0.1", 0)

@@ -78,7 +78,7 @@ def pipeline(kafka_bootstrap: str) -> Iterator[Running]:
     service = ProcessorService(
         conf,
         topics,
-        ProcessorSettings(instance="itest", group_id=f"{topics.prefix}-proc", checkpoint_interval_ms=300),
+        ProcessorSettings(instance="itest", group_id=f"{topics.prefix}-proc", commit_interval_ms=300),
     )
     threads.append(threading.Thread(target=guarded(service.run), name="processor"))
     for t in threads:
