@@ -88,6 +88,8 @@ class Engine(ABC):
 #: Engine name -> module exposing ``from_options(options: dict[str, str]) -> Engine``.
 ENGINES: dict[str, str] = {
     "sim": "processor.engines.sim",
+    "embed": "processor.engines.embed",
+    "openai": "processor.engines.openai_http",
 }
 
 
