@@ -2,8 +2,15 @@
 
 Two equations hold at every instant, in items and in tokens, per model and in total:
 
-    received = queued + routed
-    routed   = completed + in_flight + failed
+    received + adopted_queued  = queued + routed + released_queued
+    routed   + adopted_in_flight = completed + in_flight + failed + released_in_flight
+
+The ``adopted``/``released`` terms are state that moved between processor instances with its ingest
+partitions (a rebalance, or a restart: docs/reliability.md): the instance that gives up a partition
+releases what waited or was in flight there, the one that takes it adopts what the changelog holds.
+A single instance that never hands anything over has all four at zero, or equal pairs after a
+restart. Across instances, ``Σ queued - (Σ adopted_queued - Σ released_queued)`` is what waits
+even while a crashed instance's last checkpoint still claims what another one adopted.
 
 ``queued`` and ``in_flight`` are kept as running counters *and* can be recounted from the structures
 that hold the items (the lanes, the scheduler's in-flight batches): ``Scheduler.check`` compares the
@@ -43,6 +50,10 @@ class ModelBook:
     completed: Tally
     failed: Tally
     in_flight: Tally
+    adopted_queued: Tally
+    adopted_in_flight: Tally
+    released_queued: Tally
+    released_in_flight: Tally
 
     @classmethod
     def empty(cls) -> ModelBook:
@@ -56,6 +67,8 @@ class ConsumerBook:
     failed: Tally
     in_flight: Tally
     redelivered: Tally
+    adopted_in_flight: Tally
+    released_in_flight: Tally
     batches: int = 0
     padded_tokens: int = 0
     oversized: int = 0
@@ -64,10 +77,20 @@ class ConsumerBook:
 
     @classmethod
     def empty(cls) -> ConsumerBook:
-        return cls(Tally(), Tally(), Tally(), Tally(), Tally())
+        return cls(Tally(), Tally(), Tally(), Tally(), Tally(), Tally(), Tally())
 
 
-STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight")
+HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
+STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER)
+CONSUMER_STAGES = (
+    "routed",
+    "completed",
+    "failed",
+    "in_flight",
+    "redelivered",
+    "adopted_in_flight",
+    "released_in_flight",
+)
 
 
 class Ledger:
@@ -136,6 +159,39 @@ class Ledger:
         book.queued.add(items, tokens)
         c.redelivered.add(items, tokens)
 
+    def adopted_waiting(self, model: str, tokens: int) -> None:
+        """An item another instance (or this one before a restart) counted now waits here."""
+        book = self._model(model)
+        book.queued.add(1, tokens)
+        book.adopted_queued.add(1, tokens)
+
+    def adopted_in_flight(self, model: str, consumer: str, items: int, tokens: int) -> None:
+        """Outstanding items of a batch another instance routed; they finish here."""
+        book = self._model(model)
+        c = self.consumer(consumer)
+        for t in (book.in_flight, book.adopted_in_flight, c.in_flight, c.adopted_in_flight):
+            t.add(items, tokens)
+
+    def release_all(self) -> None:
+        """Give up everything waiting and in flight (its partitions go, or are about to be restored):
+        the counts move to ``released_*`` so the equations keep holding."""
+        for book in self.models.values():
+            _move(book.queued, book.released_queued)
+            _move(book.in_flight, book.released_in_flight)
+        for c in self.consumers.values():
+            _move(c.in_flight, c.released_in_flight)
+
+    def handover_delta(self) -> dict[str, tuple[int, int]]:
+        """Per model: (items, tokens) adopted minus released, waiting and in flight together."""
+        out: dict[str, tuple[int, int]] = {}
+        for model, b in self.models.items():
+            items = b.adopted_queued.items + b.adopted_in_flight.items
+            items -= b.released_queued.items + b.released_in_flight.items
+            tokens = b.adopted_queued.tokens + b.adopted_in_flight.tokens
+            tokens -= b.released_queued.tokens + b.released_in_flight.tokens
+            out[model] = (items, tokens)
+        return out
+
     def cache(self, consumer: str, hit: bool) -> None:
         c = self.consumer(consumer)
         c.cache_lookups += 1
@@ -153,23 +209,36 @@ class Ledger:
     def check(self) -> None:
         """Raise ``LedgerImbalance`` with both sides if either equation fails anywhere."""
         for model, b in self.models.items():
-            _balance(f"model {model}", "received", b.received, "queued+routed", (b.queued, b.routed))
             _balance(
                 f"model {model}",
-                "routed",
-                b.routed,
-                "completed+in_flight+failed",
-                (b.completed, b.in_flight, b.failed),
+                "received+adopted_queued",
+                _sum(b.received, b.adopted_queued),
+                "queued+routed+released_queued",
+                (b.queued, b.routed, b.released_queued),
+            )
+            _balance(
+                f"model {model}",
+                "routed+adopted_in_flight",
+                _sum(b.routed, b.adopted_in_flight),
+                "completed+in_flight+failed+released_in_flight",
+                (b.completed, b.in_flight, b.failed, b.released_in_flight),
             )
         for name, c in self.consumers.items():
             _balance(
                 f"consumer {name}",
-                "routed",
-                c.routed,
-                "completed+in_flight+failed",
-                (c.completed, c.in_flight, c.failed),
+                "routed+adopted_in_flight",
+                _sum(c.routed, c.adopted_in_flight),
+                "completed+in_flight+failed+released_in_flight",
+                (c.completed, c.in_flight, c.failed, c.released_in_flight),
             )
-        for stage in ("routed", "completed", "failed", "in_flight"):
+        for stage in (
+            "routed",
+            "completed",
+            "failed",
+            "in_flight",
+            "adopted_in_flight",
+            "released_in_flight",
+        ):
             by_model = self.total(stage)
             by_consumer = Tally()
             for c in self.consumers.values():
@@ -190,7 +259,7 @@ class Ledger:
                 out[f"{stage}_items@{model}"] = t.items
                 out[f"{stage}_tokens@{model}"] = t.tokens
         for name, c in self.consumers.items():
-            for stage in ("routed", "completed", "failed", "in_flight", "redelivered"):
+            for stage in CONSUMER_STAGES:
                 t = getattr(c, stage)
                 out[f"{stage}_items#{name}"] = t.items
                 out[f"{stage}_tokens#{name}"] = t.tokens
@@ -229,6 +298,15 @@ def _balance(where: str, left_name: str, left: Tally, right_name: str, parts: It
             f"{where} out of balance: {left_name} {left.items:,} items / {left.tokens:,} tokens, "
             f"{right_name} {items:,} items / {tokens:,} tokens"
         )
+
+
+def _sum(*tallies: Tally) -> Tally:
+    return sum_tallies(tallies)
+
+
+def _move(source: Tally, target: Tally) -> None:
+    target.add(source.items, source.tokens)
+    source.items = source.tokens = 0
 
 
 def sum_tallies(tallies: Iterable[Tally]) -> Tally:

@@ -7,8 +7,9 @@
 * ``OraclePolicy``: the offline bound for a backlog; everything sorted by (shape, length) once and
   packed in that order.
 
-They share the contract packing rule with lanes (``n x round_up(longest, pad) <= budget``, single
-oversized items go alone) and the same ledger, but only lanes promise one shape per batch.
+They share the contract's batching rule with lanes (``Contract.fits`` in whichever batching mode the
+contract names; single oversized items go alone) and the same ledger, but only lanes promise one shape
+per batch.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ from .item import NO_LANE, Batch, Item
 
 def pack_prefix(items: Sequence[Item], contract: Contract) -> int:
     """How many of ``items``, taken in order, fit one batch of ``contract`` (at least one)."""
+    rule = contract.rule
     longest = 0
+    outputs = 0
     n = 0
     for item in items:
-        if n >= contract.max_items:
-            break
         candidate = max(longest, item.length)
-        if (n + 1) * contract.padded_length(candidate) > contract.budget_tokens:
+        candidate_outputs = outputs + rule.output_tokens(item.output_budget)
+        if not rule.fits(n + 1, candidate, candidate_outputs):
             break
         longest = candidate
+        outputs = candidate_outputs
         n += 1
     return max(n, 1) if items else 0
 
@@ -90,7 +93,7 @@ class QueuePolicy:
     def _emit(self, contract: Contract, items: list[Item], now_ms: int) -> Batch:
         self._seq += 1
         padded = contract.padded_length(max(it.length for it in items))
-        oversized = len(items) == 1 and padded > contract.budget_tokens
+        oversized = len(items) == 1 and contract.is_oversized(items[0].length, items[0].output_budget)
         batch = Batch(
             f"{self.name}-{self._seq}",
             contract.consumer,

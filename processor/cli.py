@@ -22,6 +22,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("processor.cmd_status", "print contracts, accounting and lag"),
     "audit": ("processor.cmd_audit", "re-derive the ledger from the topics; exit 1 on a difference"),
     "demo": ("processor.cmd_demo", "run the whole pipeline on a real trace and print a report"),
+    "submit": ("processor.cmd_submit", "submit a dataset as a job: render, tokenise and produce every row"),
+    "collect": ("processor.cmd_collect", "write a job's results next to its input rows (resumable)"),
+    "collector": (
+        "processor.cmd_collector",
+        "collect every job on the jobs topic into a folder, continuously",
+    ),
+    "jobs": ("processor.cmd_jobs", "list jobs and their progress"),
 }
 
 

@@ -9,6 +9,7 @@ from .dispatch import DispatchSettings
 from .kafka_config import ConfigError
 from .lanes import LaneSettings
 from .topics import DEFAULT_PREFIX, TopicNames
+from .watchdog import CallWatchdog
 
 _PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
@@ -88,3 +89,20 @@ def lanes_from(args: argparse.Namespace) -> tuple[LaneSettings, DispatchSettings
         idle_ms=args.idle_ms,
     )
     return lanes, DispatchSettings(max_wait_ms=args.max_wait_ms)
+
+
+def add_watchdog_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stuck-exit-s",
+        type=float,
+        default=180.0,
+        help="exit with code 75 when a transaction commit blocks this long, so the supervisor restarts "
+        "the process (works around librdkafka#5456; default: 180; 0 disables)",
+    )
+
+
+def watchdog_from(args: argparse.Namespace) -> CallWatchdog | None:
+    """The process's watchdog, or None when disabled; ValueError names the flag when it is bad."""
+    if args.stuck_exit_s < 0:
+        raise ValueError(f"--stuck-exit-s must be >= 0 (0 disables), got {args.stuck_exit_s:g}")
+    return CallWatchdog(args.stuck_exit_s) if args.stuck_exit_s else None

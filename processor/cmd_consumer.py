@@ -15,7 +15,8 @@ import sys
 import threading
 from types import FrameType
 
-from processor.cli_options import add_kafka_arguments, kafka_settings
+from processor.cli_options import add_kafka_arguments, add_watchdog_argument, kafka_settings, watchdog_from
+from processor.contract import BATCHING_MODES, Contract
 from processor.engines import ENGINES
 from processor.health import CONSUMER_PORT, add_http_arguments, http_settings
 
@@ -33,10 +34,29 @@ SIM_FLAGS = {
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True, help="consumer id: names its batch topic and consumer group")
     p.add_argument("--model", help="the model this consumer serves (required unless --retire)")
-    p.add_argument("--budget", type=int, help="padded tokens per batch (required unless --retire)")
+    p.add_argument(
+        "--budget", type=int, help="padded tokens per batch (required in tokens batching unless --retire)"
+    )
     p.add_argument("--items", type=int, help="most items per batch (required unless --retire)")
     p.add_argument("--pad", type=int, default=8, help="pad multiple (default: 8)")
     p.add_argument("--inflight", type=int, default=2, help="batches in flight at once (default: 2)")
+    batching = p.add_argument_group("batching mode (docs/consumer-contract.md, Batching modes)")
+    batching.add_argument(
+        "--batching",
+        default="tokens",
+        choices=BATCHING_MODES,
+        help="what bounds a batch: rows (--items only), tokens (--budget), memory (--memory-bytes); "
+        "default: tokens",
+    )
+    batching.add_argument("--memory-bytes", type=int, help="memory: KV-cache bytes one batch may fill")
+    batching.add_argument(
+        "--kv-bytes-per-token", type=int, help="memory: KV-cache bytes per token of the model"
+    )
+    batching.add_argument(
+        "--default-output-tokens",
+        type=int,
+        help="memory: output tokens counted for an item without an output budget (default: 0)",
+    )
     p.add_argument("--engine", default="sim", choices=sorted(ENGINES), help="engine (default: sim)")
     p.add_argument(
         "--engine-opt",
@@ -63,6 +83,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per batch")
     add_kafka_arguments(p)
+    add_watchdog_argument(p)
     add_http_arguments(p, CONSUMER_PORT, health_checks=False)
 
 
@@ -83,11 +104,40 @@ def _engine_options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
+#: ``--budget`` of a rows- or memory-batching consumer that gives none: the token budget does not bound
+#: its batches, so it is announced as the largest Avro int (status and metrics still show a number).
+UNBOUNDED_TOKENS = (1 << 31) - 1
+MEMORY_FLAGS = ("memory_bytes", "kv_bytes_per_token", "default_output_tokens")
+
+
+def _contract(args: argparse.Namespace) -> Contract:
+    """The contract the flags describe. Memory flags outside memory batching, or a memory contract
+    without its two numbers, are refused naming the flags; ``Contract`` refuses bad values."""
+    given = [n for n in MEMORY_FLAGS if getattr(args, n) is not None]
+    if args.batching != "memory" and given:
+        raise ValueError(f"--{given[0].replace('_', '-')} applies to --batching memory only")
+    missing = [f"--{n.replace('_', '-')}" for n in MEMORY_FLAGS[:2] if getattr(args, n) is None]
+    if args.batching == "memory" and missing:
+        raise ValueError(f"--batching memory needs {' and '.join(missing)}")
+    return Contract(
+        args.id,
+        args.model,
+        UNBOUNDED_TOKENS if args.budget is None else args.budget,
+        args.items,
+        args.pad,
+        args.inflight,
+        batching=args.batching,
+        memory_bytes=args.memory_bytes or 0,
+        kv_bytes_per_token=args.kv_bytes_per_token or 0,
+        default_output_tokens=args.default_output_tokens or 0,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.consumer_app import ConsumerApp, ConsumerAppError, retire
-    from processor.contract import CONSUMER_ID, Contract
+    from processor.contract import CONSUMER_ID
     from processor.engines import make_engine
     from processor.health import ServingHealth, start_http
     from processor.kafka_config import ConfigError, describe
@@ -101,15 +151,17 @@ def run(args: argparse.Namespace) -> int:
             retire(conf, topics, args.id)
             print(f"retired consumer {args.id}: tombstone on {topics.contracts}")
             return 0
-        missing = [f"--{n}" for n in ("model", "budget", "items") if getattr(args, n) is None]
+        required = ("model", "budget", "items") if args.batching == "tokens" else ("model", "items")
+        missing = [f"--{n}" for n in required if getattr(args, n) is None]
         if missing:
             raise ValueError(f"{' and '.join(missing)} required to run a consumer")
         if args.max_batches is not None and args.max_batches < 1:
             raise ValueError(f"--max-batches must be >= 1, got {args.max_batches}")
         if args.idle_exit_s is not None and not args.idle_exit_s > 0:
             raise ValueError(f"--idle-exit-s must be > 0, got {args.idle_exit_s}")
-        contract = Contract(args.id, args.model, args.budget, args.items, args.pad, args.inflight)
+        contract = _contract(args)
         http = http_settings(args, CONSUMER_PORT)
+        watchdog = watchdog_from(args)
         engine = make_engine(args.engine, _engine_options(args))
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -134,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         idle_exit_s=args.idle_exit_s,
         on_engine=metrics.engine_ran,
         exactly_once=not args.at_least_once,
+        watchdog=watchdog,
     )
     metrics.watch(app)
     try:

@@ -12,7 +12,14 @@ import signal
 import sys
 import threading
 
-from .cli_options import add_kafka_arguments, add_lane_arguments, kafka_settings, lanes_from
+from .cli_options import (
+    add_kafka_arguments,
+    add_lane_arguments,
+    add_watchdog_argument,
+    kafka_settings,
+    lanes_from,
+    watchdog_from,
+)
 from .health import PROCESSOR_PORT, add_http_arguments, http_settings
 
 
@@ -37,6 +44,21 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=500,
         help="how often progress, offsets and a ledger checkpoint are committed (default: 500)",
     )
+    p.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=45_000,
+        help="how long the group waits for a silent instance before its partitions go to the others "
+        "(default: 45000; the broker allows 6000 and up)",
+    )
+    p.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        default=10_000,
+        help="after a crash, how long the broker waits before aborting the open transaction; the new "
+        "owner of its partitions restores after at most this long (default: 10000)",
+    )
+    add_watchdog_argument(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_lane_arguments(p)
     add_http_arguments(p, PROCESSOR_PORT, health_checks=True)
@@ -56,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--commit-interval-ms must be >= 1")
         if args.max_waiting_tokens < 0:
             raise ValueError("--max-waiting-tokens must be >= 0 (0 means no cap)")
+        if args.session_timeout_ms < 1000:
+            raise ValueError("--session-timeout-ms must be >= 1000 (brokers usually require >= 6000)")
+        if args.transaction_timeout_ms <= args.commit_interval_ms:
+            raise ValueError("--transaction-timeout-ms must be longer than --commit-interval-ms")
         settings = ProcessorSettings(
             instance=args.instance,
             group_id=args.group,
@@ -64,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
             commit_interval_ms=args.commit_interval_ms,
             exactly_once=not args.at_least_once,
             max_waiting_tokens=args.max_waiting_tokens,
+            session_timeout_ms=args.session_timeout_ms,
+            transaction_timeout_ms=args.transaction_timeout_ms,
         )
         http = http_settings(args, PROCESSOR_PORT)
+        watchdog = watchdog_from(args)
     except (ConfigError, ValueError) as exc:
         print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
         return 2
@@ -75,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     service = ProcessorService(conf, topics, settings)
+    service.watchdog = watchdog
     server = None
     if http is not None:
         health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)

@@ -922,19 +922,63 @@ def encode_contract(rec: ContractRecord) -> bytes:
             "pad_multiple": c.pad_multiple,
             "max_inflight": c.max_inflight,
             "announced_ms": rec.announced_ms,
+            "batching": c.batching,
+            "memory_bytes": c.memory_bytes,
+            "kv_bytes_per_token": c.kv_bytes_per_token,
+            "default_output_tokens": c.default_output_tokens,
         },
     )
 
 
 def decode_contract(value: bytes | bytearray | memoryview | None) -> ContractRecord:
-    """A consumer's announcement; one that :class:`Contract` refuses is ``invalid-contract``."""
-    d = _fastavro_decode(value, "ConsumerContract")
+    """A consumer's announcement; one that :class:`Contract` refuses is ``invalid-contract``.
+
+    Announcements written before the batching fields existed (the previous writer schema, see
+    ``PREVIOUS_CONTRACT_HEADER``) still decode: Avro schema resolution fills the fields' defaults,
+    which mean tokens batching, exactly what those consumers asked for.
+    """
+    value = _as_bytes(value)
+    if value[:HEADER_SIZE] == PREVIOUS_CONTRACT_HEADER:
+        d = _decode_previous_contract(value)
+    else:
+        d = _fastavro_decode(value, "ConsumerContract")
     announced_ms = d.pop("announced_ms")
     try:
         contract = Contract(**d)
     except ValueError as exc:
         raise DecodeError("invalid-contract", str(exc)) from None
     return ContractRecord(contract, announced_ms)
+
+
+#: Fields ``ConsumerContract`` gained with batching modes; without them it is the previous schema.
+CONTRACT_FIELDS_ADDED = ("batching", "memory_bytes", "kv_bytes_per_token", "default_output_tokens")
+
+
+def _previous_contract_schema() -> Any:
+    raw = json.loads((schema_dir() / "ConsumerContract.avsc").read_text(encoding="utf-8"))
+    raw["fields"] = [f for f in raw["fields"] if f["name"] not in CONTRACT_FIELDS_ADDED]
+    return parse_schema(raw, {}, expand=True)
+
+
+_PREVIOUS_CONTRACT = _previous_contract_schema()
+#: The single-object header of announcements written with the previous ConsumerContract schema.
+PREVIOUS_CONTRACT_HEADER = MAGIC + rabin_fingerprint(
+    to_parsing_canonical_form(_PREVIOUS_CONTRACT).encode()
+).to_bytes(8, "little")
+_NAME_BY_FP_BYTES[PREVIOUS_CONTRACT_HEADER[2:]] = "ConsumerContract"
+
+
+def _decode_previous_contract(value: bytes) -> dict[str, Any]:
+    stream = io.BytesIO(value)
+    stream.seek(HEADER_SIZE)
+    try:
+        reader = _PARSED["ConsumerContract"]
+        record = cast(dict[str, Any], fastavro.schemaless_reader(stream, _PREVIOUS_CONTRACT, reader, False))
+        _check_ints("ConsumerContract", record)
+    except _FASTAVRO_ERRORS as exc:
+        raise DecodeError("avro-decode", f"malformed ConsumerContract: {type(exc).__name__}: {exc}") from None
+    _finish(value, stream.tell(), "ConsumerContract")
+    return record
 
 
 def encode_ledger_snapshot(rec: LedgerSnapshotRecord) -> bytes:

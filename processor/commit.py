@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -35,14 +36,24 @@ Deliver = Callable[[Any, Any], None]
 class IngestItem(Item):
     """An item that remembers where it came from, so progress can be recorded against its offset."""
 
-    __slots__ = ("logged", "offset", "partition", "safe")
+    __slots__ = ("home", "logged", "offset", "partition", "safe")
 
     def __init__(self, rec: codec.TokenItemRecord, now_ms: int, partition: int, offset: int) -> None:
-        super().__init__(rec.item_id, rec.model, rec.shape, rec.token_count, now_ms, rec)
+        super().__init__(rec.item_id, rec.model, rec.shape, rec.token_count, now_ms, rec, rec.output_budget)
         self.partition = partition
         self.offset = offset
+        self.home = partition  # changelog partition of its "waiting" record (processor/changelog.py)
         self.safe = False  # at-least-once: in a delivered batch
         self.logged = False  # exactly-once: has a committed "waiting" changelog record
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a new batch's changelog record goes and what it records besides its items."""
+
+    partition: int
+    slot: int
+    results_from: tuple[tuple[int, int], ...]
 
 
 class Committer(Protocol):
@@ -59,8 +70,9 @@ class Committer(Protocol):
     def start(self) -> None: ...
     def item_seen(self, item: IngestItem) -> None: ...
     def dead_letter(self, partition: int, offset: int) -> Deliver: ...
-    def batch_emitted(self, batch: Batch) -> Deliver: ...
+    def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver: ...
     def batch_finished(self, batch_id: str) -> None: ...
+    def batch_progress(self, batch_id: str) -> None: ...
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
     def due(self, now_ms: int) -> bool: ...
     def commit(self, snapshot: Callable[[], bytes]) -> float: ...
@@ -143,7 +155,7 @@ class AtLeastOnceCommitter(_Base):
 
         return delivered
 
-    def batch_emitted(self, batch: Batch) -> Deliver:
+    def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver:
         items = batch.items
 
         def delivered(err: Any, msg: Any) -> None:
@@ -155,6 +167,9 @@ class AtLeastOnceCommitter(_Base):
         return delivered
 
     def batch_finished(self, batch_id: str) -> None:
+        return None
+
+    def batch_progress(self, batch_id: str) -> None:
         return None
 
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
@@ -179,16 +194,31 @@ class AtLeastOnceCommitter(_Base):
             self.offsets.drop(p)
 
 
+@dataclass(slots=True)
+class _LoggedBatch:
+    partition: int
+    entry: changelog.BatchEntry
+    batch: Batch
+
+
 class TransactionalCommitter(_Base):
-    def __init__(self, *args: Any, is_in_flight: Callable[[str], bool], eager_ms: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        is_in_flight: Callable[[str], bool],
+        done_items: Callable[[str], list[str]],
+        eager_ms: int,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._is_in_flight = is_in_flight
+        self._done_items = done_items
         self.eager_ms = eager_ms
         self._new_items: list[IngestItem] = []
-        self._emitted: list[Batch] = []
+        self._emitted: list[tuple[Batch, Placement]] = []
         self._finished: list[str] = []
-        self._logged_batches: dict[str, int] = {}  # batch id -> changelog partition
-        self._results_done: dict[int, int] = {}  # results partition -> offset applied and committed
+        self._progressed: set[str] = set()
+        self._logged_batches: dict[str, _LoggedBatch] = {}
         self.in_transaction = False
 
     def start(self) -> None:
@@ -207,32 +237,23 @@ class TransactionalCommitter(_Base):
             return True
         return False
 
-    def adopt(self, item: IngestItem) -> None:
-        """A restored waiting item: its changelog record is already committed."""
+    def adopt(self, item: IngestItem, home: int) -> None:
+        """A restored waiting item: its changelog record is already committed, in ``home``."""
         item.logged = True
+        item.home = home
 
-    def adopt_results(self, offsets: dict[int, int]) -> None:
-        self._results_done.update(offsets)
+    def adopt_batch(self, batch: Batch, partition: int, entry: changelog.BatchEntry) -> None:
+        for item in batch.items:
+            cast(IngestItem, item).home = partition  # if they go back to lanes, their records go here
+        self._logged_batches[batch.batch_id] = _LoggedBatch(partition, entry, batch)
 
-    def _log_results(self) -> None:
-        """Record, in this transaction, how far completions have been applied (not a group commit: it
-        must commit or abort together with the ledger counts those completions changed)."""
-        partitions = [TopicPartition(self.topics.results, p) for p in self._results_partitions()]
-        for tp in self.control.position(partitions) if partitions else []:
-            if tp.offset >= 0 and self._results_done.get(tp.partition) != tp.offset:
-                self.produce(
-                    self.topics.changelog,
-                    changelog.results_value(tp.offset),
-                    changelog.results_key(tp.partition),
-                    partition=0,
-                )
-                self._results_done[tp.partition] = tp.offset
-
-    def _results_partitions(self) -> list[int]:
-        return [tp.partition for tp in self.control.assignment() if tp.topic == self.topics.results]
-
-    def adopt_batch(self, batch_id: str, partition: int) -> None:
-        self._logged_batches[batch_id] = partition
+    def reset(self) -> None:
+        """Forget everything tracked (after a commit, when the partitions are handed over)."""
+        self._new_items.clear()
+        self._emitted.clear()
+        self._finished.clear()
+        self._progressed.clear()
+        self._logged_batches.clear()
 
     def item_seen(self, item: IngestItem) -> None:
         self._new_items.append(item)
@@ -240,12 +261,17 @@ class TransactionalCommitter(_Base):
     def dead_letter(self, partition: int, offset: int) -> Deliver:
         return self._failed
 
-    def batch_emitted(self, batch: Batch) -> Deliver:
-        self._emitted.append(batch)
+    def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver:
+        if placement is None:
+            raise ValueError(f"batch {batch.batch_id}: exactly-once needs its changelog placement")
+        self._emitted.append((batch, placement))
         return self._failed
 
     def batch_finished(self, batch_id: str) -> None:
         self._finished.append(batch_id)
+
+    def batch_progress(self, batch_id: str) -> None:
+        self._progressed.add(batch_id)
 
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
         self._finished.append(batch_id)
@@ -259,19 +285,16 @@ class TransactionalCommitter(_Base):
                     cl,
                     changelog.PRESENT,
                     changelog.waiting_key(item.partition, item.offset),
-                    partition=item.partition,
+                    partition=item.home,
                 )
                 item.logged = True
-        for batch in self._emitted:
+        for batch, placement in self._emitted:
             items = cast(list[IngestItem], batch.items)
             for it in items:
                 if it.logged:
-                    self.produce(
-                        cl, None, changelog.waiting_key(it.partition, it.offset), partition=it.partition
-                    )
+                    self.produce(cl, None, changelog.waiting_key(it.partition, it.offset), partition=it.home)
                     it.logged = False
             if self._is_in_flight(batch.batch_id):
-                partition = items[0].partition
                 entry = changelog.BatchEntry(
                     batch.batch_id,
                     batch.consumer,
@@ -281,21 +304,44 @@ class TransactionalCommitter(_Base):
                     batch.created_ms,
                     batch.oversized,
                     tuple((it.partition, it.offset) for it in items),
+                    placement.slot,
+                    (),
+                    placement.results_from,
                 )
-                self.produce(cl, entry.value(), changelog.batch_key(batch.batch_id), partition=partition)
-                self._logged_batches[batch.batch_id] = partition
+                self._logged_batches[batch.batch_id] = _LoggedBatch(placement.partition, entry, batch)
+                self._progressed.add(batch.batch_id)
         for batch_id in self._finished:
-            partition_of = self._logged_batches.pop(batch_id, None)
-            if partition_of is not None:
-                self.produce(cl, None, changelog.batch_key(batch_id), partition=partition_of)
+            self._progressed.discard(batch_id)
+            logged = self._logged_batches.pop(batch_id, None)
+            if logged is not None:
+                self.produce(cl, None, changelog.batch_key(batch_id), partition=logged.partition)
+        for batch_id in self._progressed:
+            self._log_batch(batch_id)
         self._new_items.clear()
         self._emitted.clear()
         self._finished.clear()
+        self._progressed.clear()
+
+    def _log_batch(self, batch_id: str) -> None:
+        """(Re)write a batch's record with the items answered so far, so the ledger this transaction
+        checkpoints and the batch a restore rebuilds agree on what is still outstanding."""
+        logged = self._logged_batches.get(batch_id)
+        if logged is None or not self._is_in_flight(batch_id):
+            return
+        done_ids = set(self._done_items(batch_id))
+        done = tuple(i for i, it in enumerate(logged.batch.items) if it.id in done_ids)
+        if done != logged.entry.done or done == ():
+            logged.entry = replace(logged.entry, done=done)
+            self.produce(
+                self.topics.changelog,
+                logged.entry.value(),
+                changelog.batch_key(batch_id),
+                partition=logged.partition,
+            )
 
     def commit(self, snapshot: Callable[[], bytes]) -> float:
         started = time.monotonic()
         self._log_changes()
-        self._log_results()
         self.produce(self.topics.accounting, snapshot(), self.instance.encode())
         assignment = self.ingest.assignment()
         if assignment:

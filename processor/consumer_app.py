@@ -55,6 +55,7 @@ from processor.contract import Contract
 from processor.engines import Engine, ItemResult
 from processor.producer import with_kafka_logger
 from processor.topics import TopicNames, create_topics, topic_specs
+from processor.watchdog import CallWatchdog, guarded
 
 log = logging.getLogger("tokenfabric.consumer")
 
@@ -104,7 +105,9 @@ def contract_violation(contract: Contract, batch: BatchRecord) -> str | None:
 
     The consumer checks its own promise rather than trusting the processor: a bug or a stale
     contract upstream must show up as rejected items with a reason, not as an engine that runs out
-    of memory. A single item may exceed the budget (an oversized item always travels alone).
+    of memory. A single item may exceed the budget (an oversized item always travels alone). The
+    budget is the contract's batching rule (``Contract.rule``, the one dispatch packs by), measured
+    at the batch's own ``padded_length``: that is what the engine will pad to.
     """
     n = len(batch.items)
     if batch.consumer != contract.consumer:
@@ -119,12 +122,10 @@ def contract_violation(contract: Contract, batch: BatchRecord) -> str | None:
     mixed = sorted({item.model for item in batch.items if item.model != batch.model})
     if mixed:
         return f"items of model(s) {', '.join(mixed)} in a batch for {batch.model!r}"
-    cost = n * batch.padded_length
-    if cost > contract.budget_tokens and n > 1:
-        return (
-            f"{n} items x padded_length {batch.padded_length} = {cost} tokens > contract budget "
-            f"{contract.budget_tokens}"
-        )
+    rule = contract.rule
+    outputs = sum(rule.output_tokens(item.output_budget) for item in batch.items)
+    if n > 1 and not rule.fits(n, batch.padded_length, outputs):
+        return f"{rule.describe(n, batch.padded_length, outputs)} > contract {rule.limit_name} {rule.limit}"
     return None
 
 
@@ -151,6 +152,7 @@ class ConsumerApp:
         on_batch: Callable[[ConsumerStats], None] | None = None,
         on_engine: Callable[[float], None] | None = None,
         exactly_once: bool = True,
+        watchdog: CallWatchdog | None = None,
     ) -> None:
         if max_batches is not None and max_batches < 1:
             raise ValueError(f"max_batches must be >= 1, got {max_batches}")
@@ -166,6 +168,7 @@ class ConsumerApp:
         self.on_batch = on_batch
         self.on_engine = on_engine
         self.exactly_once = exactly_once
+        self.watchdog = watchdog
         self.batch_topic = topics.batches(contract.consumer)
         self.stats = ConsumerStats()
         self._producer: Producer | None = None
@@ -218,10 +221,13 @@ class ConsumerApp:
         partition, offset = msg.partition(), msg.offset()
         assert partition is not None and offset is not None
         producer = self._txn()
-        producer.send_offsets_to_transaction(
-            [TopicPartition(self.batch_topic, partition, offset + 1)], consumer.consumer_group_metadata(), 30
-        )
-        producer.commit_transaction(60)
+        with guarded(self.watchdog, "the transaction commit"):
+            producer.send_offsets_to_transaction(
+                [TopicPartition(self.batch_topic, partition, offset + 1)],
+                consumer.consumer_group_metadata(),
+                30,
+            )
+            producer.commit_transaction(60)
 
     # -- the loop -------------------------------------------------------------------------------
 

@@ -1,17 +1,29 @@
-"""What a GPU consumer promises to accept: a model and four numbers.
+"""What a GPU consumer promises to accept: a model, how it batches, and the numbers that bound a batch.
 
-A batch pads every item to its longest item rounded up to ``pad_multiple``; its cost is
-``items x padded_length`` and must fit ``budget_tokens`` (the engine's padded-token budget for one
-forward pass). ``max_inflight`` is how many batches the consumer holds at once: the processor never
-sends more, so a slow card is never buried under work it cannot start.
+A batch pads every item to its longest item rounded up to ``pad_multiple``. What bounds it depends on
+the consumer's ``batching`` mode (docs/consumer-contract.md, "Batching modes"):
+
+- ``rows``: ``max_items`` only, for engines whose cost is per request;
+- ``tokens`` (the default): ``items x padded_length <= budget_tokens`` and ``max_items``, for
+  compute-bound prefill;
+- ``memory``: ``(items x padded_length + summed output tokens) x kv_bytes_per_token <= memory_bytes``
+  and ``max_items``, for generation, where the KV cache of prompt plus output bounds the batch.
+
+:class:`BatchRule` states that rule once; the lanes, dispatch, the baselines and the consumer app's own
+check all ask it, so they cannot disagree. ``max_inflight`` is how many batches the consumer holds at
+once: the processor never sends more, so a slow card is never buried under work it cannot start.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 CONSUMER_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+BatchingMode = Literal["rows", "tokens", "memory"]
+BATCHING_MODES: tuple[BatchingMode, ...] = ("rows", "tokens", "memory")
 
 
 def round_up(length: int, multiple: int) -> int:
@@ -22,13 +34,134 @@ def round_up(length: int, multiple: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchRule:
+    """Whether a batch fits, in one place: ``fits(n, longest, output_tokens)``.
+
+    A batch of ``n`` items whose longest item has ``longest`` tokens and whose items' output budgets
+    sum to ``output_tokens`` has a *load* in the mode's unit (items, padded tokens or KV bytes); it
+    fits when ``n <= max_items`` and the load is at most the mode's *limit*. The rule is monotone: a
+    batch that fits still fits with an item fewer, which is what lets packing stop at the first item
+    that does not fit. A single item that does not fit is *oversized*; it travels alone (rows mode
+    has no such item: ``max_items >= 1``).
+    """
+
+    max_items: int
+    pad_multiple: int = 8
+    batching: BatchingMode = "tokens"
+    budget_tokens: int = 0
+    """Padded-token budget; bounds batches in tokens mode only."""
+    memory_bytes: int = 0
+    """KV-cache bytes one batch may fill; bounds batches in memory mode only."""
+    kv_bytes_per_token: int = 0
+    """KV-cache bytes per token of the model (all layers, keys and values)."""
+    default_output_tokens: int = 0
+    """Output tokens counted for an item that carries no output budget (memory mode)."""
+    limit: int = field(init=False, repr=False, compare=False)
+    """The bound a batch's load is compared with, in the mode's unit: ``max_items`` (rows),
+    ``budget_tokens`` (tokens) or ``memory_bytes`` (memory). Kept as a field: packing asks per item."""
+
+    def __post_init__(self) -> None:
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING_MODES)}, got {self.batching!r}")
+        for name in ("max_items", "pad_multiple"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("budget_tokens", "memory_bytes", "kv_bytes_per_token", "default_output_tokens"):
+            _check_int(name, getattr(self, name), 0)
+        needed = {"tokens": ("budget_tokens",), "memory": ("memory_bytes", "kv_bytes_per_token")}
+        for name in needed.get(self.batching, ()):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name} must be >= 1 in {self.batching} batching, got {getattr(self, name)}"
+                )
+        limits = {"rows": self.max_items, "tokens": self.budget_tokens, "memory": self.memory_bytes}
+        object.__setattr__(self, "limit", limits[self.batching])
+
+    def padded_length(self, length: int) -> int:
+        return round_up(length, self.pad_multiple)
+
+    @property
+    def counts_output(self) -> bool:
+        """Whether output budgets enter the load (memory mode); packing skips summing them otherwise."""
+        return self.batching == "memory"
+
+    def output_tokens(self, output_budget: int | None) -> int:
+        """Output tokens an item counts for: its own budget, else the default (a negative one is 0)."""
+        if output_budget is None:
+            return self.default_output_tokens
+        return output_budget if output_budget > 0 else 0
+
+    @property
+    def load_unit(self) -> str:
+        return {"rows": "items", "tokens": "padded tokens", "memory": "KV bytes"}[self.batching]
+
+    @property
+    def limit_name(self) -> str:
+        return {"rows": "max_items", "tokens": "budget", "memory": "memory_bytes"}[self.batching]
+
+    def load(self, n_items: int, longest: int, output_tokens: int = 0) -> int:
+        """What a batch costs in the mode's unit: items, padded tokens, or KV bytes."""
+        mode = self.batching
+        if mode == "rows":
+            return n_items
+        pm = self.pad_multiple
+        padded = -(-longest // pm) * pm or pm  # round_up, inlined: packing asks once per item
+        if mode == "tokens":
+            return n_items * padded
+        return (n_items * padded + output_tokens) * self.kv_bytes_per_token
+
+    def fits(self, n_items: int, longest: int, output_tokens: int = 0) -> bool:
+        """True if ``n_items`` items, the longest ``longest`` tokens, outputs summing to
+        ``output_tokens``, make a batch within the contract. The batching rule; nothing restates it."""
+        return n_items <= self.max_items and self.load(n_items, longest, output_tokens) <= self.limit
+
+    def capacity(self, longest: int, output_tokens_each: int = 0) -> int:
+        """Most items of ``longest`` tokens and ``output_tokens_each`` output tokens that fit one
+        batch; 0 when even one is oversized. Found by bisection over :meth:`fits` (it is monotone)."""
+        low, high = 0, self.max_items
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.fits(mid, longest, mid * output_tokens_each):
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def describe(self, n_items: int, longest: int, output_tokens: int = 0) -> str:
+        """The load with its arithmetic, for error messages."""
+        padded = round_up(longest, self.pad_multiple)
+        load = self.load(n_items, longest, output_tokens)
+        if self.batching == "tokens":
+            return f"{n_items} items x padded_length {padded} = {load} tokens"
+        if self.batching == "memory":
+            return (
+                f"({n_items} items x padded_length {padded} + {output_tokens} output tokens) x "
+                f"{self.kv_bytes_per_token} bytes per token = {load} bytes"
+            )
+        return f"{n_items} items"
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        kind = "a positive integer" if low == 1 else "an integer >= 0"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class Contract:
+    """A consumer's announcement. The batching fields default to today's tokens mode, so a contract
+    built (or decoded) without them means exactly what it did before they existed."""
+
     consumer: str
     model: str
     budget_tokens: int
     max_items: int
     pad_multiple: int = 8
     max_inflight: int = 2
+    batching: BatchingMode = "tokens"
+    memory_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    default_output_tokens: int = 0
+    rule: BatchRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not CONSUMER_ID.match(self.consumer):
@@ -38,12 +171,21 @@ class Contract:
             )
         if not self.model:
             raise ValueError(f"contract {self.consumer}: model must not be empty")
-        for name in ("budget_tokens", "max_items", "pad_multiple", "max_inflight"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"contract {self.consumer}: {name} must be a positive integer, got {value!r}"
-                )
+        try:
+            for name in ("budget_tokens", "max_inflight"):
+                _check_int(name, getattr(self, name), 1)
+            rule = BatchRule(
+                max_items=self.max_items,
+                pad_multiple=self.pad_multiple,
+                batching=self.batching,
+                budget_tokens=self.budget_tokens,
+                memory_bytes=self.memory_bytes,
+                kv_bytes_per_token=self.kv_bytes_per_token,
+                default_output_tokens=self.default_output_tokens,
+            )
+        except ValueError as exc:
+            raise ValueError(f"contract {self.consumer}: {exc}") from None
+        object.__setattr__(self, "rule", rule)
 
     def padded_length(self, length: int) -> int:
         return round_up(length, self.pad_multiple)
@@ -52,6 +194,10 @@ class Contract:
         """Padded tokens of a batch of ``n_items`` whose longest item has ``longest`` tokens."""
         return n_items * self.padded_length(longest)
 
-    def is_oversized(self, length: int) -> bool:
-        """True if a single item of ``length`` tokens exceeds the whole budget."""
-        return self.padded_length(length) > self.budget_tokens
+    def fits(self, n_items: int, longest: int, output_tokens: int = 0) -> bool:
+        """See :meth:`BatchRule.fits`."""
+        return self.rule.fits(n_items, longest, output_tokens)
+
+    def is_oversized(self, length: int, output_budget: int | None = None) -> bool:
+        """True if a single item of ``length`` tokens (and that output budget) exceeds the budget."""
+        return not self.rule.fits(1, length, self.rule.output_tokens(output_budget))

@@ -13,13 +13,15 @@ The rules, in the order they are applied when a consumer has a free in-flight sl
 3. **Switch.** Otherwise the consumer moves to the shape of its model with the most waiting tokens
    that has a lane it may take.
 
-A consumer *may take* a lane whose representative length fits its budget, or one that fits no live
-consumer of the model (its items then go out as single oversized batches). A small card is thus never
-sent an item a bigger card of the same model could hold.
+A consumer *may take* a lane whose representative length, alone, fits its batching rule (with the
+head item's output budget in memory mode), or one that fits no live consumer of the model (its items
+then go out as single oversized batches). A small card is thus never sent an item a bigger card of the
+same model could hold.
 
-Every batch is checked as it is emitted: one model, one shape, one lane, within the consumer's item
-count and budget unless it is a single oversized item. A violation raises ``InvariantViolation`` and
-the scheduler must not be used again: stopping is better than sending a GPU a mixed batch.
+Every batch is checked as it is emitted: one model, one shape, one lane, within the consumer's
+batching rule (``contract.BatchRule.fits``) unless it is a single oversized item. A violation raises
+``InvariantViolation`` and the scheduler must not be used again: stopping is better than sending a GPU
+a mixed batch.
 """
 
 from __future__ import annotations
@@ -59,10 +61,11 @@ class InFlight:
 
 
 class ConsumerState:
-    __slots__ = ("contract", "in_flight", "last_shape", "shape", "shape_switches", "switched_ms")
+    __slots__ = ("contract", "in_flight", "last_shape", "shape", "shape_switches", "slots", "switched_ms")
 
-    def __init__(self, contract: Contract) -> None:
+    def __init__(self, contract: Contract, slots: int | None = None) -> None:
         self.contract = contract
+        self.slots = slots  # this instance's share of max_inflight (processor/credits.py); None: all
         self.in_flight: dict[str, InFlight] = {}
         self.shape: ShapeKey | None = None
         self.last_shape: ShapeKey | None = None
@@ -71,12 +74,16 @@ class ConsumerState:
 
     @property
     def free_slots(self) -> int:
-        return self.contract.max_inflight - len(self.in_flight)
+        limit = self.contract.max_inflight if self.slots is None else self.slots
+        return limit - len(self.in_flight)
 
 
-def _fits(contract: Contract, length: int) -> bool:
-    pm = contract.pad_multiple
-    return -(-length // pm) * pm <= contract.budget_tokens
+def _fits(contract: Contract, lane: Lane) -> bool:
+    """Whether ``contract`` holds the lane's longest item (its representative length) alone, counting
+    the head item's output budget: the head is what would otherwise go out oversized."""
+    rule = contract.rule
+    output = rule.output_tokens(lane.items[0].output_budget) if rule.counts_output and lane.items else 0
+    return rule.fits(1, lane.rep, output)
 
 
 class Scheduler:
@@ -108,12 +115,15 @@ class Scheduler:
 
     # -- consumers ------------------------------------------------------------------------------
 
-    def set_contract(self, contract: Contract) -> None:
-        """Add a consumer or change its contract (batches it holds stay in flight)."""
+    def set_contract(self, contract: Contract, slots: int | None = None) -> None:
+        """Add a consumer or change its contract (batches it holds stay in flight). ``slots`` is how
+        many of its ``max_inflight`` this scheduler may fill (several processor instances share a
+        consumer: processor/credits.py); None means all of them."""
         state = self.consumers.get(contract.consumer)
         if state is None:
-            state = self.consumers[contract.consumer] = ConsumerState(contract)
+            state = self.consumers[contract.consumer] = ConsumerState(contract, slots)
         else:
+            state.slots = slots
             self._by_model[state.contract.model].remove(state)
             if state.contract.model != contract.model:
                 state.shape = None
@@ -138,18 +148,26 @@ class Scheduler:
         self.ledger.received(item.model, item.length)
         self._enqueue(item, now_ms)
 
-    def restore_waiting(self, item: Item, now_ms: int) -> None:
-        """Put back an item a restored ledger already counts as received and queued."""
+    def adopt_waiting(self, item: Item, now_ms: int) -> None:
+        """Take in an item restored from the changelog (counted as adopted, not received)."""
+        self.ledger.adopted_waiting(item.model, item.length)
         self._enqueue(item, now_ms)
 
-    def restore_in_flight(self, batch: Batch, now_ms: int) -> bool:
-        """Re-register a batch a restored ledger counts as in flight.
+    def adopt_in_flight(self, batch: Batch, now_ms: int, done: Collection[str] = ()) -> bool:
+        """Re-register a batch restored from the changelog; ``done`` names items already answered
+        (counted where they were answered), the rest are adopted as in flight.
 
-        Returns False if its consumer has no contract any more: the items then go back to their lanes,
-        counted as redelivered.
+        Returns False if its consumer has no contract any more: the outstanding items then go back to
+        their lanes, counted as redelivered.
         """
-        state = self.consumers.get(batch.consumer)
         flight = InFlight(batch)
+        if done:
+            flight.pending = {it.id: it for it in batch.items if it.id not in done}
+        outstanding = flight.pending.values() if flight.pending is not None else batch.items
+        self.ledger.adopted_in_flight(
+            batch.model, batch.consumer, len(outstanding), sum(it.length for it in outstanding)
+        )
+        state = self.consumers.get(batch.consumer)
         if state is None:
             holder = ConsumerState(Contract(batch.consumer, batch.model, 1, 1))
             holder.in_flight[batch.batch_id] = flight
@@ -159,6 +177,28 @@ class Scheduler:
         state.in_flight[batch.batch_id] = flight
         self._in_flight[batch.batch_id] = (state, flight)
         return True
+
+    def release_all(self) -> None:
+        """Forget every waiting item and in-flight batch (their ingest partitions are being handed
+        over, or restored afresh); the ledger moves their counts to ``released``. Contracts stay."""
+        stats = self.table.stats
+        stats.lanes_in_use = 0  # the counters of lane activity carry on; only the lanes go
+        self.table = LaneTable(self.table.settings)
+        self.table.stats = stats
+        self._active.clear()
+        self._arrivals.clear()
+        self._in_flight.clear()
+        for state in self.consumers.values():
+            state.in_flight.clear()
+            state.shape = None
+        self.ledger.release_all()
+
+    def done_items(self, batch_id: str) -> list[str]:
+        """Ids of the items of an in-flight batch that have been answered already."""
+        flight = self._in_flight[batch_id][1]
+        if flight.pending is None:
+            return []
+        return [it.id for it in flight.batch.items if it.id not in flight.pending]
 
     def _enqueue(self, item: Item, now_ms: int) -> None:
         sl = self.table.place(item, now_ms)
@@ -234,10 +274,9 @@ class Scheduler:
         return sl, lane
 
     def _may_take(self, lane: Lane, contract: Contract, peers: list[ConsumerState]) -> bool:
-        rep = lane.rep
-        if _fits(contract, rep):
+        if _fits(contract, lane):
             return True
-        return not any(_fits(p.contract, rep) for p in peers)
+        return not any(_fits(p.contract, lane) for p in peers)
 
     def _eligible_lane(self, sl: ShapeLanes, contract: Contract, peers: list[ConsumerState]) -> Lane | None:
         if len(peers) == 1:
@@ -262,13 +301,13 @@ class Scheduler:
 
     def _emit(self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int) -> Batch:
         c = state.contract
-        items, padded_length = self.table.take(sl, lane, c.budget_tokens, c.max_items, c.pad_multiple, now_ms)
+        items, padded_length = self.table.take_batch(sl, lane, c.rule, now_ms)
         if lane.items:
             sl.ready.move_to_end(lane.id)
         if sl.waiting_items == 0:
             del self._active[c.model][sl.key]
         model, shape = sl.key
-        oversized = len(items) == 1 and padded_length > c.budget_tokens
+        oversized = len(items) == 1 and c.is_oversized(items[0].length, items[0].output_budget)
         self._seq += 1
         batch = Batch(
             batch_id=f"{self.batch_prefix}-{self._seq}",
@@ -429,7 +468,10 @@ def check_batch(batch: Batch, contract: Contract) -> None:
             f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
             f"{contract.pad_multiple})"
         )
-    if batch.padded_tokens > contract.budget_tokens and len(items) > 1:
+    rule = contract.rule
+    outputs = sum(rule.output_tokens(it.output_budget) for it in items) if rule.counts_output else 0
+    if len(items) > 1 and not rule.fits(len(items), longest, outputs):
         raise InvariantViolation(
-            f"batch {batch.batch_id}: {batch.padded_tokens} padded tokens > budget {contract.budget_tokens}"
+            f"batch {batch.batch_id}: {rule.load(len(items), longest, outputs)} {rule.load_unit} > "
+            f"{rule.limit_name} {rule.limit}"
         )

@@ -14,9 +14,24 @@ NO_LANE = -1
 
 
 class Item:
-    """One tokenised request waiting to be scheduled."""
+    """One tokenised request waiting to be scheduled.
 
-    __slots__ = ("arrival_ms", "dispatched", "id", "lane", "length", "model", "payload", "shape")
+    ``output_budget`` is the most tokens the request may generate (``TokenItem.output_budget``), or
+    None when the producer left it to the consumer; memory-mode contracts count it (their
+    ``default_output_tokens`` when None) because generation fills the KV cache too.
+    """
+
+    __slots__ = (
+        "arrival_ms",
+        "dispatched",
+        "id",
+        "lane",
+        "length",
+        "model",
+        "output_budget",
+        "payload",
+        "shape",
+    )
 
     def __init__(
         self,
@@ -26,6 +41,7 @@ class Item:
         length: int,
         arrival_ms: int,
         payload: Any = None,
+        output_budget: int | None = None,
     ) -> None:
         self.id = id
         self.model = model
@@ -33,6 +49,7 @@ class Item:
         self.length = length
         self.arrival_ms = arrival_ms
         self.payload = payload
+        self.output_budget = output_budget
         self.lane = NO_LANE
         self.dispatched = False
 
@@ -44,8 +61,8 @@ class Item:
 class Batch:
     """Items sent to one consumer in one go.
 
-    Invariant (checked when the batch is emitted): one model, one shape, one lane, and
-    ``padded_tokens <= budget`` unless the batch is a single oversized item.
+    Invariant (checked when the batch is emitted): one model, one shape, one lane, and within the
+    consumer's batching rule (``contract.BatchRule.fits``) unless the batch is a single oversized item.
     """
 
     batch_id: str

@@ -564,6 +564,38 @@ def stop_broker(state_dir: Path, timeout_s: float = 30) -> bool:
     return info is not None
 
 
+def restart_broker(
+    state_dir: Path, *, kill: bool = False, heap_mb: int = 768, timeout_s: float = 120
+) -> BrokerInfo:
+    """Stop the broker of *state_dir* and start it again on the same ports with its data kept, as an
+    operator's restart (or, with *kill*, a crash) would: for fault tests of client reconnection.
+    Brokers started with *sasl_users* are not supported."""
+    state_dir = Path(state_dir).resolve()
+    record = _read_state(state_dir)
+    info = broker_status(state_dir)
+    if record is None or info is None:
+        raise KafkaLocalError(f"no running broker for {state_dir} to restart")
+    if info.security_protocol != "PLAINTEXT":
+        raise KafkaLocalError("restart_broker supports PLAINTEXT brokers only")
+    if kill:
+        os.kill(info.pid, signal.SIGKILL)
+        _wait_exit(info.pid, 10.0)
+    else:
+        _terminate(info.pid, timeout_s=30)
+    (state_dir / _STATE_FILE).unlink(missing_ok=True)
+    return _launch_and_wait(
+        state_dir,
+        _java_executable(),
+        jars_dir(),
+        Path(record["properties"]),
+        str(record["cluster_id"]),
+        int(record["client_port"]),
+        int(record["controller_port"]),
+        heap_mb,
+        time.monotonic() + timeout_s,
+    )
+
+
 def _terminate(pid: int, timeout_s: float) -> None:
     """SIGTERM (Kafka shuts down cleanly), wait, then SIGKILL; reap the process if it is our child."""
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):

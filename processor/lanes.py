@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
+from .contract import BatchRule
 from .item import Item
 
 ShapeKey = tuple[str, int]
@@ -230,29 +231,39 @@ class LaneTable:
     def take(
         self, sl: ShapeLanes, lane: Lane, budget_tokens: int, max_items: int, pad_multiple: int, now_ms: int
     ) -> tuple[list[Item], int]:
+        """:meth:`take_batch` under a tokens-mode rule (``n x round_up(longest, pad) <= budget``)."""
+        rule = BatchRule(max_items, pad_multiple, "tokens", budget_tokens)
+        return self.take_batch(sl, lane, rule, now_ms)
+
+    def take_batch(self, sl: ShapeLanes, lane: Lane, rule: BatchRule, now_ms: int) -> tuple[list[Item], int]:
         """Pop a batch's worth of items from the head of ``lane``.
 
-        Items leave in arrival order while ``n x round_up(longest, pad_multiple)`` stays within the
-        budget. If even the head item alone exceeds the budget it leaves alone (an oversized batch).
-        Returns the items and the batch's padded length.
+        Items leave in arrival order while the batch still ``rule.fits`` (the contract's batching
+        mode decides what that means); the batch is cut before the first item that would not fit. If
+        even the head item alone does not fit it leaves alone (an oversized batch). Returns the items
+        and the batch's padded length.
         """
         queue = lane.items
         taken: list[Item] = []
+        fits = rule.fits
+        output_tokens = rule.output_tokens if rule.counts_output else None
         longest = 0
-        padded = 0
-        while queue and len(taken) < max_items:
-            length = queue[0].length
-            candidate = length if length > longest else longest
-            candidate_padded = -(-candidate // pad_multiple) * pad_multiple
-            if (len(taken) + 1) * candidate_padded > budget_tokens:
+        outputs = 0
+        while queue:
+            head = queue[0]
+            candidate = head.length if head.length > longest else longest
+            candidate_outputs = (
+                outputs if output_tokens is None else outputs + output_tokens(head.output_budget)
+            )
+            if not fits(len(taken) + 1, candidate, candidate_outputs):
                 break
             taken.append(queue.popleft())
             longest = candidate
-            padded = candidate_padded
+            outputs = candidate_outputs
         if not taken:
             head = queue.popleft()
             taken.append(head)
-            padded = -(-head.length // pad_multiple) * pad_multiple
+            longest = head.length
         tokens = 0
         for item in taken:
             item.dispatched = True
@@ -266,7 +277,7 @@ class LaneTable:
         if not queue:
             del sl.ready[lane.id]
             self._quiet[(sl.key, lane.id)] = now_ms
-        return taken, padded
+        return taken, rule.padded_length(longest)
 
     def reclaim_idle(self, now_ms: int) -> int:
         """Retire every lane that has been empty for ``idle_ms``; returns how many went quiet."""

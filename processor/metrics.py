@@ -167,8 +167,9 @@ class ProcessorCollector(Collector):
         yield dead
         imbalance = GaugeMetricFamily(
             "tokenfabric_ledger_imbalance_tokens",
-            "Tokens by which a ledger equation fails: equation=received is received - queued - routed, "
-            "equation=routed is routed - completed - in_flight - failed. Must read 0.",
+            "Tokens by which a ledger equation fails: equation=received is received + adopted_queued "
+            "- queued - routed - released_queued, equation=routed is routed + adopted_in_flight "
+            "- completed - in_flight - failed - released_in_flight. Must read 0.",
             labels=["model", "equation"],
         )
         for model, book in models:
@@ -351,11 +352,18 @@ class ProcessorCollector(Collector):
 
 
 def _received_gap(b: ModelBook) -> int:
-    return b.received.tokens - b.queued.tokens - b.routed.tokens
+    return (
+        b.received.tokens
+        + b.adopted_queued.tokens
+        - b.queued.tokens
+        - b.routed.tokens
+        - b.released_queued.tokens
+    )
 
 
 def _routed_gap(b: ModelBook) -> int:
-    return b.routed.tokens - b.completed.tokens - b.in_flight.tokens - b.failed.tokens
+    left = b.routed.tokens + b.adopted_in_flight.tokens
+    return left - b.completed.tokens - b.in_flight.tokens - b.failed.tokens - b.released_in_flight.tokens
 
 
 def _gross(book: ConsumerBook) -> Tally:

@@ -28,6 +28,24 @@ def partitions_of(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> li
     return sorted(meta.partitions)
 
 
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """Low and high watermark, retrying the errors a just-created topic or a moving leader gives."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(0.5, deadline - time.monotonic()))
+            return int(low), int(high)
+        except KafkaException as exc:
+            if not exc.args[0].retriable() and exc.args[0].code() not in _LEADER_MOVING:
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+_LEADER_MOVING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+
+
 def read_topic(
     conf: Mapping[str, str],
     topic: str,
@@ -64,7 +82,7 @@ def read_topic(
         ends: dict[int, int] = {}
         begin: dict[int, int] = {}
         for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            low, high = watermarks(consumer, TopicPartition(topic, p), timeout_s)
             ends[p] = min(high, (stops or {}).get(p, 1 << 62))
             first = low if starts is None else max(low, starts[p])
             if tail is not None:

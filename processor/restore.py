@@ -1,11 +1,12 @@
 """Rebuild a processor's state from Kafka after a restart (exactly-once mode).
 
-What a restarted processor needs was committed in one transaction with the ingest offsets: the
-changelog (which ingest messages wait in lanes, which batches are in flight), and the ledger
-checkpoint under its instance id. Restore reads the changelog to its end, then reads back from the
-ingest topic exactly the messages it refers to, and hands the core the same items, the same batches
-and the same counts it had at its last commit. Anything consumed after that commit was not
-committed, so the ingest consumer reads it again.
+What a processor needs for the ingest partitions it is assigned was committed in one transaction
+with their offsets: the changelog partitions of the same numbers (which ingest messages wait in
+lanes, which batches are in flight). Restore reads those changelog partitions to their end, then
+reads back from the ingest topic exactly the messages they refer to. Anything consumed after that
+commit was not committed, so the ingest consumer reads it again. The ledger checkpoint is the
+instance's own (``latest_checkpoint``); what the changelog holds is adopted into it (see
+``processor/accounting.py``), so state can move between instances with its partitions.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, TopicPartition
 
 from . import codec
-from .accounting import Ledger
 from .changelog import ChangelogState
 from .contract import Contract
 from .replay import partitions_of, position, read_topic
@@ -29,7 +29,9 @@ log = logging.getLogger("tokenfabric.restore")
 
 @dataclass(slots=True)
 class RestoredState:
-    ledger: Ledger | None
+    """What the changelog of some ingest partitions holds, with the ingest records it refers to."""
+
+    partitions: list[int]
     changelog: ChangelogState
     records: dict[tuple[int, int], codec.TokenItemRecord]
     contracts: dict[str, Contract]
@@ -48,17 +50,24 @@ def latest_contracts(conf: Mapping[str, str], topics: TopicNames) -> dict[str, C
     return out
 
 
-def latest_ledger(conf: Mapping[str, str], topics: TopicNames, instance: str) -> Ledger | None:
+def latest_checkpoint(
+    conf: Mapping[str, str], topics: TopicNames, instance: str
+) -> codec.LedgerSnapshotRecord | None:
+    """The instance's last committed ledger checkpoint (with the gauges taken beside it)."""
     latest: codec.LedgerSnapshotRecord | None = None
     for msg in read_topic(conf, topics.accounting):
         if msg.key() != instance.encode():
             continue
         latest = codec.decode_ledger_snapshot(msg.value())
-    return None if latest is None else Ledger.restore(latest.counters)
+    return latest
 
 
 def committed_offsets(conf: Mapping[str, str], topic: str, group: str) -> dict[int, int]:
-    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
+    """The group's committed offsets, stable ones only (read_committed: KIP-447 waits out any open
+    transaction that is committing offsets for them)."""
+    consumer = Consumer(
+        {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_committed"}
+    )
     try:
         partitions = partitions_of(consumer, topic) or []
         tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
@@ -67,22 +76,32 @@ def committed_offsets(conf: Mapping[str, str], topic: str, group: str) -> dict[i
         consumer.close()
 
 
-def restore(conf: Mapping[str, str], topics: TopicNames, instance: str, group: str) -> RestoredState:
+def restore(
+    conf: Mapping[str, str], topics: TopicNames, group: str, partitions: list[int] | None = None
+) -> RestoredState:
+    """The state of ``partitions`` (default: all) as their last committed transactions left it.
+
+    Order matters. The committed ingest offsets are fetched first: with ``read_committed`` the broker
+    answers only once no transaction that sends offsets for them is still open (KIP-447), so a
+    previous owner's last transaction is committed or aborted before the changelog is read, and the
+    changelog read then sees exactly the records that committed with those offsets.
+    """
     started = time.monotonic()
-    contracts = latest_contracts(conf, topics)
-    ledger = latest_ledger(conf, topics, instance)
-    state = ChangelogState()
-    for msg in read_topic(conf, topics.changelog):
-        state.apply(msg.key(), msg.value())
     committed = committed_offsets(conf, topics.ingest, group)
+    contracts = latest_contracts(conf, topics)
+    state = ChangelogState()
+    starts = None if partitions is None else dict.fromkeys(partitions, 0)
+    if starts != {}:
+        for msg in read_topic(conf, topics.changelog, starts):
+            state.apply(msg.key(), msg.value(), msg.partition())
     refs = state.refs()
     records: dict[tuple[int, int], codec.TokenItemRecord] = {}
     if refs:
-        starts: dict[int, int] = {}
+        first: dict[int, int] = {}
         for partition, offset in refs:
-            starts[partition] = min(offset, starts.get(partition, offset))
-        stops = {p: committed.get(p, 0) for p in starts}
-        for msg in read_topic(conf, topics.ingest, starts, stops):
+            first[partition] = min(offset, first.get(partition, offset))
+        stops = {p: committed.get(p, 0) for p in first}
+        for msg in read_topic(conf, topics.ingest, first, stops):
             ref = position(msg)
             if ref in refs:
                 records[ref] = codec.decode_token_item(msg.value())
@@ -95,14 +114,16 @@ def restore(conf: Mapping[str, str], topics: TopicNames, instance: str, group: s
             )
     seconds = time.monotonic() - started
     log.info(
-        "restored %s: %d waiting, %d batches in flight, %d changelog records, %.2f s",
-        instance,
+        "restored partitions %s: %d waiting, %d batches in flight, %d changelog records, %.2f s",
+        "all" if partitions is None else partitions,
         len(state.waiting),
         len(state.batches),
         state.records,
         seconds,
     )
-    return RestoredState(ledger, state, records, contracts, committed, seconds)
+    return RestoredState(
+        sorted(partitions) if partitions is not None else [], state, records, contracts, committed, seconds
+    )
 
 
 def transactional_id(instance: str, group: str) -> str:

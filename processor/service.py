@@ -11,8 +11,10 @@ Each step of the loop, in order:
    (``processor/commit.py``: one Kafka transaction in exactly-once mode) with a ledger checkpoint.
 
 At start-up in exactly-once mode the processor first fences any older process with its transactional
-id, then restores lanes, in-flight batches and the ledger from the last commit
-(``processor/restore.py``).
+id and loads its last ledger checkpoint. Lane state belongs to ingest partitions, not to instances:
+whenever the group assigns partitions (at start, or when instances join or leave) the processor
+commits, releases everything it held, and restores the changelog of the partitions it now owns
+(``processor/restore.py``); consumer in-flight slots move with them (``processor/credits.py``).
 
 librdkafka's own threads do the network I/O; everything that touches lanes or the ledger runs here,
 so nothing on the hot path takes a lock. The core is unaware of Kafka; this module is the adapter.
@@ -31,12 +33,16 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from . import codec
 from .accounting import Ledger, LedgerImbalance
-from .commit import AtLeastOnceCommitter, Committer, IngestItem, TransactionalCommitter
+from .commit import AtLeastOnceCommitter, Committer, IngestItem, Placement, TransactionalCommitter
+from .contract import Contract
+from .credits import CreditBook
 from .dispatch import DispatchSettings, Scheduler
 from .item import Batch
 from .lanes import LaneSettings
-from .restore import restore, transactional_id
+from .replay import watermarks
+from .restore import RestoredState, latest_checkpoint, restore, transactional_id
 from .topics import TopicNames
+from .watchdog import CallWatchdog, guarded
 
 log = logging.getLogger("tokenfabric.processor")
 
@@ -58,6 +64,12 @@ class ProcessorSettings:
     """How often progress (a transaction, or offsets plus a checkpoint) is made durable; the ledger is
     checkpointed with every commit, so it always matches the committed state."""
     eager_commit_ms: int = 50
+    transaction_timeout_ms: int = 10_000
+    """Exactly-once: how long the broker waits before aborting an open transaction of a crashed
+    process; the new owner of its partitions waits at most this long before it can restore them."""
+    session_timeout_ms: int = 45_000
+    """How long the group waits for a silent instance before handing its partitions to the others
+    (static membership: a restart within this time gets its partitions back without a rebalance)."""
     """Exactly-once: with new batches in the open transaction, commit after this long instead (a batch
     reaches its consumer only when its transaction commits)."""
     tick_interval_ms: int = 500
@@ -83,6 +95,8 @@ class ServiceCounters:
     restored_items: int = 0
     restored_batches: int = 0
     restore_seconds: float = 0.0
+    assignments: int = 0
+    replayed_completions: int = 0
 
 
 class ServiceObserver:
@@ -134,8 +148,15 @@ class ProcessorService:
         self._cache_hit: dict[str, bool] = {}
         self._last_tick = -1 << 62
         self._closing = False
-        self._revoked: set[int] = set()
         self.ingest_paused = False
+        self.credits = CreditBook(0)
+        self.owned: frozenset[int] = frozenset()
+        self._results_pos: dict[int, int] = {}  # next completion to apply, per results partition
+        self._results_seen: dict[int, int] = {}  # highest offset applied + 1 (below it: a replay)
+        self._handover_at_start: dict[str, tuple[int, int]] | None = None
+        self._owned_at_checkpoint = -1
+        self.watchdog: CallWatchdog | None = None
+        """Set by the CLI: ends the process if a commit blocks forever (processor/watchdog.py)."""
 
         self.ingest = Consumer(
             {
@@ -144,6 +165,7 @@ class ProcessorService:
                 "enable.auto.commit": "false",
                 "auto.offset.reset": "earliest",
                 "isolation.level": "read_committed",
+                "session.timeout.ms": str(s.session_timeout_ms),
                 "fetch.max.bytes": str(64 * 1024 * 1024),
                 "queued.max.messages.kbytes": str(256 * 1024),
             }
@@ -168,10 +190,14 @@ class ProcessorService:
         self.committer: Committer
         if s.exactly_once:
             producer_conf["transactional.id"] = transactional_id(s.instance, s.group_id)
-            producer_conf["transaction.timeout.ms"] = "60000"
+            producer_conf["transaction.timeout.ms"] = str(s.transaction_timeout_ms)
             self.producer = Producer(producer_conf)
             self.committer = TransactionalCommitter(
-                self.producer, *args, is_in_flight=self._is_in_flight, eager_ms=s.eager_commit_ms
+                self.producer,
+                *args,
+                is_in_flight=self._is_in_flight,
+                done_items=self._done_items,
+                eager_ms=s.eager_commit_ms,
             )
         else:
             self.producer = Producer(producer_conf)
@@ -183,25 +209,44 @@ class ProcessorService:
         return int((self._clock() - self._t0) * 1000)
 
     def start(self) -> None:
-        """Fence older instances, restore (exactly-once), then subscribe."""
+        """Fence older instances and load the last checkpoint (exactly-once), then subscribe; lane
+        state arrives with the partitions the group assigns (``_on_assign``)."""
         self.committer.start()
-        results_from: dict[int, int] = {}
-        if isinstance(self.committer, TransactionalCommitter):
-            results_from = self._restore(self.committer)
+        self.credits = CreditBook(len(self._partitions(self.topics.ingest)))
+        if self.exactly_once:
+            checkpoint = latest_checkpoint(self.conf, self.topics, self.settings.instance)
+            if checkpoint is not None:
+                self.core.ledger = Ledger.restore(checkpoint.counters)
+                self._owned_at_checkpoint = checkpoint.counters.get("owned_partitions", -1)
+            self._handover_at_start = self.core.ledger.handover_delta()
+            self.core.release_all()  # nothing is ours until the group says which partitions are
         self.ingest.subscribe([self.topics.ingest], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        if self.exactly_once:
+            # Completions of batches restored later are found by rewinding (``_rewind_results``);
+            # everything before the current end belongs to batches this instance does not hold.
+            for p in self._partitions(self.topics.results):
+                _low, high = watermarks(self.control, TopicPartition(self.topics.results, p), 30)
+                self._results_pos[p] = self._results_seen[p] = max(high, 0)
+        self._assign_control()
+
+    def _assign_control(self) -> None:
+        """Contracts from the beginning (compacted: the latest announcement per consumer), results
+        from ``_results_pos`` (exactly-once) or the group's committed position (at-least-once)."""
         assignment = [
             TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
             for p in self._partitions(self.topics.contracts)
         ]
-        # Exactly-once resumes results where the last commit left them; at-least-once from the group's
-        # committed position (or the beginning).
-        assignment += [
-            TopicPartition(self.topics.results, p, results_from.get(p, OFFSET_BEGINNING))
-            if results_from or isinstance(self.committer, TransactionalCommitter)
-            else TopicPartition(self.topics.results, p)
-            for p in self._partitions(self.topics.results)
-        ]
+        if self.exactly_once:
+            assignment += [TopicPartition(self.topics.results, p, o) for p, o in self._results_pos.items()]
+        else:
+            assignment += [
+                TopicPartition(self.topics.results, p) for p in self._partitions(self.topics.results)
+            ]
         self.control.assign(assignment)
+
+    @property
+    def exactly_once(self) -> bool:
+        return isinstance(self.committer, TransactionalCommitter)
 
     def run(self, stop: threading.Event) -> None:
         """Process until ``stop`` is set, then make everything durable and close.
@@ -228,46 +273,104 @@ class ProcessorService:
         self.ingest.close()
         self.control.close()
 
-    def _restore(self, committer: TransactionalCommitter) -> dict[int, int]:
-        """Rebuild lanes, in-flight batches and the ledger; returns where to resume reading results."""
-        s = self.settings
-        state = restore(self.conf, self.topics, s.instance, s.group_id)
+    def _take_over(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
+        """Restore the lanes and in-flight batches of ``partitions``, now this instance's."""
+        self.owned = frozenset(partitions)
+        self.credits.reassign(self.owned)
+        state = restore(self.conf, self.topics, self.settings.group_id, partitions)
         now = self.now_ms()
-        if state.ledger is not None:
-            self.core.ledger = state.ledger
         for contract in state.contracts.values():
-            self.core.set_contract(contract)
-        for ref in sorted(state.changelog.waiting):
+            self._set_contract(contract)
+        for ref, home in sorted(state.changelog.waiting.items()):
             item = IngestItem(state.records[ref], now, *ref)
-            committer.adopt(item)
-            self.core.restore_waiting(item, now)
-        for entry in state.changelog.batches.values():
-            items = [IngestItem(state.records[ref], now, *ref) for ref in entry.refs]
-            for item in items:
-                item.dispatched = True
-                item.lane = entry.lane
-            first = items[0]
-            batch = Batch(
-                entry.batch_id,
-                entry.consumer,
-                first.model,
-                first.shape,
-                entry.lane,
-                entry.pad_multiple,
-                entry.padded_length,
-                list(items),
-                entry.created_ms,
-                entry.oversized,
-            )
-            committer.adopt_batch(entry.batch_id, first.partition)
-            if not self.core.restore_in_flight(batch, now):
-                committer.requeued(entry.batch_id, items)
-        self.core.check(deep=True)  # the restored ledger must match what was rebuilt, or we stop here
-        self.counters.restored_items = len(state.changelog.waiting)
-        self.counters.restored_batches = len(state.changelog.batches)
-        self.counters.restore_seconds = state.seconds
-        committer.adopt_results(state.changelog.results)
-        return state.changelog.results
+            committer.adopt(item, home)
+            self.core.adopt_waiting(item, now)
+        rewind: dict[int, int] = {}
+        for batch_id, entry in state.changelog.batches.items():
+            batch = self._rebuilt_batch(state, batch_id)
+            committer.adopt_batch(batch, state.changelog.homes[batch_id], entry)
+            done = {batch.items[i].id for i in entry.done}
+            if self.core.adopt_in_flight(batch, now, done):
+                self.credits.adopt(entry.consumer, entry.slot, batch_id)
+            else:
+                committer.requeued(batch_id, [it for it in batch.items if it.id not in done])
+            for p, offset in entry.results_from:
+                rewind[p] = min(offset, rewind.get(p, offset))
+        self._rewind_results(rewind)
+        self.core.check(deep=True)
+        self._check_restart(len(partitions))
+        self.counters.assignments += 1
+        self.counters.restored_items += len(state.changelog.waiting)
+        self.counters.restored_batches += len(state.changelog.batches)
+        self.counters.restore_seconds += state.seconds
+        log.info(
+            "processor %s: assigned ingest partitions %s; adopted %d waiting items and %d batches in %.2f s",
+            self.settings.instance,
+            partitions,
+            len(state.changelog.waiting),
+            len(state.changelog.batches),
+            state.seconds,
+        )
+
+    def _rebuilt_batch(self, state: RestoredState, batch_id: str) -> Batch:
+        entry = state.changelog.batches[batch_id]
+        now = self.now_ms()
+        items = [IngestItem(state.records[ref], now, *ref) for ref in entry.refs]
+        for item in items:
+            item.dispatched = True
+            item.lane = entry.lane
+        first = items[0]
+        return Batch(
+            batch_id,
+            entry.consumer,
+            first.model,
+            first.shape,
+            entry.lane,
+            entry.pad_multiple,
+            entry.padded_length,
+            list(items),
+            entry.created_ms,
+            entry.oversized,
+        )
+
+    def _check_restart(self, assigned: int) -> None:
+        """After a restart that kept every partition, what the changelog holds must be exactly what
+        the last checkpoint counted: the crash check that catches a leak or a phantom."""
+        before = self._handover_at_start
+        self._handover_at_start = None
+        n = self.credits.partitions
+        if before is None or assigned != n or self._owned_at_checkpoint != n:
+            return
+        after = self.core.ledger.handover_delta()
+        for model in before.keys() | after.keys():
+            if before.get(model, (0, 0)) != after.get(model, (0, 0)):
+                b, a = before.get(model, (0, 0)), after.get(model, (0, 0))
+                raise LedgerImbalance(
+                    f"restore: model {model}: the checkpoint counted {a[0] - b[0]:+,} items / "
+                    f"{a[1] - b[1]:+,} tokens different from what the changelog holds"
+                )
+
+    def _hand_over(self, committer: TransactionalCommitter) -> None:
+        """After the commit in ``_on_revoke``: forget everything; the next owner restores it."""
+        self.core.release_all()
+        committer.reset()
+        self.owned = frozenset()
+        self.credits.reassign(self.owned)
+        for state in self.core.consumers.values():
+            state.slots = 0
+
+    def _rewind_results(self, targets: dict[int, int]) -> None:
+        """Re-read completions from where an adopted batch's could first appear; ``item_done`` is
+        idempotent, so completions this instance already applied are counted as replays only."""
+        lower = {p: o for p, o in targets.items() if o < self._results_pos.get(p, o + 1)}
+        if not lower:
+            return
+        self._results_pos.update(lower)
+        self._assign_control()
+
+    def _set_contract(self, contract: Contract) -> None:
+        slots = self.credits.share(contract.max_inflight) if self.exactly_once else None
+        self.core.set_contract(contract, slots)
 
     def _partitions(self, topic: str) -> list[int]:
         meta = self.ingest.list_topics(topic, timeout=30)
@@ -372,6 +475,7 @@ class ProcessorService:
             if consumer in self.core.consumers:
                 returned = self.core.retire(consumer, now)
                 for batch in returned:
+                    self.credits.free(batch.batch_id)
                     self.committer.requeued(batch.batch_id, batch.items)
                 log.info("consumer %s retired; %d batches go back to their lanes", consumer, len(returned))
             return
@@ -380,7 +484,7 @@ class ProcessorService:
         except codec.DecodeError as exc:
             log.error("contracts: undecodable announcement for %r: %s", consumer, exc)
             return
-        self.core.set_contract(rec.contract)
+        self._set_contract(rec.contract)
         self.counters.contracts += 1
         log.info("contract %s", rec.contract)
 
@@ -391,17 +495,33 @@ class ProcessorService:
             log.error("results: undecodable completion at %d: %s", msg.offset(), exc)
             return
         self.counters.completions += 1
+        partition, offset = msg.partition(), msg.offset()
+        replay = offset < self._results_seen.get(partition, 0)
+        self._results_pos[partition] = offset + 1
+        if not replay:
+            self._results_seen[partition] = offset + 1
         hit = self._cache_hit.setdefault(rec.batch_id, rec.cache_hit)
         done = self.core.item_done(rec.batch_id, rec.item_id, rec.status == "ok", now)
         if done is None:
-            self.counters.unknown_completions += 1
+            if replay:
+                self.counters.replayed_completions += 1
+            else:
+                self.counters.unknown_completions += 1
         elif done:
             self.core.ledger.cache(rec.consumer, hit)
             self._cache_hit.pop(rec.batch_id, None)
+            self.credits.free(rec.batch_id)
             self.committer.batch_finished(rec.batch_id)
+        else:
+            self.committer.batch_progress(rec.batch_id)
 
     def _send_batch(self, batch: Batch) -> None:
-        on_delivery = self.committer.batch_emitted(batch)
+        placement = None
+        if self.exactly_once:
+            max_inflight = self.core.consumers[batch.consumer].contract.max_inflight
+            slot, partition = self.credits.take(batch.consumer, max_inflight, batch.batch_id)
+            placement = Placement(partition, slot, tuple(sorted(self._results_pos.items())))
+        on_delivery = self.committer.batch_emitted(batch, placement)
 
         def delivered(err: Any, msg: Any) -> None:
             on_delivery(err, msg)
@@ -416,6 +536,9 @@ class ProcessorService:
     def _is_in_flight(self, batch_id: str) -> bool:
         return batch_id in self.core._in_flight
 
+    def _done_items(self, batch_id: str) -> list[str]:
+        return self.core.done_items(batch_id)
+
     def _raise_fatal(self) -> None:
         fatal = self.committer.fatal
         if fatal is not None:
@@ -424,26 +547,20 @@ class ProcessorService:
     # -- commits and checkpoints ---------------------------------------------------------------
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Make everything consumed so far durable while the partitions are still ours."""
+        """Make everything consumed so far durable while the partitions are still ours; in
+        exactly-once mode then let go of all lane state (the rebalance protocol is eager: every
+        partition is revoked, and ``_on_assign`` restores whatever comes back)."""
         if self._closing:
             return
         self._commit(force=True)
-        self._revoked = {tp.partition for tp in partitions}
-        if not isinstance(self.committer, TransactionalCommitter):
-            self.committer.revoked(sorted(self._revoked))
+        if isinstance(self.committer, TransactionalCommitter):
+            self._hand_over(self.committer)
+        else:
+            self.committer.revoked(sorted(tp.partition for tp in partitions))
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """An eager rebalance revokes everything and usually hands it straight back; only partitions
-        that went to another instance are a problem in exactly-once mode."""
-        lost = self._revoked - {tp.partition for tp in partitions}
-        self._revoked = set()
-        if lost and isinstance(self.committer, TransactionalCommitter):
-            # Items of these partitions may wait in our lanes; handing them over needs a restore on the
-            # new owner, which is not built yet: stop rather than dispatch them twice.
-            self.committer.fatal = RuntimeError(
-                f"ingest partitions {sorted(lost)} moved to another processor; restart this one "
-                "(one processor instance per ingest topic in exactly-once mode)"
-            )
+        if isinstance(self.committer, TransactionalCommitter):
+            self._take_over(self.committer, sorted(tp.partition for tp in partitions))
 
     def _commit(self, force: bool = False) -> None:
         now = self.now_ms()
@@ -455,7 +572,8 @@ class ProcessorService:
         except LedgerImbalance as exc:
             self.ledger_error = str(exc)
             raise
-        seconds = self.committer.commit(self._snapshot_bytes)
+        with guarded(self.watchdog, "the transaction commit"):
+            seconds = self.committer.commit(self._snapshot_bytes)
         self.last_broker_ok_s = self._clock()
         self.counters.commits += 1
         self.observer.committed(seconds)
@@ -499,6 +617,9 @@ class ProcessorService:
                 "oversized": core.oversized,
                 "unknown_completions": self.counters.unknown_completions,
                 "ingest_paused": int(self.ingest_paused),
+                "owned_partitions": len(self.owned),
+                "ingest_partitions": self.credits.partitions,
+                "replayed_completions": self.counters.replayed_completions,
             }
         )
         per_consumer: dict[str, dict[str, int]] = {}
@@ -507,6 +628,7 @@ class ProcessorService:
             per_consumer[name] = {
                 "in_flight_batches": len(state.in_flight),
                 "max_inflight": c.max_inflight,
+                "slots": c.max_inflight if state.slots is None else state.slots,
                 "budget_tokens": c.budget_tokens,
                 "max_items": c.max_items,
                 "pad_multiple": c.pad_multiple,

@@ -11,14 +11,14 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, Protocol
 
 from .accounting import Ledger
 from .baselines import FifoPolicy, OraclePolicy, SortedWindowPolicy
 from .cardmodel import CardModel, CardSpec
-from .contract import Contract
+from .contract import BatchRule, Contract
 from .dispatch import DispatchSettings, Scheduler
 from .item import Batch, Item
 from .lanes import LaneSettings
@@ -46,12 +46,18 @@ _INT_KEYS = {
     "items": "max_items",
     "pad": "pad_multiple",
     "inflight": "max_inflight",
+    "memory_bytes": "memory_bytes",
+    "kv_bytes_per_token": "kv_bytes_per_token",
+    "default_output_tokens": "default_output_tokens",
 }
 _CARD_KEYS = {"tps": "tokens_per_s", "overhead_ms": "overhead_ms", "cache": "cache", "jitter": "jitter"}
 
 
-def parse_consumer_spec(text: str) -> ConsumerSpec:
-    """``NAME:model=M,budget=16384,items=64,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4``."""
+def parse_consumer_spec(text: str, defaults: Mapping[str, Any] | None = None) -> ConsumerSpec:
+    """``NAME:model=M,budget=16384,items=64,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4``, plus
+    ``batching=rows|tokens|memory``, ``memory_bytes``, ``kv_bytes_per_token`` and
+    ``default_output_tokens``. ``defaults`` (contract field -> value, from the command line's
+    ``--batching`` and its numbers) apply where the spec does not name the key."""
     name, sep, rest = text.partition(":")
     if not sep or not name:
         raise ValueError(
@@ -65,22 +71,22 @@ def parse_consumer_spec(text: str) -> ConsumerSpec:
         if not eq:
             raise ValueError(f"--consumer {text!r}: {part!r} is not key=value")
         try:
-            if key == "model":
-                contract_args["model"] = value
+            if key in ("model", "batching"):
+                contract_args[key] = value
             elif key in _INT_KEYS:
                 contract_args[_INT_KEYS[key]] = int(value)
             elif key in _CARD_KEYS:
                 card_args[_CARD_KEYS[key]] = int(value) if key == "cache" else float(value)
             else:
-                known = ", ".join(["model", *_INT_KEYS, *_CARD_KEYS])
+                known = ", ".join(["model", "batching", *_INT_KEYS, *_CARD_KEYS])
                 raise ValueError(f"--consumer {text!r}: unknown key {key!r} (known: {known})")
         except ValueError as exc:
             if "unknown key" in str(exc):
                 raise
             raise ValueError(f"--consumer {text!r}: {key}={value!r} is not a number") from None
-    defaults = {"budget_tokens": 16384, "max_items": 64, "pad_multiple": 8, "max_inflight": 2}
+    base = {"budget_tokens": 16384, "max_items": 64, "pad_multiple": 8, "max_inflight": 2}
     try:
-        contract = Contract(**{**defaults, **contract_args})
+        contract = Contract(**{**base, **(defaults or {}), **contract_args})
         card = CardSpec(**card_args)
     except ValueError as exc:
         raise ValueError(f"--consumer {text!r}: {exc}") from None
@@ -111,6 +117,25 @@ class ConsumerFigures:
     mixed_shape_batches: int = 0
     oversized: int = 0
     busy_ms: float = 0.0
+    batching: str = "tokens"
+    # KV memory, measured when the card's contract gives memory_bytes and kv_bytes_per_token (in any
+    # batching mode, so tokens and rows batching can be shown overflowing what memory batching keeps).
+    memory_bytes: int = 0
+    kv_batches: int = 0
+    kv_bytes: int = 0
+    kv_bytes_peak: int = 0
+    over_memory: int = 0
+    """Batches whose KV bytes exceed memory_bytes, not counting the contract's own oversized ones."""
+
+    @property
+    def kv_peak_fill(self) -> float:
+        """The largest batch's KV bytes / memory_bytes (batches that are not oversized)."""
+        return self.kv_bytes_peak / self.memory_bytes if self.memory_bytes else 0.0
+
+    @property
+    def kv_fill(self) -> float:
+        """Mean KV bytes per batch / memory_bytes (batches that are not oversized)."""
+        return self.kv_bytes / (self.kv_batches * self.memory_bytes) if self.kv_batches else 0.0
 
 
 @dataclass(slots=True)
@@ -124,6 +149,8 @@ class Sample:
 @dataclass(slots=True)
 class SimReport:
     policy: str
+    batching: str | None = None
+    """The batching mode every consumer was run in, when the command line chose one."""
     items: int = 0
     batches: int = 0
     tokens_received: int = 0
@@ -160,6 +187,20 @@ class SimReport:
         return self.cache_hits / self.batches if self.batches else 0.0
 
     @property
+    def label(self) -> str:
+        """The policy, with the batching mode when the run chose one (``lanes/memory``)."""
+        return self.policy if self.batching is None else f"{self.policy}/{self.batching}"
+
+    @property
+    def kv_peak_fill(self) -> float:
+        """The worst consumer's largest batch, in KV bytes / its memory_bytes (0 without KV numbers)."""
+        return max((f.kv_peak_fill for f in self.consumers.values()), default=0.0)
+
+    @property
+    def over_memory(self) -> int:
+        return sum(f.over_memory for f in self.consumers.values())
+
+    @property
     def tokens_per_s(self) -> float:
         return self.tokens_completed * 1000.0 / self.makespan_ms if self.makespan_ms else 0.0
 
@@ -172,6 +213,7 @@ class SimReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
+            "batching": self.batching,
             "items": self.items,
             "batches": self.batches,
             "tokens_received": self.tokens_received,
@@ -196,6 +238,8 @@ class SimReport:
             "makespan_ms": round(self.makespan_ms, 3),
             "tokens_per_s": round(self.tokens_per_s, 1),
             "oversized": self.oversized,
+            "kv_peak_fill": round(self.kv_peak_fill, 6),
+            "over_memory_batches": self.over_memory,
             "consumers": {
                 name: {
                     "batches": f.batches,
@@ -212,6 +256,12 @@ class SimReport:
                     "shape_switches": f.shape_switches,
                     "oversized": f.oversized,
                     "busy_ms": round(f.busy_ms, 3),
+                    "batching": f.batching,
+                    "memory_bytes": f.memory_bytes,
+                    "kv_bytes_peak": f.kv_bytes_peak,
+                    "kv_peak_fill": round(f.kv_peak_fill, 6),
+                    "kv_fill": round(f.kv_fill, 6),
+                    "over_memory_batches": f.over_memory,
                 }
                 for name, f in self.consumers.items()
             },
@@ -233,13 +283,20 @@ def make_policy(
 
 
 class _Card:
-    """A consumer in the simulation: its contract, its card model, and when its engine is next free."""
+    """A consumer in the simulation: its contract, its card model, and when its engine is next free.
+
+    ``kv`` is the contract's rule in memory batching when the contract gives the KV numbers, whatever
+    mode it batches in: it measures every batch's KV bytes with the same rule memory batching packs by.
+    """
 
     def __init__(self, spec: ConsumerSpec, seed: int) -> None:
         self.spec = spec
         self.model = CardModel(spec.card, seed)
         self.free_at = 0.0
         self.last_shapes: frozenset[int] | None = None
+        rule = spec.contract.rule
+        has_kv = rule.memory_bytes > 0 and rule.kv_bytes_per_token > 0
+        self.kv: BatchRule | None = replace(rule, batching="memory") if has_kv else None
 
 
 def simulate(
@@ -254,8 +311,13 @@ def simulate(
     window: int = 1024,
     seed: int = 0,
     emit: IO[str] | None = None,
+    batching: str | None = None,
 ) -> SimReport:
-    """Run ``records`` through ``policy`` with ``consumers``; returns the figures."""
+    """Run ``records`` through ``policy`` with ``consumers``; returns the figures.
+
+    Each item's output budget is the trace's ``output_length`` where it has one (memory batching
+    counts it; the others ignore it). ``batching`` only labels the report.
+    """
     if not consumers:
         raise ValueError("simulate: at least one consumer is needed")
     if speed <= 0:
@@ -274,9 +336,22 @@ def simulate(
             f"no consumer serves model(s) {', '.join(sorted(unserved))}: add a --consumer for each"
         )
 
-    report = SimReport(policy, consumers={name: ConsumerFigures() for name in cards})
+    report = SimReport(
+        policy,
+        batching,
+        consumers={
+            name: ConsumerFigures(
+                batching=c.spec.contract.batching, memory_bytes=c.kv.memory_bytes if c.kv else 0
+            )
+            for name, c in cards.items()
+        },
+    )
     arrivals = [
-        (0 if backlog else int(r.t_ms / speed), Item(r.id, r.model, r.shape, r.length, 0)) for r in records
+        (
+            0 if backlog else int(r.t_ms / speed),
+            Item(r.id, r.model, r.shape, r.length, 0, None, r.output_length),
+        )
+        for r in records
     ]
     arrivals.sort(key=lambda a: a[0])
     for t, item in arrivals:
@@ -354,11 +429,30 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
         f.shape_switches += 1
     card.last_shapes = shapes
     report.waits_ms.extend(now - it.arrival_ms for it in batch.items)
+    if card.kv is not None:
+        _kv_figures(f, card.kv, batch)
     ms = card.model.batch_ms(padded)
     f.busy_ms += ms
     start = max(float(now), card.free_at)
     card.free_at = start + ms
     return card.free_at
+
+
+def _kv_figures(f: ConsumerFigures, kv: BatchRule, batch: Batch) -> None:
+    """KV bytes of ``batch`` against the card's memory, by the memory-batching rule (a batch that is
+    the contract's own oversized item is left out: it overfills by definition)."""
+    if batch.oversized:
+        return
+    items = batch.items
+    outputs = sum(kv.output_tokens(it.output_budget) for it in items)
+    longest = max(it.length for it in items)
+    if not kv.fits(len(items), longest, outputs):
+        f.over_memory += 1
+    load = kv.load(len(items), longest, outputs)
+    f.kv_batches += 1
+    f.kv_bytes += load
+    if load > f.kv_bytes_peak:
+        f.kv_bytes_peak = load
 
 
 def _sample(report: SimReport, pol: Policy, scheduler: Scheduler | None, now: int) -> None:
@@ -394,9 +488,9 @@ def _batch_line(batch: Batch) -> str:
 
 
 def render_table(reports: Iterable[SimReport]) -> str:
-    """A human table: one column per policy."""
+    """A human table: one column per policy (per policy and batching mode when the run chose modes)."""
     reports = list(reports)
-    rows = [
+    rows: list[tuple[str, Callable[[SimReport], str]]] = [
         ("items", lambda r: f"{r.items:,}"),
         ("batches", lambda r: f"{r.batches:,}"),
         ("tokens received", lambda r: f"{r.tokens_received:,}"),
@@ -420,11 +514,16 @@ def render_table(reports: Iterable[SimReport]) -> str:
         ("makespan (virtual s)", lambda r: f"{r.makespan_ms / 1000:,.1f}"),
         ("tokens/s (virtual)", lambda r: f"{r.tokens_per_s:,.0f}"),
     ]
+    if any(f.memory_bytes for r in reports for f in r.consumers.values()):
+        rows += [
+            ("KV bytes peak / memory_bytes", lambda r: f"{r.kv_peak_fill:.1%}"),
+            ("batches over memory_bytes", lambda r: f"{r.over_memory:,}"),
+        ]
     width = max(len(name) for name, _ in rows)
     cols = [[fmt(r) for _, fmt in rows] for r in reports]
-    col_w = [max(len(r.policy), *(len(v) for v in col)) for r, col in zip(reports, cols, strict=True)]
+    col_w = [max(len(r.label), *(len(v) for v in col)) for r, col in zip(reports, cols, strict=True)]
     lines = [
-        "".ljust(width) + "  " + "  ".join(r.policy.rjust(w) for r, w in zip(reports, col_w, strict=True))
+        "".ljust(width) + "  " + "  ".join(r.label.rjust(w) for r, w in zip(reports, col_w, strict=True))
     ]
     for i, (name, _) in enumerate(rows):
         lines.append(

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from . import codec
 from .contract import Contract
-from .replay import read_topic
+from .replay import read_topic, watermarks
 from .topics import TopicNames
 
 
@@ -47,7 +47,7 @@ def ingest_lag(
         committed = consumer.committed(tps, timeout=timeout_s)
         lag = end = 0
         for tp in committed:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
+            low, high = watermarks(consumer, TopicPartition(topic, tp.partition), timeout_s)
             end += high
             lag += high - (tp.offset if tp.offset >= 0 else low)
         return lag, end

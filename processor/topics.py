@@ -41,6 +41,10 @@ class TopicNames:
     def dead_letter(self) -> str:
         return f"{self.prefix}.dead-letter"
 
+    @property
+    def jobs(self) -> str:
+        return f"{self.prefix}.jobs"
+
     def batches(self, consumer: str) -> str:
         return f"{self.prefix}.batches.{consumer}"
 
@@ -74,6 +78,7 @@ def topic_specs(
         # One changelog partition per ingest partition: a waiting item's record sits beside its shape.
         TopicSpec(names.changelog, ingest_partitions, COMPACTED),
         TopicSpec(names.dead_letter, 1, RETAINED),
+        TopicSpec(names.jobs, 1, COMPACTED),
     ]
     specs.extend(TopicSpec(names.batches(c), 1, RETAINED) for c in consumers)
     return specs

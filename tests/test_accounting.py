@@ -75,18 +75,18 @@ def test_consumer_counters() -> None:
     [
         (
             lambda lg: lg.models["alpha"].queued.add(0, 7),
-            "model alpha out of balance: received 4 items / 1,000 tokens, "
-            "queued+routed 4 items / 1,007 tokens",
+            "model alpha out of balance: received+adopted_queued 4 items / 1,000 tokens, "
+            "queued+routed+released_queued 4 items / 1,007 tokens",
         ),
         (
             lambda lg: lg.models["beta"].completed.add(1, 0),
-            "model beta out of balance: routed 2 items / 120 tokens, "
-            "completed+in_flight+failed 3 items / 120 tokens",
+            "model beta out of balance: routed+adopted_in_flight 2 items / 120 tokens, "
+            "completed+in_flight+failed+released_in_flight 3 items / 120 tokens",
         ),
         (
             lambda lg: lg.consumers["card-1"].failed.add(0, -5),
-            "consumer card-1 out of balance: routed 3 items / 700 tokens, "
-            "completed+in_flight+failed 3 items / 695 tokens",
+            "consumer card-1 out of balance: routed+adopted_in_flight 3 items / 700 tokens, "
+            "completed+in_flight+failed+released_in_flight 3 items / 695 tokens",
         ),
     ],
     ids=["received side", "routed side, items", "consumer"],
@@ -154,3 +154,33 @@ def test_model_names_with_separator_characters_survive_a_round_trip() -> None:
     ledger.routed("org@model#v2", "c", 1, 10, 16, False)
     snap = ledger.snapshot()
     assert Ledger.restore(snap).snapshot() == snap
+
+
+def test_release_then_adopt_keeps_both_equations_and_nets_to_zero() -> None:
+    """A restart or a rebalance: everything is released, then the changelog's content adopted back."""
+    ledger = busy_ledger()
+    queued, in_flight = ledger.total("queued"), tally(ledger.consumer("card-1").in_flight)
+    ledger.release_all()
+    ledger.check()
+    assert ledger.total("queued").items == 0 and ledger.total("in_flight").items == 0
+    assert ledger.total("released_queued") == queued
+    assert tally(ledger.consumer("card-1").released_in_flight) == in_flight
+    # adopt the same items back: the per-model delta is zero again
+    for model, book in ledger.models.items():
+        released = book.released_queued
+        for i in range(released.items):  # the first item carries all the tokens: only sums matter here
+            ledger.adopted_waiting(model, released.tokens if i == 0 else 0)
+    for name, c in ledger.consumers.items():
+        model = "alpha" if name == "card-1" else "beta"
+        ledger.adopted_in_flight(model, name, c.released_in_flight.items, c.released_in_flight.tokens)
+    ledger.check()
+    assert all(delta == (0, 0) for delta in ledger.handover_delta().values())
+    restored = Ledger.restore(ledger.snapshot())
+    assert restored.snapshot() == ledger.snapshot()
+
+
+def test_adopting_more_than_was_released_shows_in_the_delta() -> None:
+    ledger = Ledger()
+    ledger.adopted_waiting("alpha", 40)
+    ledger.check()
+    assert ledger.handover_delta() == {"alpha": (1, 40)}

@@ -144,6 +144,9 @@ def test_every_kafka_command_takes_the_shared_settings(command: str, tmp_path: P
         "topics": ["create"],
         "produce": ["--trace", "x"],
         "consumer": ["--id", "c"],
+        "submit": ["d.jsonl", "--job", "j", "--template", "t.toml"],
+        "collect": ["--job", "j", "--out", "o.jsonl"],
+        "collector": ["--out-dir", "d"],
     }.get(command, [])
     args = parser.parse_args([command, *required, "--bootstrap", "b:1", "--kafka-config", str(path)])
     conf, _ = kafka_settings(args)

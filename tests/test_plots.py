@@ -15,8 +15,22 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_simulate_plot_writes_a_png(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "chart.png"
     trace = shipped_trace("mooncake_synthetic")
-    code = main(["simulate", "--trace", str(trace), "--format", "mooncake", "--limit", "300", "--backlog",
-                 "--policy", "all", "--plot", str(out)])
+    code = main(
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--format",
+            "mooncake",
+            "--limit",
+            "300",
+            "--backlog",
+            "--policy",
+            "all",
+            "--plot",
+            str(out),
+        ]
+    )
     assert code == 0
     assert out.read_bytes()[:8] == PNG_MAGIC
     assert out.stat().st_size > 10_000  # four panels, not an empty canvas

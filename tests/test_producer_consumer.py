@@ -39,19 +39,49 @@ MODEL = "llama-test"
 # helpers
 
 
-def _record(item_id: str, length: int, shape: int, *, model: str = MODEL, produced_ms: int = 1_000,
-            output_budget: int | None = None) -> TokenItemRecord:
-    return TokenItemRecord(item_id=item_id, job_id="job-1", model=model, shape=shape, token_count=length,
-                           tokens=synthetic_tokens(item_id, length), produced_ms=produced_ms,
-                           output_budget=output_budget)
+def _record(
+    item_id: str,
+    length: int,
+    shape: int,
+    *,
+    model: str = MODEL,
+    produced_ms: int = 1_000,
+    output_budget: int | None = None,
+) -> TokenItemRecord:
+    return TokenItemRecord(
+        item_id=item_id,
+        job_id="job-1",
+        model=model,
+        shape=shape,
+        token_count=length,
+        tokens=synthetic_tokens(item_id, length),
+        produced_ms=produced_ms,
+        output_budget=output_budget,
+    )
 
 
-def _batch(batch_id: str, consumer: str, records: list[TokenItemRecord], *, padded_length: int,
-           model: str = MODEL, created_ms: int = 1_500) -> Batch:
+def _batch(
+    batch_id: str,
+    consumer: str,
+    records: list[TokenItemRecord],
+    *,
+    padded_length: int,
+    model: str = MODEL,
+    created_ms: int = 1_500,
+) -> Batch:
     """A processor-style Batch whose items carry TokenItemRecords (what codec.encode_batch wants)."""
     items = [Item(r.item_id, r.model, r.shape, r.token_count, r.produced_ms, payload=r) for r in records]
-    return Batch(batch_id=batch_id, consumer=consumer, model=model, shape=records[0].shape if records else 1,
-                 lane=0, pad_multiple=8, padded_length=padded_length, items=items, created_ms=created_ms)
+    return Batch(
+        batch_id=batch_id,
+        consumer=consumer,
+        model=model,
+        shape=records[0].shape if records else 1,
+        lane=0,
+        pad_multiple=8,
+        padded_length=padded_length,
+        items=items,
+        created_ms=created_ms,
+    )
 
 
 def _batch_record(batch: Batch) -> BatchRecord:
@@ -98,8 +128,14 @@ def test_synthetic_tokens_are_cheap() -> None:
 def test_sim_engine_at_time_scale_zero_is_instant_and_reports_cache_hits() -> None:
     engine = SimEngine(CardSpec(tokens_per_s=1_000.0, overhead_ms=100.0, cache=2), time_scale=0.0)
     shape_a, shape_b = shape_signature(["a"]), shape_signature(["b"])
-    batch_a = _batch_record(_batch("b1", "card-a", [_record("i1", 100, shape_a, output_budget=7),
-                                                     _record("i2", 50, shape_a)], padded_length=104))
+    batch_a = _batch_record(
+        _batch(
+            "b1",
+            "card-a",
+            [_record("i1", 100, shape_a, output_budget=7), _record("i2", 50, shape_a)],
+            padded_length=104,
+        )
+    )
     batch_b = _batch_record(_batch("b2", "card-a", [_record("i3", 10, shape_b)], padded_length=16))
     started = time.perf_counter()
     first = engine.run(batch_a)
@@ -143,6 +179,7 @@ def test_make_engine_builds_sim_from_strings_and_refuses_the_rest() -> None:
 
 def test_contract_violation_names_what_is_wrong() -> None:
     c = _contract(budget=256, items=2)
+
     def batch(records: list[TokenItemRecord], padded_length: int, consumer: str = "card-a") -> BatchRecord:
         return _batch_record(_batch("b", consumer, records, padded_length=padded_length))
 
@@ -154,8 +191,9 @@ def test_contract_violation_names_what_is_wrong() -> None:
     assert "= 400 tokens > contract budget 256" in str(contract_violation(c, big))
     oversized = batch([_record("i1", 1000, 1)], 1000)
     assert contract_violation(c, oversized) is None  # a single oversized item travels alone
-    other_model = _batch_record(_batch("b", "card-a", [_record("i1", 8, 1, model="m2")], padded_length=8,
-                                       model="m2"))
+    other_model = _batch_record(
+        _batch("b", "card-a", [_record("i1", 8, 1, model="m2")], padded_length=8, model="m2")
+    )
     assert "batch model 'm2'" in str(contract_violation(c, other_model))
     misrouted = batch([_record("i1", 8, 1)], 8, consumer="card-b")
     assert "addressed to consumer 'card-b'" in str(contract_violation(c, misrouted))
@@ -172,15 +210,47 @@ def test_contract_violation_names_what_is_wrong() -> None:
     [
         (["consumer", "--id", "c1", "--budget", "100", "--items", "4"], "--model required"),
         (["consumer", "--id", "c1", "--model", "m", "--budget", "0", "--items", "4"], "budget_tokens"),
-        (["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "4", "--engine", "gpu"],
-         "invalid choice: 'gpu'"),
-        (["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "4", "--tps", "fast"],
-         "tps='fast' is not a number"),
+        (
+            ["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "4", "--engine", "gpu"],
+            "invalid choice: 'gpu'",
+        ),
+        (
+            ["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "4", "--tps", "fast"],
+            "tps='fast' is not a number",
+        ),
         (["consumer", "--id", "bad id", "--model", "m", "--budget", "64", "--items", "4"], "--id 'bad id'"),
-        (["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "4", "--max-batches", "0"],
-         "--max-batches must be >= 1"),
-        (["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "4",
-          "--engine-opt", "novalue"], "expected KEY=VALUE"),
+        (
+            [
+                "consumer",
+                "--id",
+                "c1",
+                "--model",
+                "m",
+                "--budget",
+                "64",
+                "--items",
+                "4",
+                "--max-batches",
+                "0",
+            ],
+            "--max-batches must be >= 1",
+        ),
+        (
+            [
+                "consumer",
+                "--id",
+                "c1",
+                "--model",
+                "m",
+                "--budget",
+                "64",
+                "--items",
+                "4",
+                "--engine-opt",
+                "novalue",
+            ],
+            "expected KEY=VALUE",
+        ),
         (["consumer", "--model", "m"], "the following arguments are required: --id"),
         (["produce", "--trace", "/nonexistent/trace.jsonl"], "no such file"),
         (["produce", "--trace", "x.jsonl", "--speed", "2", "--backlog"], "not allowed with argument"),
@@ -224,8 +294,14 @@ def _read(bootstrap: str, topic: str, expected: int, timeout_s: float = TIMEOUT_
     """At least ``expected`` messages of ``topic`` from the start (all partitions), and any beyond."""
     from confluent_kafka import Consumer, KafkaError
 
-    consumer = Consumer({**_conf(bootstrap), "group.id": f"reader-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": "false"})
+    consumer = Consumer(
+        {
+            **_conf(bootstrap),
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": "false",
+        }
+    )
     out: list[Message] = []
     try:
         consumer.subscribe([topic])
@@ -277,8 +353,15 @@ def test_producer_sends_items_keyed_by_shape(kafka_bootstrap: str, names: TopicN
         for i in range(60):
             item_id = f"job:{i}"
             tokens = synthetic_tokens(item_id, 10 + i)
-            shape = producer.send(item_id, MODEL, tokens, components=components[i % 3], job_id="job",
-                                  output_budget=i, metadata={"i": str(i)})
+            shape = producer.send(
+                item_id,
+                MODEL,
+                tokens,
+                components=components[i % 3],
+                job_id="job",
+                output_budget=i,
+                metadata={"i": str(i)},
+            )
             sent[item_id] = (shape, tokens)
         producer.send("explicit", MODEL, codec.tokens_from_ids([1, 2, 3]), shape=42)
         assert producer.flush(TIMEOUT_S) == 0
@@ -366,12 +449,16 @@ def test_consumer_app_answers_every_item_then_commits(kafka_bootstrap: str, name
     good = [_record("g1", 100, shape, output_budget=5), _record("g2", 60, shape, produced_ms=0)]
     batches = [
         codec.encode_batch(_batch("good", "card-a", good, padded_length=104)),
-        codec.encode_batch(_batch("too-big", "card-a", [_record("r1", 200, shape), _record("r2", 200, shape)],
-                                  padded_length=200)),
+        codec.encode_batch(
+            _batch(
+                "too-big", "card-a", [_record("r1", 200, shape), _record("r2", 200, shape)], padded_length=200
+            )
+        ),
         codec.HEADERS["Batch"] + b"not avro",  # a Batch header on a body that does not decode
         codec.encode_batch(_batch("boom", "card-a", [_record("x1", 8, shape)], padded_length=8)),
-        codec.encode_batch(_batch("short", "card-a", [_record("s1", 8, shape), _record("s2", 8, shape)],
-                                  padded_length=8)),
+        codec.encode_batch(
+            _batch("short", "card-a", [_record("s1", 8, shape), _record("s2", 8, shape)], padded_length=8)
+        ),
         codec.encode_batch(_batch("again", "card-a", [_record("a1", 16, shape)], padded_length=16)),
         codec.encode_batch(_batch("new-shape", "card-a", [_record("n1", 16, other_shape)], padded_length=16)),
     ]
@@ -393,8 +480,13 @@ def test_consumer_app_answers_every_item_then_commits(kafka_bootstrap: str, name
     assert sum(len(v) for v in done.values()) == 9  # one completion per item, no more
     g1, g2 = done["good"]
     assert (g1.item_id, g1.status, g1.output, g1.output_tokens, g1.reason) == ("g1", "ok", b"sim:g1", 5, None)
-    assert (g1.job_id, g1.consumer, g1.model, g1.input_tokens, g1.padded_tokens) == ("job-1", "card-a", MODEL,
-                                                                                      100, 104)
+    assert (g1.job_id, g1.consumer, g1.model, g1.input_tokens, g1.padded_tokens) == (
+        "job-1",
+        "card-a",
+        MODEL,
+        100,
+        104,
+    )
     assert g1.queued_ms == 500 and g2.queued_ms == 0  # created_ms - produced_ms, 0 when unknown
     assert not g1.cache_hit and g1.completed_ms > 0
     for rec in done["too-big"]:
@@ -425,8 +517,9 @@ def test_consumer_app_answers_every_item_then_commits(kafka_bootstrap: str, name
 
 
 @pytest.mark.kafka
-def test_consumer_app_stops_on_event_then_resumes_after_its_commit(kafka_bootstrap: str,
-                                                                   names: TopicNames) -> None:
+def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
+    kafka_bootstrap: str, names: TopicNames
+) -> None:
     from confluent_kafka import Producer
 
     contract = _contract("card-b")
@@ -434,8 +527,9 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(kafka_bootstr
     _create_all(kafka_bootstrap, names, ("card-b",))
     producer = Producer(_conf(kafka_bootstrap))
     shape = shape_signature(["s"])
-    producer.produce(topic, codec.encode_batch(_batch("first", "card-b", [_record("f1", 8, shape)],
-                                                      padded_length=8)))
+    producer.produce(
+        topic, codec.encode_batch(_batch("first", "card-b", [_record("f1", 8, shape)], padded_length=8))
+    )
     assert producer.flush(TIMEOUT_S) == 0
 
     stop = threading.Event()
@@ -445,18 +539,31 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(kafka_bootstr
         seen.append(1)
         stop.set()  # as SIGTERM would, right after the first batch is committed
 
-    app = ConsumerApp(_conf(kafka_bootstrap), names, contract, SimEngine(CardSpec(), time_scale=0.0),
-                      poll_timeout_s=0.2, on_batch=on_batch)
+    app = ConsumerApp(
+        _conf(kafka_bootstrap),
+        names,
+        contract,
+        SimEngine(CardSpec(), time_scale=0.0),
+        poll_timeout_s=0.2,
+        on_batch=on_batch,
+    )
     thread = threading.Thread(target=app.run, args=(stop,), daemon=True)
     thread.start()
     thread.join(60.0)
     assert not thread.is_alive() and seen == [1]
 
-    producer.produce(topic, codec.encode_batch(_batch("second", "card-b", [_record("s1", 8, shape)],
-                                                      padded_length=8)))
+    producer.produce(
+        topic, codec.encode_batch(_batch("second", "card-b", [_record("s1", 8, shape)], padded_length=8))
+    )
     assert producer.flush(TIMEOUT_S) == 0
-    again = ConsumerApp(_conf(kafka_bootstrap), names, contract, SimEngine(CardSpec(), time_scale=0.0),
-                        poll_timeout_s=0.2, idle_exit_s=3.0)
+    again = ConsumerApp(
+        _conf(kafka_bootstrap),
+        names,
+        contract,
+        SimEngine(CardSpec(), time_scale=0.0),
+        poll_timeout_s=0.2,
+        idle_exit_s=3.0,
+    )
     stats = again.run()  # resumes after "first": runs "second" only, then idles out
     assert (stats.batches, stats.ok) == (1, 1)
     done = _completions(kafka_bootstrap, names, 2)
@@ -468,15 +575,36 @@ def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, na
     from confluent_kafka import Producer
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    argv = [sys.executable, "-m", "processor.cli", "consumer", "--id", "card-d", "--model", MODEL,
-            "--budget", "1024", "--items", "8", "--time-scale", "0", "--bootstrap", kafka_bootstrap,
-            "--topic-prefix", names.prefix]
+    argv = [
+        sys.executable,
+        "-m",
+        "processor.cli",
+        "consumer",
+        "--id",
+        "card-d",
+        "--model",
+        MODEL,
+        "--budget",
+        "1024",
+        "--items",
+        "8",
+        "--time-scale",
+        "0",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--topic-prefix",
+        names.prefix,
+    ]
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _read(kafka_bootstrap, names.contracts, 1)  # announced: its batch topic exists now
         producer = Producer(_conf(kafka_bootstrap))
-        producer.produce(names.batches("card-d"), codec.encode_batch(
-            _batch("b1", "card-d", [_record("d1", 8, 7), _record("d2", 8, 7)], padded_length=8)))
+        producer.produce(
+            names.batches("card-d"),
+            codec.encode_batch(
+                _batch("b1", "card-d", [_record("d1", 8, 7), _record("d2", 8, 7)], padded_length=8)
+            ),
+        )
         assert producer.flush(TIMEOUT_S) == 0
         assert len(_completions(kafka_bootstrap, names, 2)["b1"]) == 2
         proc.send_signal(signal.SIGTERM)
@@ -491,10 +619,19 @@ def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, na
 
 
 @pytest.mark.kafka
-def test_retire_publishes_a_tombstone(kafka_bootstrap: str, names: TopicNames,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["consumer", "--id", "card-c", "--retire", "--bootstrap", kafka_bootstrap,
-            "--topic-prefix", names.prefix]
+def test_retire_publishes_a_tombstone(
+    kafka_bootstrap: str, names: TopicNames, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "consumer",
+        "--id",
+        "card-c",
+        "--retire",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--topic-prefix",
+        names.prefix,
+    ]
     assert cli.main(argv) == 0
     assert "retired consumer card-c" in capsys.readouterr().out
     (tombstone,) = _read(kafka_bootstrap, names.contracts, 1)
@@ -502,14 +639,32 @@ def test_retire_publishes_a_tombstone(kafka_bootstrap: str, names: TopicNames,
 
 
 @pytest.mark.kafka
-def test_produce_command_replays_a_trace(kafka_bootstrap: str, names: TopicNames, tmp_path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_produce_command_replays_a_trace(
+    kafka_bootstrap: str, names: TopicNames, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "t.jsonl"
-    trace.write_text("\n".join(
-        f'{{"t_ms": {i * 10}, "model": "{MODEL}", "components": ["c{i % 2}"], "length": {5 + i}, '
-        f'"id": "r{i}", "output_length": 3}}' for i in range(20)) + "\n")
-    argv = ["produce", "--trace", str(trace), "--job", "j1", "--speed", "50", "--no-progress",
-            "--bootstrap", kafka_bootstrap, "--topic-prefix", names.prefix]
+    trace.write_text(
+        "\n".join(
+            f'{{"t_ms": {i * 10}, "model": "{MODEL}", "components": ["c{i % 2}"], "length": {5 + i}, '
+            f'"id": "r{i}", "output_length": 3}}'
+            for i in range(20)
+        )
+        + "\n"
+    )
+    argv = [
+        "produce",
+        "--trace",
+        str(trace),
+        "--job",
+        "j1",
+        "--speed",
+        "50",
+        "--no-progress",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--topic-prefix",
+        names.prefix,
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("produced 20 items, 290 tokens in ") and out.endswith(f"to {names.ingest}, job j1")

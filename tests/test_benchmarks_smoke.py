@@ -1,0 +1,116 @@
+"""The benchmark harness runs end to end at smoke size and reports well-formed, sane numbers.
+
+Nothing here asserts a speed: on a shared CI machine wall-clock rates say nothing. What is checked is
+that every benchmark ran, that every count matches what was produced (an item lost or doubled would
+make any rate meaningless), that rates and ratios are positive and finite, and that the document
+run_all.py writes has its sections and the placeholder the lead merges into.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def run(script: str, *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def test_memory_benchmark_counts_every_waiting_item(tmp_path: Path) -> None:
+    out = tmp_path / "memory.json"
+    run("bench_memory.py", "--items", "5000", "--json", str(out))
+    sizes = json.loads(out.read_text())["sizes"]
+    assert [s["tokens_per_item"] for s in sizes] == [100, 1000]
+    for s in sizes:
+        assert s["items"] == 5000
+        assert s["waiting_tokens"] * 4 == s["raw_token_bytes"]
+        assert positive(s["bytes_per_item"]) and positive(s["bytes_per_token"])
+        assert s["allowed_per_item"] == pytest.approx(1.3 * s["raw_token_bytes"] / s["items"] + 300)
+
+
+@pytest.mark.kafka
+def test_run_all_at_smoke_size_writes_a_sane_document(kafka_bootstrap: str, tmp_path: Path) -> None:
+    doc, out = tmp_path / "benchmarks.md", tmp_path / "all.json"
+    args = [
+        "--smoke",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--skip",
+        "memory",
+        "--out",
+        str(doc),
+        "--json",
+        str(out),
+    ]
+    run("run_all.py", *args, timeout_s=120)
+    results = json.loads(out.read_text())
+    _check_pipeline(results["pipeline"])
+    _check_restore(results["restore"])
+    assert "backlog: combined" in results["core"]
+
+    text = doc.read_text()
+    for heading in (
+        "## Machine and versions",
+        "## Targets",
+        "## Commands",
+        "## Pipeline",
+        "## Restore",
+        "## Where the time goes",
+        "## Real compute: embed engine, lanes vs fifo",
+    ):
+        assert f"\n{heading}" in text, heading
+    assert "(merged from docs/benchmarks-embed.md)" in text
+    assert "python benchmarks/bench_pipeline.py --smoke" in text
+
+
+def _check_pipeline(pipeline: dict[str, Any]) -> None:
+    assert pipeline["sizes"], "no pipeline sizes ran"
+    for entry in pipeline["sizes"]:
+        n = entry["items"]
+        assert set(entry["modes"]) == {"eos", "alo"}
+        for mode in entry["modes"].values():
+            for run_ in mode["runs"]:
+                ceiling, proc = run_["ceiling"], run_["processor"]
+                assert ceiling["items"] == n and ceiling["tokens"] == entry["input_tokens"]
+                assert (proc["items"], proc["consumed"], proc["tokens"]) == (n, n, entry["input_tokens"])
+                assert proc["dead_lettered"] == 0 and proc["batches"] >= 1
+                drained = proc["drainer"]
+                assert (drained["items"], drained["distinct"], drained["violations"]) == (n, n, 0)
+                assert all(positive(side[k]) for side in (ceiling, proc) for k in ("seconds", "cpu_s"))
+            ratio = mode["summary"]["ratio"]
+            assert positive(ratio["median"]) and ratio["low"] <= ratio["median"] <= ratio["high"]
+
+
+def _check_restore(restore: dict[str, Any]) -> None:
+    n = restore["items"]
+    assert restore["fill"]["items"] == n and restore["fill"]["tokens"] == restore["input_tokens"]
+    for r in restore["restores"]:
+        assert (r["restored_items"], r["waiting_items"], r["waiting_tokens"]) == (
+            n,
+            n,
+            restore["input_tokens"],
+        )
+        assert positive(r["seconds"]) and r["read_seconds"] <= r["seconds"]
+    assert positive(restore["start_items_per_s"]["median"])
