@@ -10,6 +10,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from .cli_options import add_kafka_arguments, kafka_settings
+from .codec import LedgerSnapshotRecord
 from .status import StatusView, gather
 
 
@@ -32,9 +33,28 @@ def ledger_table(view: StatusView, title: str) -> Table:
     table.add_column("items", justify="right")
     table.add_column("tokens", justify="right")
     for stage in ("received", "queued", "routed", "in_flight", "completed", "failed"):
-        table.add_row(stage.replace("_", " "), f"{t(stage + '_items'):,}", f"{t(stage + '_tokens'):,}")
+        count = view.held if stage in ("queued", "in_flight") else t
+        table.add_row(
+            stage.replace("_", " "), f"{count(stage + '_items'):,}", f"{count(stage + '_tokens'):,}"
+        )
     table.add_row("dead-lettered", f"{t('dead_lettered_items'):,}", "")
     return table
+
+
+def _count(cp: LedgerSnapshotRecord, key: str) -> int:
+    return cp.counters.get(key, 0)
+
+
+def _shares(view: StatusView, consumer: str) -> str:
+    """Each instance's share of the consumer's in-flight slots, when more than one instance has one."""
+    shares = {
+        name: cp.per_consumer[consumer]["slots"]
+        for name, cp in sorted(view.checkpoints.items())
+        if "slots" in cp.per_consumer.get(consumer, {})
+    }
+    if len(shares) < 2:
+        return ""
+    return " (" + " ".join(f"{name}:{n}" for name, n in shares.items()) + ")"
 
 
 def render(view: StatusView) -> Group:
@@ -55,7 +75,14 @@ def render(view: StatusView) -> Group:
     figures.add_row(
         "ingest", "PAUSED by backpressure (--max-waiting-tokens)" if t("ingest_paused") else "flowing"
     )
-    figures.add_row("processors", ", ".join(sorted(view.checkpoints)) or "none has checkpointed")
+    figures.add_row(
+        "processors",
+        ", ".join(
+            f"{name} ({_count(cp, 'owned_partitions')}/{_count(cp, 'ingest_partitions')} partitions)"
+            for name, cp in sorted(view.checkpoints.items())
+        )
+        or "none has checkpointed",
+    )
 
     per = Table(title="consumers", header_style="bold")
     for col in (
@@ -79,7 +106,7 @@ def render(view: StatusView) -> Group:
             name,
             c.model,
             f"{c.budget_tokens:,}/{c.max_items}/{c.pad_multiple}",
-            f"{view.consumer_gauge(name, 'in_flight_batches')}/{c.max_inflight}",
+            f"{view.consumer_gauge(name, 'in_flight_batches')}/{c.max_inflight}" + _shares(view, name),
             f"{routed_c:,}",
             f"{view.consumer_total(name, 'completed_tokens'):,}",
             _ratio(padded_c - routed_c, padded_c),

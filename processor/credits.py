@@ -8,10 +8,12 @@ partition may fill it. The batch that holds a slot is recorded in that partition
 the partition moves, the batch and its slot move together: no two instances ever hold the same slot,
 and the consumer never holds more than ``max_inflight`` batches, during a rebalance included.
 
-The slots are spread evenly over the partitions, so with contiguous partition ranges (Kafka's range
-assignor) and ``max_inflight >= instances`` every instance owns at least one slot of every consumer.
-An instance that owns none cannot send that consumer work; ``processor status`` shows each
-instance's share.
+The slots are spread evenly over the partitions. With contiguous partition ranges (Kafka's range
+assignor), every instance owns at least one slot of every consumer when ``max_inflight >= instances``
+and the number of instances divides the number of partitions, or whenever ``max_inflight >=
+partitions`` (``tests/test_handover.py`` checks the first by property). Otherwise an instance can
+own none (4 instances on 6 partitions with ``max_inflight`` 4: the slots sit on partitions 0, 2, 3
+and 5), and cannot send that consumer work; ``tokenfabric status`` shows each instance's share.
 
 No I/O: the processor service keeps one ``CreditBook`` and rebuilds it on each assignment.
 """

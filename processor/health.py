@@ -5,10 +5,11 @@ A loop stuck in a call that never returns, or dead with the process still up, fa
 Kubernetes restarts the pod. Nothing else is checked here: a broker outage must not restart
 processors in a loop, so it only makes the pod unready. (That holds while the loop's Kafka calls
 return within their timeouts; a call that blocks longer than ``step_timeout_s`` does fail liveness.)
-Start-up (fencing, restoring lanes from the changelog) happens before the first step, and can take
-long. ``/healthz`` answers 503 ``starting`` until the first step completes. In Kubernetes a startup
-probe on ``/healthz``, with room for the longest restore, therefore holds the liveness probe off
-until the processor really runs.
+Start-up (fencing, loading the checkpoint) happens before the first step; ``/healthz`` answers 503
+``starting`` until the first step completes, so a startup probe on ``/healthz`` holds the liveness
+probe off until the processor really runs. Restoring lane state happens inside a step, whenever the
+group assigns partitions (at start and at every rebalance), and can take long: while it runs the
+processor is live (up to ``restore_timeout_s``, 10 minutes) and not ready.
 
 ``/readyz`` (ready): live, the broker answered within ``broker_timeout_s`` (60 s), and the last
 ledger check passed (``service.ledger_error is None``). The service stops on an imbalance; readiness
@@ -46,6 +47,7 @@ CONSUMER_PORT = 9465
 DEFAULT_ADDR = "127.0.0.1"
 STEP_TIMEOUT_S = 30.0
 BROKER_TIMEOUT_S = 60.0
+RESTORE_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class HealthView(Protocol):
     last_step_s: float
     last_broker_ok_s: float
     ledger_error: str | None
+    restoring_since_s: float | None
 
 
 class ProcessorHealth:
@@ -80,9 +83,11 @@ class ProcessorHealth:
         step_timeout_s: float = STEP_TIMEOUT_S,
         broker_timeout_s: float = BROKER_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        restore_timeout_s: float = RESTORE_TIMEOUT_S,
     ) -> None:
-        if not step_timeout_s > 0 or not broker_timeout_s > 0:
+        if not step_timeout_s > 0 or not broker_timeout_s > 0 or not restore_timeout_s > 0:
             raise ValueError("health timeouts must be > 0")
+        self.restore_timeout_s = restore_timeout_s
         self.service = service
         self._born_step_s = service.last_step_s  # the service sets it when built; the loop, per step
         self.step_timeout_s = step_timeout_s
@@ -90,6 +95,12 @@ class ProcessorHealth:
         self.clock = clock
 
     def live(self) -> Verdict:
+        restoring = self.service.restoring_since_s
+        if restoring is not None:
+            took = self.clock() - restoring
+            if took > self.restore_timeout_s:
+                return Verdict(False, f"restore stuck: {took:.1f} s (limit {self.restore_timeout_s:g} s)")
+            return Verdict(True, f"restoring assigned partitions for {took:.1f} s")
         last = self.service.last_step_s
         age = self.clock() - last
         if last == self._born_step_s:
@@ -102,8 +113,8 @@ class ProcessorHealth:
 
     def ready(self) -> Verdict:
         live = self.live()
-        if not live.ok:
-            return live
+        if not live.ok or self.service.restoring_since_s is not None:
+            return Verdict(False, live.reason)
         error = self.service.ledger_error
         if error is not None:
             return Verdict(False, f"ledger check failed: {error}")

@@ -64,14 +64,13 @@ class ProcessorSettings:
     """How often progress (a transaction, or offsets plus a checkpoint) is made durable; the ledger is
     checkpointed with every commit, so it always matches the committed state."""
     eager_commit_ms: int = 50
+    """Exactly-once: with new batches in the open transaction, commit after this long instead (a batch
+    reaches its consumer only when its transaction commits)."""
     transaction_timeout_ms: int = 10_000
     """Exactly-once: how long the broker waits before aborting an open transaction of a crashed
     process; the new owner of its partitions waits at most this long before it can restore them."""
     session_timeout_ms: int = 45_000
-    """How long the group waits for a silent instance before handing its partitions to the others
-    (static membership: a restart within this time gets its partitions back without a rebalance)."""
-    """Exactly-once: with new batches in the open transaction, commit after this long instead (a batch
-    reaches its consumer only when its transaction commits)."""
+    """How long the group waits for a silent instance before handing its partitions to the others."""
     tick_interval_ms: int = 500
     max_waiting_tokens: int = 0
     """Backpressure: past this many tokens waiting in lanes, stop consuming ingest (the backlog stays in
@@ -155,6 +154,8 @@ class ProcessorService:
         self._results_seen: dict[int, int] = {}  # highest offset applied + 1 (below it: a replay)
         self._handover_at_start: dict[str, tuple[int, int]] | None = None
         self._owned_at_checkpoint = -1
+        self.restoring_since_s: float | None = None
+        """Set while assigned partitions are being restored (health: live, not ready)."""
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/watchdog.py)."""
 
@@ -275,6 +276,14 @@ class ProcessorService:
 
     def _take_over(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
         """Restore the lanes and in-flight batches of ``partitions``, now this instance's."""
+        self.restoring_since_s = self._clock()
+        try:
+            self._restore_partitions(committer, partitions)
+        finally:
+            self.restoring_since_s = None
+            self.last_step_s = self._clock()
+
+    def _restore_partitions(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
         self.owned = frozenset(partitions)
         self.credits.reassign(self.owned)
         state = restore(self.conf, self.topics, self.settings.group_id, partitions)

@@ -27,6 +27,14 @@ class StatusView:
     def total(self, key: str) -> int:
         return sum(cp.counters.get(key, 0) for cp in self.checkpoints.values())
 
+    def held(self, key: str) -> int:
+        """``queued_*`` or ``in_flight_*`` summed over instances, less what was counted twice: state a
+        crashed instance's last checkpoint still claims and another instance has adopted since
+        (processor/accounting.py)."""
+        stage, _, unit = key.rpartition("_")
+        twice = self.total(f"adopted_{stage}_{unit}") - self.total(f"released_{stage}_{unit}")
+        return self.total(key) - twice
+
     def consumer_total(self, consumer: str, key: str) -> int:
         return sum(cp.counters.get(f"{key}#{consumer}", 0) for cp in self.checkpoints.values())
 

@@ -58,6 +58,7 @@ class FakeService:
     last_step_s: float = field(default_factory=time.monotonic)
     last_broker_ok_s: float = field(default_factory=time.monotonic)
     ledger_error: str | None = None
+    restoring_since_s: float | None = None
     observer: ServiceObserver = field(default_factory=ServiceObserver)
     clock_ms: int = 0
 
@@ -284,6 +285,15 @@ def test_health_endpoints_answer_200_or_503_with_a_reason(
     code, body = get(server.url + "/readyz")
     assert code == 503 and "broker silent" in json.loads(body)["reason"]
     assert get(server.url + "/healthz")[0] == 200  # nor is a broker outage
+
+    svc.last_broker_ok_s = time.monotonic()
+    svc.restoring_since_s = time.monotonic() - 5  # a long restore of assigned partitions
+    code, body = get(server.url + "/healthz")
+    assert code == 200 and "restoring" in json.loads(body)["reason"]
+    assert get(server.url + "/readyz")[0] == 503  # live but not ready while restoring
+    svc.restoring_since_s = time.monotonic() - 3600
+    assert get(server.url + "/healthz")[0] == 503  # a restore that never ends is stuck
+    svc.restoring_since_s = None
 
     svc.last_step_s = time.monotonic() - 600
     code, body = get(server.url + "/healthz")
