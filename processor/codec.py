@@ -783,7 +783,7 @@ def encode_token_item(rec: TokenItemRecord) -> bytes:
     return b"".join(out)
 
 
-def _encode_batch_parts(batch: Batch | BatchRecord, records: Sequence[TokenItemRecord]) -> bytes:
+def _encode_batch_parts(batch: Batch | BatchRecord, records: Sequence[TokenItemRecord | bytes]) -> bytes:
     out = [
         _BATCH_HEADER,
         _str(batch.batch_id),
@@ -799,21 +799,25 @@ def _encode_batch_parts(batch: Batch | BatchRecord, records: Sequence[TokenItemR
     if records:
         out.append(_long(len(records)))
         for rec in records:
-            _item_parts(rec, out)
+            if isinstance(rec, bytes):
+                out.append(rec)  # an input message's body, validated when it was decoded
+            else:
+                _item_parts(rec, out)
     out.append(b"\x00")
     return b"".join(out)
 
 
 def encode_batch(batch: Batch) -> bytes:
-    """A batch for its consumer; each ``batch.items[i].payload`` must be a :class:`TokenItemRecord`.
+    """A batch for its consumer; each ``batch.items[i].payload`` is a :class:`TokenItemRecord` or the
+    ``bytes`` of its input message minus the 10-byte header (``fastpath.ItemHead.body``).
 
-    Items are re-encoded from their records (no decode round trip); the bytes of an item inside
-    the batch are exactly its input message minus the 10-byte header.
+    The bytes of an item inside the batch are exactly its input message minus the header, so a kept
+    body is spliced in as it is, and a record is re-encoded (no decode round trip).
     """
-    records = []
+    records: list[TokenItemRecord | bytes] = []
     for item in batch.items:
         payload = item.payload
-        if not isinstance(payload, TokenItemRecord):
+        if not isinstance(payload, TokenItemRecord | bytes):
             raise TypeError(f"item {item.id!r}: payload is {type(payload).__name__}, not TokenItemRecord")
         records.append(payload)
     return _encode_batch_parts(batch, records)

@@ -23,7 +23,8 @@ from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from . import changelog, codec
+from . import changelog
+from .fastpath import ItemHead
 from .item import Batch, Item
 from .offsets import DeadMark, OffsetTracker
 from .topics import TopicNames
@@ -38,8 +39,11 @@ class IngestItem(Item):
 
     __slots__ = ("home", "logged", "offset", "partition", "safe")
 
-    def __init__(self, rec: codec.TokenItemRecord, now_ms: int, partition: int, offset: int) -> None:
-        super().__init__(rec.item_id, rec.model, rec.shape, rec.token_count, now_ms, rec, rec.output_budget)
+    def __init__(self, head: ItemHead, now_ms: int, partition: int, offset: int) -> None:
+        # payload: the message body, spliced into the batch as it is (processor/fastpath.py)
+        super().__init__(
+            head.item_id, head.model, head.shape, head.token_count, now_ms, head.body, head.output_budget
+        )
         self.partition = partition
         self.offset = offset
         self.home = partition  # changelog partition of its "waiting" record (processor/changelog.py)

@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 from . import codec
 from .changelog import ChangelogState
 from .contract import Contract
+from .fastpath import ItemHead, decode_item_head
 from .replay import partitions_of, position, read_topic
 from .topics import TopicNames
 
@@ -33,7 +34,7 @@ class RestoredState:
 
     partitions: list[int]
     changelog: ChangelogState
-    records: dict[tuple[int, int], codec.TokenItemRecord]
+    records: dict[tuple[int, int], ItemHead]
     contracts: dict[str, Contract]
     committed: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -95,7 +96,7 @@ def restore(
         for msg in read_topic(conf, topics.changelog, starts):
             state.apply(msg.key(), msg.value(), msg.partition())
     refs = state.refs()
-    records: dict[tuple[int, int], codec.TokenItemRecord] = {}
+    records: dict[tuple[int, int], ItemHead] = {}
     if refs:
         first: dict[int, int] = {}
         for partition, offset in refs:
@@ -104,7 +105,7 @@ def restore(
         for msg in read_topic(conf, topics.ingest, first, stops):
             ref = position(msg)
             if ref in refs:
-                records[ref] = codec.decode_token_item(msg.value())
+                records[ref] = decode_item_head(msg.value())
         missing = refs - records.keys()
         if missing:
             raise RuntimeError(

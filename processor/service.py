@@ -22,6 +22,7 @@ so nothing on the hot path takes a lock. The core is unaware of Kafka; this modu
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -37,6 +38,7 @@ from .commit import AtLeastOnceCommitter, Committer, IngestItem, Placement, Tran
 from .contract import Contract
 from .credits import CreditBook
 from .dispatch import DispatchSettings, Scheduler
+from .fastpath import decode_completion_head, decode_item_head
 from .item import Batch
 from .lanes import LaneSettings
 from .replay import watermarks
@@ -176,7 +178,9 @@ class ProcessorService:
                 **self.conf,
                 "group.id": f"{s.group_id}-control-{s.instance}",
                 "enable.auto.commit": "false",
-                "auto.offset.reset": "latest",
+                # at-least-once without a committed position: from the beginning, or completions
+                # written while the processor starts would be missed and their slots never freed
+                "auto.offset.reset": "earliest",
                 "isolation.level": "read_committed",
             }
         )
@@ -308,6 +312,9 @@ class ProcessorService:
         self._rewind_results(rewind)
         self.core.check(deep=True)
         self._check_restart(len(partitions))
+        # What was just restored lives until it is dispatched: keep the cyclic collector from
+        # walking it again and again (it took a quarter of restore time; docs/benchmarks.md).
+        gc.freeze()
         self.counters.assignments += 1
         self.counters.restored_items += len(state.changelog.waiting)
         self.counters.restored_batches += len(state.changelog.batches)
@@ -437,11 +444,11 @@ class ProcessorService:
         self.counters.consumed += 1
         partition, offset = msg.partition(), msg.offset()
         try:
-            rec = codec.decode_token_item(msg.value())
+            head = decode_item_head(msg.value())
         except codec.DecodeError as exc:
             self._dead_letter(msg, f"{exc.reason}: {exc}", partition, offset)
             return
-        item = IngestItem(rec, now, partition, offset)
+        item = IngestItem(head, now, partition, offset)
         self.committer.item_seen(item)
         self.core.submit(item, now)
 
@@ -499,7 +506,7 @@ class ProcessorService:
 
     def _completion(self, msg: Any, now: int) -> None:
         try:
-            rec = codec.decode_completion(msg.value())
+            rec = decode_completion_head(msg.value())
         except codec.DecodeError as exc:
             log.error("results: undecodable completion at %d: %s", msg.offset(), exc)
             return
@@ -510,7 +517,7 @@ class ProcessorService:
         if not replay:
             self._results_seen[partition] = offset + 1
         hit = self._cache_hit.setdefault(rec.batch_id, rec.cache_hit)
-        done = self.core.item_done(rec.batch_id, rec.item_id, rec.status == "ok", now)
+        done = self.core.item_done(rec.batch_id, rec.item_id, rec.ok, now)
         if done is None:
             if replay:
                 self.counters.replayed_completions += 1

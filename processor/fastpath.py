@@ -1,0 +1,191 @@
+"""The processor's per-item wire work, cut to what scheduling needs.
+
+Profiling the processor at 1,000-token items (docs/benchmarks.md, "Where the time goes") found three
+per-item costs dominating its one Python thread: decoding each ingest message into a full record,
+re-encoding every item into its batch, and decoding each completion with fastavro. This module does
+the same work with less:
+
+* :func:`decode_item_head` validates an input message exactly as :func:`codec.decode_token_item`
+  does (same reasons, same rules: it is tested against it) but keeps only what the scheduler reads,
+  plus the message body as one ``bytes`` object, so the token ids are never sliced out and the
+  record, its boxed ints and its own copy of the model name are never built;
+* an item's bytes inside a batch are exactly its input message minus the 10-byte header, so
+  :func:`codec.encode_batch` splices those kept bodies instead of re-encoding seven fields per item;
+* :func:`decode_completion_head` reads the five fields the processor uses from a completion.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from . import codec
+from .codec import (
+    _MALFORMED,
+    HEADER_SIZE,
+    HEADERS,
+    DecodeError,
+    _check_header,
+    _finish,
+    _item_problem,
+    _Malformed,
+    _read_bytes,
+    _read_int,
+    _read_long,
+    _read_long_slow,
+    _read_str_array,
+    _read_str_map,
+    _read_union_index,
+)
+
+_TOKEN_ITEM = HEADERS["TokenItem"]
+_COMPLETION = HEADERS["Completion"]
+_MODELS: dict[bytes, str] = {}  # one str per model name, not one per item
+_MAX_MODELS = 4096
+
+
+class ItemHead(NamedTuple):
+    """What the scheduler needs of an input message, and the message body for the batch."""
+
+    item_id: str
+    model: str
+    shape: int
+    token_count: int
+    output_budget: int | None
+    body: bytes
+
+
+class CompletionHead(NamedTuple):
+    item_id: str
+    batch_id: str
+    consumer: str
+    ok: bool
+    cache_hit: bool
+
+
+def _model(raw: bytes) -> str:
+    model = _MODELS.get(raw)
+    if model is None:
+        model = raw.decode("utf-8")
+        if len(_MODELS) < _MAX_MODELS:
+            _MODELS[raw] = model
+    return model
+
+
+def _skip_str(buf: bytes, pos: int, what: str) -> tuple[bytes, int]:
+    b = buf[pos]
+    if b < 0x80:
+        n = (b >> 1) ^ -(b & 1)
+        pos += 1
+    else:
+        n, pos = _read_long_slow(buf, pos)
+    end = pos + n
+    if n < 0 or end > len(buf):
+        raise _Malformed(f"{what} length {n} runs past the end")
+    return buf[pos:end], end
+
+
+def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
+    """Validate one input message and return its head. Raises :class:`codec.DecodeError` only."""
+    value = codec._as_bytes(value)
+    if value[:HEADER_SIZE] != _TOKEN_ITEM:
+        _check_header(value, "TokenItem")
+    try:
+        head, pos, n_bytes = _read_head(value, HEADER_SIZE)
+    except _MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed TokenItem: {exc}") from None
+    _finish(value, pos, "TokenItem")  # structure first, then the item rules, as decode_token_item
+    if not head.item_id or not head.model or head.token_count < 1 or n_bytes != 4 * head.token_count:
+        problem = _item_problem(head.item_id, head.model, head.token_count, b"\0" * max(0, n_bytes))
+        if problem is not None:
+            raise DecodeError(*problem)
+    return head
+
+
+def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
+    raw, pos = _skip_str(buf, pos, "item_id")
+    item_id = raw.decode("utf-8")
+    raw, pos = _skip_str(buf, pos, "job_id")
+    raw.decode("utf-8")  # validated, not kept: the consumer reads it from the body
+    raw, pos = _skip_str(buf, pos, "model")
+    model = _model(raw)
+    shape, pos = _read_long_slow(buf, pos)
+    b = buf[pos]
+    if b < 0x80:
+        token_count = (b >> 1) ^ -(b & 1)
+        pos += 1
+    else:
+        token_count, pos = _read_int(buf, pos)
+    b = buf[pos]
+    if b < 0x80:
+        n_bytes = (b >> 1) ^ -(b & 1)
+        pos += 1
+    else:
+        n_bytes, pos = _read_long_slow(buf, pos)
+    end = pos + n_bytes
+    if n_bytes < 0 or end > len(buf):
+        raise _Malformed(f"tokens length {n_bytes} runs past the end")
+    pos = end
+    if buf[pos] == 0:
+        pos += 1
+    else:
+        branch, pos = _read_union_index(buf, pos)
+        if branch:
+            _components, pos = _read_str_array(buf, pos)
+    _produced_ms, pos = _read_long_slow(buf, pos)
+    output_budget: int | None = None
+    if buf[pos] == 0:
+        pos += 1
+    else:
+        branch, pos = _read_union_index(buf, pos)
+        if branch:
+            output_budget, pos = _read_int(buf, pos)
+    if buf[pos] == 0:
+        pos += 1
+    else:
+        branch, pos = _read_union_index(buf, pos)
+        if branch:
+            _metadata, pos = _read_str_map(buf, pos)
+    head = ItemHead(item_id, model, shape & 0xFFFFFFFFFFFFFFFF, token_count, output_budget, buf[HEADER_SIZE:])
+    return head, pos, n_bytes
+
+
+def decode_completion_head(value: bytes | bytearray | memoryview | None) -> CompletionHead:
+    """The fields the processor applies a completion with; the rest is checked for shape and skipped."""
+    value = codec._as_bytes(value)
+    if value[:HEADER_SIZE] != _COMPLETION:
+        _check_header(value, "Completion")
+    try:
+        buf, pos = value, HEADER_SIZE
+        raw, pos = _skip_str(buf, pos, "item_id")
+        item_id = raw.decode("utf-8")
+        raw, pos = _skip_str(buf, pos, "job_id")
+        raw.decode("utf-8")
+        raw, pos = _skip_str(buf, pos, "batch_id")
+        batch_id = raw.decode("utf-8")
+        raw, pos = _skip_str(buf, pos, "consumer")
+        consumer = raw.decode("utf-8")
+        raw, pos = _skip_str(buf, pos, "model")
+        raw.decode("utf-8")
+        status, pos = _read_long(buf, pos)
+        if not 0 <= status < len(codec.STATUSES):
+            raise _Malformed(f"status symbol {status} does not exist")
+        if buf[pos] == 0:
+            pos += 1
+        else:
+            branch, pos = _read_union_index(buf, pos)
+            if branch:
+                raw, pos = _read_bytes(buf, pos)
+                raw.decode("utf-8")
+        for _field in ("input_tokens", "output_tokens", "padded_tokens"):
+            _n, pos = _read_int(buf, pos)
+        _output, pos = _read_bytes(buf, pos)
+        for _field in ("queued_ms", "engine_ms", "completed_ms"):
+            _n, pos = _read_long(buf, pos)
+        flag = buf[pos]
+        if flag > 1:
+            raise _Malformed(f"boolean byte {flag}")
+        pos += 1
+    except _MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
+    _finish(value, pos, "Completion")
+    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)

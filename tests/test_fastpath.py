@@ -1,0 +1,103 @@
+"""The processor's fast path must accept exactly what the full codec accepts, refuse it for the same
+reason, and produce byte-identical batches: it is a shortcut, not a second format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from processor import codec
+from processor.codec import DecodeError, TokenItemRecord
+from processor.fastpath import decode_completion_head, decode_item_head
+from processor.item import Batch, Item
+from tests.test_codec import completions, mutated_items, token_items
+
+
+def outcome(decoder: Any, value: bytes) -> Any:
+    try:
+        return decoder(value)
+    except DecodeError as exc:
+        return exc.reason
+
+
+def same_as_full(head: Any, rec: TokenItemRecord, value: bytes) -> bool:
+    return (head.item_id, head.model, head.shape, head.token_count, head.output_budget, head.body) == (
+        rec.item_id,
+        rec.model,
+        rec.shape,
+        rec.token_count,
+        rec.output_budget,
+        value[codec.HEADER_SIZE :],
+    )
+
+
+@given(token_items())
+def test_the_head_of_a_valid_item_is_the_full_records_fields_and_body(rec: TokenItemRecord) -> None:
+    value = codec.encode_token_item(rec)
+    assert same_as_full(decode_item_head(value), codec.decode_token_item(value), value)
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_items())
+def test_damaged_items_are_refused_for_the_same_reason(value: bytes) -> None:
+    full = outcome(codec.decode_token_item, value)
+    head = outcome(decode_item_head, value)
+    if isinstance(full, str):
+        assert head == full
+    else:
+        assert not isinstance(head, str), head
+        assert same_as_full(head, full, value)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=120))
+def test_random_bodies_raise_only_decode_error(body: bytes) -> None:
+    for header in (codec.HEADERS["TokenItem"], codec.HEADERS["Completion"], b""):
+        outcome(decode_item_head, header + body)
+        outcome(decode_completion_head, header + body)
+
+
+@given(st.lists(token_items(), min_size=1, max_size=5), st.booleans())
+def test_a_batch_of_spliced_bodies_is_byte_identical_to_one_of_records(
+    records: list[TokenItemRecord], oversized: bool
+) -> None:
+    def batch(payloads: list[Any]) -> Batch:
+        items = [
+            Item(r.item_id, r.model, r.shape, r.token_count, 0, p)
+            for r, p in zip(records, payloads, strict=True)
+        ]
+        return Batch("b-1", "card", records[0].model, records[0].shape, 3, 8, 64, items, 1234, oversized)
+
+    bodies = [codec.encode_token_item(r)[codec.HEADER_SIZE :] for r in records]
+    assert codec.encode_batch(batch(bodies)) == codec.encode_batch(batch(records))
+
+
+@given(completions)
+def test_the_completion_head_matches_the_full_decoder(rec: codec.CompletionRecord) -> None:
+    value = codec.encode_completion(rec)
+    head = decode_completion_head(value)
+    assert head == (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(completions, st.data())
+def test_a_damaged_completion_is_refused_whenever_the_full_decoder_refuses_it(
+    rec: codec.CompletionRecord, data: st.DataObject
+) -> None:
+    value = bytearray(codec.encode_completion(rec))
+    at = data.draw(st.integers(codec.HEADER_SIZE, len(value) - 1))
+    value[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        del value[data.draw(st.integers(codec.HEADER_SIZE, len(value))) :]
+    full = outcome(codec.decode_completion, bytes(value))
+    head = outcome(decode_completion_head, bytes(value))
+    if isinstance(full, str):
+        # fastavro reads over-long varints and negative union indexes the spec forbids; the hand
+        # decoder may refuse more (avro-decode), never less
+        assert isinstance(head, str), (full, head)
+    elif not isinstance(head, str):
+        assert head == (full.item_id, full.batch_id, full.consumer, full.status == "ok", full.cache_hit)
+    else:
+        assert head == "avro-decode"
