@@ -10,11 +10,12 @@ Lifecycle of :meth:`ConsumerApp.run`:
 4. For each batch: decode it, check it against the consumer's *own* contract, run the engine, produce
    one Completion per item to the results topic, flush, and only then commit the batch's offset.
 
-Delivery guarantee: **at-least-once**. Completions are durable before the offset moves, so a crash
-loses no item; a crash between the flush and the commit re-runs the batch and writes its completions
-a second time (same ``item_id`` key, same ``batch_id``: readers dedupe on the pair). Exactly-once
-will come with Kafka transactions (``send_offsets_to_transaction`` around the completions and the
-offset), once the processor side uses them too.
+Delivery guarantee: **exactly-once** by default. A batch's completions and its batch-topic offset
+commit in one transaction (``transactional.id`` ``tokenfabric-consumer-<id>``), so a crash re-runs the
+batch and ``read_committed`` readers never see the first attempt's completions. With
+``exactly_once=False`` (``--at-least-once``) completions are flushed before the offset moves: nothing
+is lost, and a crash between the two writes a batch's completions a second time (same ``item_id`` key,
+same ``batch_id``: readers dedupe on the pair).
 
 What never happens silently: a batch that does not decode goes whole to the dead-letter topic (and
 is committed past, so it cannot wedge the consumer); a batch that breaks the contract is answered

@@ -38,13 +38,17 @@ class CreditBook:
     owned_partitions: frozenset[int] = frozenset()
     _held: dict[str, dict[int, str]] = field(default_factory=dict)  # consumer -> slot -> batch id
     _slot_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # batch id -> (consumer, slot)
+    _owned: dict[int, list[int]] = field(default_factory=dict)  # max_inflight -> owned slots (a cache)
 
     def owned_slots(self, max_inflight: int) -> list[int]:
-        return [
-            j
-            for j in range(max_inflight)
-            if slot_partition(j, max_inflight, self.partitions) in self.owned_partitions
-        ]
+        owned = self._owned.get(max_inflight)
+        if owned is None:
+            owned = self._owned[max_inflight] = [
+                j
+                for j in range(max_inflight)
+                if slot_partition(j, max_inflight, self.partitions) in self.owned_partitions
+            ]
+        return owned
 
     def share(self, max_inflight: int) -> int:
         """How many of a consumer's ``max_inflight`` slots this instance may fill."""
@@ -53,7 +57,13 @@ class CreditBook:
     def take(self, consumer: str, max_inflight: int, batch_id: str) -> tuple[int, int]:
         """The lowest free owned slot for a new batch, and the partition its record goes to."""
         held = self._held.setdefault(consumer, {})
-        for j in self.owned_slots(max_inflight):
+        owned = self.owned_slots(max_inflight)
+        if len(held) < len(owned):  # most often the next slot up is free: no scan from 0
+            j = owned[len(held)]
+            if j not in held:
+                self.hold(consumer, j, batch_id)
+                return j, slot_partition(j, max_inflight, self.partitions)
+        for j in owned:
             if j not in held:
                 self.hold(consumer, j, batch_id)
                 return j, slot_partition(j, max_inflight, self.partitions)
@@ -91,6 +101,7 @@ class CreditBook:
     def reassign(self, owned_partitions: frozenset[int]) -> None:
         """A new assignment: nothing is held until restore adopts the batches of these partitions."""
         self.owned_partitions = owned_partitions
+        self._owned.clear()
         self._held.clear()
         self._slot_of.clear()
 
