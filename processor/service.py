@@ -215,7 +215,13 @@ class ProcessorService:
 
     def start(self) -> None:
         """Fence older instances and load the last checkpoint (exactly-once), then subscribe; lane
-        state arrives with the partitions the group assigns (``_on_assign``)."""
+        state arrives with the partitions the group assigns (``_on_assign``).
+
+        The service owns its process: the hot path allocates an item, its body and a few strings per
+        message and makes no reference cycles of its own, so the cyclic collector runs its first
+        generation every 50,000 allocations instead of 700 (it took 8-13% of the loop and a third of
+        restore; docs/benchmarks.md)."""
+        gc.set_threshold(50_000, 20, 100)
         self.committer.start()
         self.credits = CreditBook(len(self._partitions(self.topics.ingest)))
         if self.exactly_once:
@@ -258,13 +264,7 @@ class ProcessorService:
 
         On an exception nothing more is committed: the open transaction is abandoned (the broker
         aborts it) and a restart resumes from the last commit.
-
-        The service owns its process: the hot path allocates an item, its body and a few strings per
-        message and makes no reference cycles of its own, so the cyclic collector runs its first
-        generation every 50,000 allocations instead of 700 (it took 8-13% of the loop;
-        docs/benchmarks.md).
         """
-        gc.set_threshold(50_000, 20, 100)
         self.start()
         try:
             while not stop.is_set():
