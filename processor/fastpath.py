@@ -41,6 +41,8 @@ _TOKEN_ITEM = HEADERS["TokenItem"]
 _COMPLETION = HEADERS["Completion"]
 _MODELS: dict[bytes, str] = {}  # one str per model name, not one per item
 _MAX_MODELS = 4096
+_SHAPES: dict[int, int] = {}  # one boxed 64-bit int (36 bytes) per shape, not one per waiting item
+_MAX_SHAPES = 1 << 16
 
 
 class ItemHead(NamedTuple):
@@ -102,13 +104,40 @@ def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
 
 
 def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
-    raw, pos = _skip_str(buf, pos, "item_id")
-    item_id = raw.decode("utf-8")
-    raw, pos = _skip_str(buf, pos, "job_id")
-    raw.decode("utf-8")  # validated, not kept: the consumer reads it from the body
-    raw, pos = _skip_str(buf, pos, "model")
-    model = _model(raw)
-    shape, pos = _read_long_slow(buf, pos)
+    size = len(buf)
+    # item_id, job_id, model: each length's one-byte case inlined (a call per field costs a third)
+    b = buf[pos]
+    if b < 0x80:
+        n = (b >> 1) ^ -(b & 1)
+        pos += 1
+    else:
+        n, pos = _read_long_slow(buf, pos)
+    end = pos + n
+    if n < 0 or end > size:
+        raise _Malformed(f"item_id length {n} runs past the end")
+    item_id = buf[pos:end].decode("utf-8")
+    b = buf[end]
+    if b < 0x80:
+        n = (b >> 1) ^ -(b & 1)
+        pos = end + 1
+    else:
+        n, pos = _read_long_slow(buf, end)
+    end = pos + n
+    if n < 0 or end > size:
+        raise _Malformed(f"job_id length {n} runs past the end")
+    if n:
+        buf[pos:end].decode("utf-8")  # validated, not kept: the consumer reads it from the body
+    b = buf[end]
+    if b < 0x80:
+        n = (b >> 1) ^ -(b & 1)
+        pos = end + 1
+    else:
+        n, pos = _read_long_slow(buf, end)
+    end = pos + n
+    if n < 0 or end > size:
+        raise _Malformed(f"model length {n} runs past the end")
+    model = _model(buf[pos:end])
+    shape, pos = _read_long_slow(buf, end)
     b = buf[pos]
     if b < 0x80:
         token_count = (b >> 1) ^ -(b & 1)
@@ -145,12 +174,51 @@ def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
         branch, pos = _read_union_index(buf, pos)
         if branch:
             _metadata, pos = _read_str_map(buf, pos)
-    head = ItemHead(item_id, model, shape & 0xFFFFFFFFFFFFFFFF, token_count, output_budget, buf[HEADER_SIZE:])
+    shape &= 0xFFFFFFFFFFFFFFFF
+    shared = _SHAPES.get(shape)
+    if shared is not None:
+        shape = shared
+    elif len(_SHAPES) < _MAX_SHAPES:
+        _SHAPES[shape] = shape
+    head = ItemHead(item_id, model, shape, token_count, output_budget, buf[HEADER_SIZE:])
     return head, pos, n_bytes
 
 
 def decode_completion_head(value: bytes | bytearray | memoryview | None) -> CompletionHead:
-    """The fields the processor applies a completion with; the rest is checked for shape and skipped."""
+    """The fields the processor applies a completion with.
+
+    Only the leading fields are parsed: ``cache_hit``, the record's last field, is a boolean, so in
+    a well-formed message it is the last byte. The fields in between (reason, token counts, output,
+    timings) are the consumer's report, not read by the processor; ``tokenfabric audit`` decodes
+    every completion in full. :func:`decode_completion_head_strict` checks the whole record (tests).
+    """
+    value = codec._as_bytes(value)
+    if value[:HEADER_SIZE] != _COMPLETION:
+        _check_header(value, "Completion")
+    try:
+        buf, pos = value, HEADER_SIZE
+        raw, pos = _skip_str(buf, pos, "item_id")
+        item_id = raw.decode("utf-8")
+        _raw, pos = _skip_str(buf, pos, "job_id")
+        raw, pos = _skip_str(buf, pos, "batch_id")
+        batch_id = raw.decode("utf-8")
+        raw, pos = _skip_str(buf, pos, "consumer")
+        consumer = raw.decode("utf-8")
+        _raw, pos = _skip_str(buf, pos, "model")
+        status, pos = _read_long(buf, pos)
+        if not 0 <= status < len(codec.STATUSES):
+            raise _Malformed(f"status symbol {status} does not exist")
+        flag = buf[-1]
+        # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3), flag (1)
+        if flag > 1 or len(buf) - pos < 9:
+            raise _Malformed("the record does not end in a boolean")
+    except _MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
+    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
+
+
+def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) -> CompletionHead:
+    """:func:`decode_completion_head`, checking every field of the record on the way."""
     value = codec._as_bytes(value)
     if value[:HEADER_SIZE] != _COMPLETION:
         _check_header(value, "Completion")
