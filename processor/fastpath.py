@@ -30,10 +30,10 @@ from .codec import (
     _Malformed,
     _read_bytes,
     _read_int,
+    _read_item_lead,
+    _read_item_rest,
     _read_long,
     _read_long_slow,
-    _read_str_array,
-    _read_str_map,
     _read_union_index,
 )
 
@@ -73,19 +73,6 @@ def _model(raw: bytes) -> str:
     return model
 
 
-def _skip_str(buf: bytes, pos: int, what: str) -> tuple[bytes, int]:
-    b = buf[pos]
-    if b < 0x80:
-        n = (b >> 1) ^ -(b & 1)
-        pos += 1
-    else:
-        n, pos = _read_long_slow(buf, pos)
-    end = pos + n
-    if n < 0 or end > len(buf):
-        raise _Malformed(f"{what} length {n} runs past the end")
-    return buf[pos:end], end
-
-
 def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
     """Validate one input message and return its head. Raises :class:`codec.DecodeError` only."""
     value = codec._as_bytes(value)
@@ -104,84 +91,37 @@ def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
 
 
 def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
-    size = len(buf)
-    # item_id, job_id, model: each length's one-byte case inlined (a call per field costs a third)
-    b = buf[pos]
-    if b < 0x80:
-        n = (b >> 1) ^ -(b & 1)
-        pos += 1
-    else:
-        n, pos = _read_long_slow(buf, pos)
-    end = pos + n
-    if n < 0 or end > size:
-        raise _Malformed(f"item_id length {n} runs past the end")
-    item_id = buf[pos:end].decode("utf-8")
-    b = buf[end]
-    if b < 0x80:
-        n = (b >> 1) ^ -(b & 1)
-        pos = end + 1
-    else:
-        n, pos = _read_long_slow(buf, end)
-    end = pos + n
-    if n < 0 or end > size:
-        raise _Malformed(f"job_id length {n} runs past the end")
-    if n:
-        buf[pos:end].decode("utf-8")  # validated, not kept: the consumer reads it from the body
-    b = buf[end]
-    if b < 0x80:
-        n = (b >> 1) ^ -(b & 1)
-        pos = end + 1
-    else:
-        n, pos = _read_long_slow(buf, end)
-    end = pos + n
-    if n < 0 or end > size:
-        raise _Malformed(f"model length {n} runs past the end")
-    model = _model(buf[pos:end])
-    shape, pos = _read_long_slow(buf, end)
-    b = buf[pos]
-    if b < 0x80:
-        token_count = (b >> 1) ^ -(b & 1)
-        pos += 1
-    else:
-        token_count, pos = _read_int(buf, pos)
-    b = buf[pos]
-    if b < 0x80:
-        n_bytes = (b >> 1) ^ -(b & 1)
-        pos += 1
-    else:
-        n_bytes, pos = _read_long_slow(buf, pos)
-    end = pos + n_bytes
-    if n_bytes < 0 or end > len(buf):
-        raise _Malformed(f"tokens length {n_bytes} runs past the end")
-    pos = end
-    if buf[pos] == 0:
-        pos += 1
-    else:
-        branch, pos = _read_union_index(buf, pos)
-        if branch:
-            _components, pos = _read_str_array(buf, pos)
-    _produced_ms, pos = _read_long_slow(buf, pos)
-    output_budget: int | None = None
-    if buf[pos] == 0:
-        pos += 1
-    else:
-        branch, pos = _read_union_index(buf, pos)
-        if branch:
-            output_budget, pos = _read_int(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-    else:
-        branch, pos = _read_union_index(buf, pos)
-        if branch:
-            _metadata, pos = _read_str_map(buf, pos)
+    item_id, job_id, raw_model, pos = _read_item_lead(buf, pos)
+    if job_id:
+        job_id.decode("utf-8")  # validated, not kept: the consumer reads it from the body
+    shape, pos = _read_long_slow(buf, pos)
+    token_count, start, end, _components, _ms, output_budget, _metadata, pos = _read_item_rest(buf, pos)
     shape &= 0xFFFFFFFFFFFFFFFF
     shared = _SHAPES.get(shape)
     if shared is not None:
         shape = shared
     elif len(_SHAPES) < _MAX_SHAPES:
         _SHAPES[shape] = shape
-    head = ItemHead(item_id, model, shape, token_count, output_budget, buf[HEADER_SIZE:])
-    return head, pos, n_bytes
+    head = ItemHead(item_id, _model(raw_model), shape, token_count, output_budget, buf[HEADER_SIZE:])
+    return head, pos, end - start
+
+
+def _read_completion_lead(buf: bytes) -> tuple[str, str, str, int, int]:
+    """item_id, batch_id, consumer and status of a Completion, and the position after status."""
+    raw, pos = _read_bytes(buf, HEADER_SIZE)
+    item_id = raw.decode("utf-8")
+    raw, pos = _read_bytes(buf, pos)
+    raw.decode("utf-8")
+    raw, pos = _read_bytes(buf, pos)
+    batch_id = raw.decode("utf-8")
+    raw, pos = _read_bytes(buf, pos)
+    consumer = raw.decode("utf-8")
+    raw, pos = _read_bytes(buf, pos)
+    raw.decode("utf-8")
+    status, pos = _read_long(buf, pos)
+    if not 0 <= status < len(codec.STATUSES):
+        raise _Malformed(f"status symbol {status} does not exist")
+    return item_id, batch_id, consumer, status, pos
 
 
 def decode_completion_head(value: bytes | bytearray | memoryview | None) -> CompletionHead:
@@ -196,21 +136,10 @@ def decode_completion_head(value: bytes | bytearray | memoryview | None) -> Comp
     if value[:HEADER_SIZE] != _COMPLETION:
         _check_header(value, "Completion")
     try:
-        buf, pos = value, HEADER_SIZE
-        raw, pos = _skip_str(buf, pos, "item_id")
-        item_id = raw.decode("utf-8")
-        _raw, pos = _skip_str(buf, pos, "job_id")
-        raw, pos = _skip_str(buf, pos, "batch_id")
-        batch_id = raw.decode("utf-8")
-        raw, pos = _skip_str(buf, pos, "consumer")
-        consumer = raw.decode("utf-8")
-        _raw, pos = _skip_str(buf, pos, "model")
-        status, pos = _read_long(buf, pos)
-        if not 0 <= status < len(codec.STATUSES):
-            raise _Malformed(f"status symbol {status} does not exist")
-        flag = buf[-1]
+        item_id, batch_id, consumer, status, pos = _read_completion_lead(value)
+        flag = value[-1]
         # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3), flag (1)
-        if flag > 1 or len(buf) - pos < 9:
+        if flag > 1 or len(value) - pos < 9:
             raise _Malformed("the record does not end in a boolean")
     except _MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
@@ -223,20 +152,8 @@ def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) 
     if value[:HEADER_SIZE] != _COMPLETION:
         _check_header(value, "Completion")
     try:
-        buf, pos = value, HEADER_SIZE
-        raw, pos = _skip_str(buf, pos, "item_id")
-        item_id = raw.decode("utf-8")
-        raw, pos = _skip_str(buf, pos, "job_id")
-        raw.decode("utf-8")
-        raw, pos = _skip_str(buf, pos, "batch_id")
-        batch_id = raw.decode("utf-8")
-        raw, pos = _skip_str(buf, pos, "consumer")
-        consumer = raw.decode("utf-8")
-        raw, pos = _skip_str(buf, pos, "model")
-        raw.decode("utf-8")
-        status, pos = _read_long(buf, pos)
-        if not 0 <= status < len(codec.STATUSES):
-            raise _Malformed(f"status symbol {status} does not exist")
+        buf = value
+        item_id, batch_id, consumer, status, pos = _read_completion_lead(buf)
         if buf[pos] == 0:
             pos += 1
         else:

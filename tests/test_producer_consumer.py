@@ -204,6 +204,8 @@ def test_contract_violation_names_what_is_wrong() -> None:
 # ------------------------------------------------------------------------------------------------
 # CLI: one stderr line, exit 2, no broker needed
 
+CARD = ["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "4"]
+
 
 @pytest.mark.parametrize(
     ("argv", "needle"),
@@ -219,38 +221,8 @@ def test_contract_violation_names_what_is_wrong() -> None:
             "tps='fast' is not a number",
         ),
         (["consumer", "--id", "bad id", "--model", "m", "--budget", "64", "--items", "4"], "--id 'bad id'"),
-        (
-            [
-                "consumer",
-                "--id",
-                "c1",
-                "--model",
-                "m",
-                "--budget",
-                "64",
-                "--items",
-                "4",
-                "--max-batches",
-                "0",
-            ],
-            "--max-batches must be >= 1",
-        ),
-        (
-            [
-                "consumer",
-                "--id",
-                "c1",
-                "--model",
-                "m",
-                "--budget",
-                "64",
-                "--items",
-                "4",
-                "--engine-opt",
-                "novalue",
-            ],
-            "expected KEY=VALUE",
-        ),
+        ([*CARD, "--max-batches", "0"], "--max-batches must be >= 1"),
+        ([*CARD, "--engine-opt", "novalue"], "expected KEY=VALUE"),
         (["consumer", "--model", "m"], "the following arguments are required: --id"),
         (["produce", "--trace", "/nonexistent/trace.jsonl"], "no such file"),
         (["produce", "--trace", "x.jsonl", "--speed", "2", "--backlog"], "not allowed with argument"),
