@@ -14,7 +14,8 @@ At start-up in exactly-once mode the processor first fences any older process wi
 id and loads its last ledger checkpoint. Lane state belongs to ingest partitions, not to instances:
 whenever the group assigns partitions (at start, or when instances join or leave) the processor
 commits, releases everything it held, and restores the changelog of the partitions it now owns
-(``processor/restore.py``); consumer in-flight slots move with them (``processor/credits.py``).
+(``processor/handover.py``, ``processor/restore.py``); consumer in-flight slots move with them
+(``processor/credits.py``).
 
 librdkafka's own threads do the network I/O; everything that touches lanes or the ledger runs here,
 so nothing on the hot path takes a lock. The core is unaware of Kafka; this module is the adapter.
@@ -39,10 +40,11 @@ from .contract import Contract
 from .credits import CreditBook
 from .dispatch import DispatchSettings, Scheduler
 from .fastpath import decode_completion_head, decode_item_head
+from .handover import PartitionHandover
 from .item import Batch
 from .lanes import LaneSettings
 from .replay import watermarks
-from .restore import RestoredState, latest_checkpoint, restore, transactional_id
+from .restore import latest_checkpoint, transactional_id
 from .topics import TopicNames
 from .watchdog import CallWatchdog, guarded
 
@@ -114,7 +116,7 @@ class ServiceObserver:
         """A ledger checkpoint was produced; ``seconds`` is the time to build and queue it."""
 
 
-class ProcessorService:
+class ProcessorService(PartitionHandover):
     """The processor's owner thread and its Kafka clients.
 
     Read-only views for metrics and health (safe to read from another thread, values may be a step
@@ -283,112 +285,6 @@ class ProcessorService:
         self.producer.flush(30)
         self.ingest.close()
         self.control.close()
-
-    def _take_over(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
-        """Restore the lanes and in-flight batches of ``partitions``, now this instance's."""
-        self.restoring_since_s = self._clock()
-        try:
-            self._restore_partitions(committer, partitions)
-        finally:
-            self.restoring_since_s = None
-            self.last_step_s = self._clock()
-
-    def _restore_partitions(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
-        self.owned = frozenset(partitions)
-        self.credits.reassign(self.owned)
-        state = restore(self.conf, self.topics, self.settings.group_id, partitions)
-        now = self.now_ms()
-        for contract in state.contracts.values():
-            self._set_contract(contract)
-        for ref, home in sorted(state.changelog.waiting.items()):
-            item = IngestItem(state.records[ref], now, *ref)
-            committer.adopt(item, home)
-            self.core.adopt_waiting(item, now)
-        rewind: dict[int, int] = {}
-        for batch_id, entry in state.changelog.batches.items():
-            batch = self._rebuilt_batch(state, batch_id)
-            committer.adopt_batch(batch, state.changelog.homes[batch_id], entry)
-            done = {batch.items[i].id for i in entry.done}
-            if self.core.adopt_in_flight(batch, now, done):
-                self.credits.adopt(entry.consumer, entry.slot, batch_id)
-            else:
-                committer.requeued(batch_id, [it for it in batch.items if it.id not in done])
-            for p, offset in entry.results_from:
-                rewind[p] = min(offset, rewind.get(p, offset))
-        self._rewind_results(rewind)
-        self.core.check(deep=True)
-        self._check_restart(len(partitions))
-        # What was just restored lives until it is dispatched: keep the cyclic collector from
-        # walking it again and again (it took a quarter of restore time; docs/benchmarks.md).
-        gc.freeze()
-        self.counters.assignments += 1
-        self.counters.restored_items += len(state.changelog.waiting)
-        self.counters.restored_batches += len(state.changelog.batches)
-        self.counters.restore_seconds += state.seconds
-        log.info(
-            "processor %s: assigned ingest partitions %s; adopted %d waiting items and %d batches in %.2f s",
-            self.settings.instance,
-            partitions,
-            len(state.changelog.waiting),
-            len(state.changelog.batches),
-            state.seconds,
-        )
-
-    def _rebuilt_batch(self, state: RestoredState, batch_id: str) -> Batch:
-        entry = state.changelog.batches[batch_id]
-        now = self.now_ms()
-        items = [IngestItem(state.records[ref], now, *ref) for ref in entry.refs]
-        for item in items:
-            item.dispatched = True
-            item.lane = entry.lane
-        first = items[0]
-        return Batch(
-            batch_id,
-            entry.consumer,
-            first.model,
-            first.shape,
-            entry.lane,
-            entry.pad_multiple,
-            entry.padded_length,
-            list(items),
-            entry.created_ms,
-            entry.oversized,
-        )
-
-    def _check_restart(self, assigned: int) -> None:
-        """After a restart that kept every partition, what the changelog holds must be exactly what
-        the last checkpoint counted: the crash check that catches a leak or a phantom."""
-        before = self._handover_at_start
-        self._handover_at_start = None
-        n = self.credits.partitions
-        if before is None or assigned != n or self._owned_at_checkpoint != n:
-            return
-        after = self.core.ledger.handover_delta()
-        for model in before.keys() | after.keys():
-            if before.get(model, (0, 0)) != after.get(model, (0, 0)):
-                b, a = before.get(model, (0, 0)), after.get(model, (0, 0))
-                raise LedgerImbalance(
-                    f"restore: model {model}: the checkpoint counted {a[0] - b[0]:+,} items / "
-                    f"{a[1] - b[1]:+,} tokens different from what the changelog holds"
-                )
-
-    def _hand_over(self, committer: TransactionalCommitter) -> None:
-        """After the commit in ``_on_revoke``: forget everything; the next owner restores it."""
-        self.core.release_all()
-        committer.reset()
-        self.owned = frozenset()
-        self.credits.reassign(self.owned)
-        for state in self.core.consumers.values():
-            state.slots = 0
-
-    def _rewind_results(self, targets: dict[int, int]) -> None:
-        """Re-read completions from where an adopted batch's could first appear; ``item_done`` is
-        idempotent, so completions this instance already applied are counted as replays only."""
-        lower = {p: o for p, o in targets.items() if o < self._results_pos.get(p, o + 1)}
-        if not lower:
-            return
-        self._results_pos.update(lower)
-        self._assign_control()
 
     def _set_contract(self, contract: Contract) -> None:
         slots = self.credits.share(contract.max_inflight) if self.exactly_once else None
@@ -567,22 +463,6 @@ class ProcessorService:
             raise RuntimeError(f"processor {self.settings.instance}: a produce failed: {fatal}") from fatal
 
     # -- commits and checkpoints ---------------------------------------------------------------
-
-    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Make everything consumed so far durable while the partitions are still ours; in
-        exactly-once mode then let go of all lane state (the rebalance protocol is eager: every
-        partition is revoked, and ``_on_assign`` restores whatever comes back)."""
-        if self._closing:
-            return
-        self._commit(force=True)
-        if isinstance(self.committer, TransactionalCommitter):
-            self._hand_over(self.committer)
-        else:
-            self.committer.revoked(sorted(tp.partition for tp in partitions))
-
-    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        if isinstance(self.committer, TransactionalCommitter):
-            self._take_over(self.committer, sorted(tp.partition for tp in partitions))
 
     def _commit(self, force: bool = False) -> None:
         now = self.now_ms()
