@@ -92,12 +92,9 @@ def run(args: argparse.Namespace) -> int:
             interrupted = True
         written = collector.materialize()
         _record_progress(writer, collector)
-    except (CollectError, JobsTopicError) as exc:
+    except (CollectError, JobsTopicError, KafkaException) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except KafkaException as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, KafkaException) else 2  # the broker, or this job's state
     finally:
         if collection is not None:
             collection.close()

@@ -183,12 +183,9 @@ def run(args: argparse.Namespace) -> int:
             len(service.done),
             ", ".join(open_jobs) or "none",
         )
-    except (CollectError, JobsTopicError) as exc:
+    except (CollectError, JobsTopicError, KafkaException) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except KafkaException as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, KafkaException) else 2  # the broker, or this job's state
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

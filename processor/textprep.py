@@ -82,7 +82,8 @@ class TextTokenizer:
             return []
         try:
             return [Encoded(e.ids) for e in self._tok.encode_batch(list(texts))]
-        except Exception:
+        except Exception:  # not swallowed: each text is retried alone and a refusal
+            # is reported for its row (tokenizers raises bare Exception subclasses from Rust)
             return [self._encode_one(t) for t in texts]
 
     def _encode_one(self, text: str) -> Encoded:
