@@ -17,7 +17,10 @@ says how much of that the scheduling costs, and survives a noisy machine better 
   and ``send_offsets_to_transaction``, otherwise plain produces and synchronous offset commits.
 * Processor (``workers.py processor``): ``ProcessorService`` with default settings and fresh topics for
   everything but its input; one drainer (``workers.py drainer``, its own process) announces a generous
-  contract and completes every item the moment its batch arrives.
+  contract and completes every item the moment its batch arrives, with one ``CompletionBatch``
+  message per batch, as consumer apps do by default. The drainer runs on the same two cores; its CPU
+  per item is reported beside the processor's, as is the processor's loop thread alone (its Python
+  work, without librdkafka's threads).
 * Each side runs in its own process and is timed the same way: from the start of the consume call
   that returned the first input message to the moment the last output was durable (the commit of the
   transaction that holds it, or its delivery report). Runs alternate ceiling, processor, ``--reps``
@@ -163,6 +166,7 @@ def rates(run: dict[str, Any]) -> dict[str, float]:
         "items_per_s": run["items"] / run["seconds"],
         "tokens_per_s": run["tokens"] / run["seconds"],
         "cpu_us_per_item": run["cpu_s"] / run["items"] * 1e6,
+        "thread_us_per_item": run["thread_cpu_s"] / run["items"] * 1e6,
     }
 
 
@@ -184,6 +188,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "ceiling_cpu_us_per_item": spread([c["cpu_us_per_item"] for c in ceiling]),
         "processor_cpu_us_per_item": spread([p["cpu_us_per_item"] for p in proc]),
         "cpu_ratio": spread([c["cpu_us_per_item"] / p["cpu_us_per_item"] for p, c in pairs]),
+        "processor_thread_us_per_item": spread([p["thread_us_per_item"] for p in proc]),
+        "drainer_cpu_us_per_item": spread([r["drainer"]["cpu_s"] / r["items"] * 1e6 for r in processed]),
         "batch_items": sum(r["items"] for r in processed) / sum(r["batches"] for r in processed),
         "completions_in_span": min(r["completions_in_span"] / r["items"] for r in processed),
     }
@@ -236,7 +242,9 @@ def describe_rep(mode: str, rep: int, ceiling: dict[str, Any], proc: dict[str, A
     return (
         f"  {mode} rep {rep + 1}: ceiling {c['items_per_s']:,.0f} items/s, processor {p['items_per_s']:,.0f} "
         f"items/s, ratio {p['items_per_s'] / c['items_per_s']:.2f}; CPU us/item {c['cpu_us_per_item']:.0f} / "
-        f"{p['cpu_us_per_item']:.0f}; {proc['items'] / proc['batches']:.0f} items/batch, "
+        f"{p['cpu_us_per_item']:.0f} (loop thread {p['thread_us_per_item']:.0f}, drainer "
+        f"{proc['drainer']['cpu_s'] / proc['items'] * 1e6:.0f}); "
+        f"{proc['items'] / proc['batches']:.0f} items/batch, "
         f"{proc['completions_in_span'] / proc['items']:.0%} completed within the span"
     )
 
@@ -245,8 +253,9 @@ def table(results: list[dict[str, Any]]) -> str:
     """Markdown: one row per size and mode, median (min-max) over the repetitions."""
     lines = [
         "| tokens/item | exactly-once | items | ceiling items/s | processor items/s | processor Mtokens/s "
-        "| **processor / ceiling** | CPU us/item ceiling | CPU us/item processor | CPU ratio | items/batch |",
-        "| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| **processor / ceiling** | CPU us/item ceiling | CPU us/item processor | CPU ratio "
+        "| processor loop thread us/item | drainer CPU us/item | items/batch |",
+        "| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for entry in results:
         for mode, data in entry["modes"].items():
@@ -256,8 +265,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"| {s['ceiling_items_per_s'].fmt()} | {s['processor_items_per_s'].fmt()} "
                 f"| {s['processor_tokens_per_s'].fmt('.1f', 1e6)} | **{s['ratio'].fmt('.2f')}** "
                 f"| {s['ceiling_cpu_us_per_item'].fmt('.1f')} | {s['processor_cpu_us_per_item'].fmt('.1f')} "
-                f"| {s['cpu_ratio'].fmt('.2f')} "
-                f"| {data['summary']['batch_items']:.0f} |"
+                f"| {s['cpu_ratio'].fmt('.2f')} | {s['processor_thread_us_per_item'].fmt('.1f')} "
+                f"| {s['drainer_cpu_us_per_item'].fmt('.1f')} | {data['summary']['batch_items']:.0f} |"
             )
     return "\n".join(lines)
 

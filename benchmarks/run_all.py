@@ -277,6 +277,8 @@ def _pipeline_text(p: dict[str, Any], mod: Any) -> str:
         "are items (and their real, unpadded tokens) divided by the interval above; CPU us/item is CPU "
         "seconds of that side's process (all threads) over the same interval, per item, and the CPU "
         "ratio is ceiling CPU per item / processor CPU per item, the steadier comparison under load. "
+        "The loop thread column is the processor's own thread alone (`time.thread_time()`: decoding, "
+        "lanes, encoding, commits), the drainer column the simulated consumer's whole process. "
         "Ratios are taken per repetition, each processor run right after its ceiling run. Items/batch "
         'is what the lanes gave the drainer (one lane per batch); "completed within the span" was '
         f"{min(_completed(p)):.0%} or more in every run: most of the work of applying completions falls "

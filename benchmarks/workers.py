@@ -42,7 +42,7 @@ from common import READY_LINE, RESULT_PREFIX, RunTopics
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor import codec
-from processor.consumer_app import PRODUCER_SETTINGS, contract_violation
+from processor.consumer_app import MAX_COMPLETION_BYTES, PRODUCER_SETTINGS, contract_violation
 from processor.contract import Contract
 from processor.service import ProcessorService, ProcessorSettings
 
@@ -81,20 +81,27 @@ class Interval:
 
     def __init__(self) -> None:
         self.first_s: float | None = None
-        self.first_cpu = 0.0
+        self.first_cpu = self.first_thread = 0.0
         self.last_s: float | None = None
-        self.last_cpu = 0.0
+        self.last_cpu = self.last_thread = 0.0
 
     def started(self, wall: float, cpu_s: float) -> None:
         if self.first_s is None:
             self.first_s, self.first_cpu = wall, cpu_s
+            self.first_thread = time.thread_time()
 
     def finished(self) -> None:
         self.last_s, self.last_cpu = time.perf_counter(), cpu()
+        self.last_thread = time.thread_time()
 
     def report(self) -> dict[str, float]:
+        """``thread_cpu_s``: the calling thread's own CPU (the Python loop), without librdkafka's."""
         assert self.first_s is not None and self.last_s is not None
-        return {"seconds": self.last_s - self.first_s, "cpu_s": self.last_cpu - self.first_cpu}
+        return {
+            "seconds": self.last_s - self.first_s,
+            "cpu_s": self.last_cpu - self.first_cpu,
+            "thread_cpu_s": self.last_thread - self.first_thread,
+        }
 
 
 # -- ceiling ----------------------------------------------------------------------------------------
@@ -334,7 +341,8 @@ def results_from_start(conf: dict[str, str], topics: RunTopics, settings: Proces
 
 
 def drainer(a: dict[str, Any]) -> None:
-    """Announce a contract, then complete every item of every batch at once."""
+    """Announce a contract, then complete every item of every batch at once: one CompletionBatch per
+    batch, as the consumer app writes by default."""
     conf = {"bootstrap.servers": a["bootstrap"]}
     topics = RunTopics(a["prefix"], source=a["source"])
     contract = Contract(**a["contract"])
@@ -351,31 +359,35 @@ def drainer(a: dict[str, Any]) -> None:
 
     seen: set[str] = set()
     items = tokens = batches = violations = largest = 0
+    first_cpu: float | None = None
     deadline = time.monotonic() + a["timeout_s"]
     while len(seen) < a["expected"] and not stopping.is_set() and time.monotonic() < deadline:
+        before = cpu()
         for msg in consumer.consume(num_messages=1000, timeout=0.05):
             if msg.error() is not None:
                 continue
+            if first_cpu is None:
+                first_cpu = before
             batch = codec.decode_batch(msg.value())
             batches += 1
             violations += contract_violation(contract, batch) is not None
             largest = max(largest, len(batch.items))
-            now = int(time.time() * 1000)
-            for item in batch.items:
-                items += 1
-                tokens += item.token_count
-                seen.add(item.item_id)
-                done = codec.CompletionRecord(
-                    item_id=item.item_id,
-                    batch_id=batch.batch_id,
-                    consumer=contract.consumer,
-                    model=batch.model,
-                    status="ok",
-                    input_tokens=item.token_count,
-                    padded_tokens=batch.padded_length,
-                    completed_ms=now,
-                )
-                _produce(producer, topics.results, codec.encode_completion(done), item.item_id.encode())
+            items += len(batch.items)
+            tokens += sum(item.token_count for item in batch.items)
+            seen.update(item.item_id for item in batch.items)
+            done = codec.CompletionBatchRecord(
+                batch_id=batch.batch_id,
+                consumer=contract.consumer,
+                model=batch.model,
+                padded_tokens=batch.padded_length,
+                completed_ms=int(time.time() * 1000),
+                items=[
+                    codec.ItemOutcomeRecord(item_id=item.item_id, status="ok", input_tokens=item.token_count)
+                    for item in batch.items
+                ],
+            )
+            for value in codec.encode_completion_batches(done, MAX_COMPLETION_BYTES):
+                _produce(producer, topics.results, value, batch.batch_id.encode())
         producer.poll(0)
     producer.flush(30)
     consumer.close()
@@ -388,6 +400,7 @@ def drainer(a: dict[str, Any]) -> None:
             "batches": batches,
             "violations": violations,
             "largest_batch": largest,
+            "cpu_s": cpu() - (first_cpu or 0.0),
         }
     )
 

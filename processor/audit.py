@@ -116,16 +116,16 @@ def audit(
     outcomes: Counter[str] = Counter()
     say(topics.results)
     for msg in read_topic(conf, topics.results):
-        done = codec.decode_completion(msg.value())
-        outcomes[done.item_id] += 1
-        if outcomes[done.item_id] > 1:
-            continue
-        if done.status == "ok":
-            r.completed_items += 1
-            r.completed_tokens += done.input_tokens
-        else:
-            r.failed_items += 1
-            r.failed_tokens += done.input_tokens
+        for done in codec.decode_completions(msg.value()):
+            outcomes[done.item_id] += 1
+            if outcomes[done.item_id] > 1:
+                continue
+            if done.status == "ok":
+                r.completed_items += 1
+                r.completed_tokens += done.input_tokens
+            else:
+                r.failed_items += 1
+                r.failed_tokens += done.input_tokens
     r.duplicate_completions = sum(n - 1 for n in outcomes.values())
 
     state = changelog.ChangelogState()

@@ -16,6 +16,7 @@ import threading
 from types import FrameType
 
 from processor.cli_options import add_kafka_arguments, add_watchdog_argument, kafka_settings, watchdog_from
+from processor.codec import COMPLETION_FORMS
 from processor.contract import BATCHING_MODES, Contract
 from processor.engines import ENGINES
 from processor.health import CONSUMER_PORT, add_http_arguments, http_settings
@@ -76,6 +77,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--at-least-once",
         action="store_true",
         help="commit offsets after flushing completions instead of in one transaction with them",
+    )
+    p.add_argument(
+        "--completions",
+        default="batch",
+        choices=COMPLETION_FORMS,
+        help="how completions are written: batch (one CompletionBatch message per batch) or item (one "
+        "Completion per item, for results readers that only know that record); default: batch",
     )
     p.add_argument("--idle-exit-s", type=float, help="exit after S seconds without a batch (demo)")
     p.add_argument(
@@ -187,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         on_engine=metrics.engine_ran,
         exactly_once=not args.at_least_once,
         watchdog=watchdog,
+        completions=args.completions,
     )
     metrics.watch(app)
     try:

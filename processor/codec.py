@@ -15,7 +15,8 @@ reference: the tests check that both give the same record or the same error on g
 (except that fastavro accepts over-long varints and negative union indexes), and that the
 hand-written encoder writes the same bytes as fastavro's writer.
 Batches reuse the same hand-written item code. The other records are not hot and go through
-fastavro.
+fastavro, except that ``CompletionBatch`` is written by hand too: splitting one that is too large
+for a Kafka message needs each item's exact encoded size.
 
 Decoding is a trust boundary: anything that is not a well-formed message of the expected schema
 raises :class:`DecodeError` (and nothing else), with a short ``reason`` fit for a dead-letter record
@@ -67,7 +68,9 @@ class DecodeError(ValueError):
 
 NAMESPACE = "tokenfabric"
 #: Record names in load order: Batch refers to TokenItem by name, so TokenItem comes first.
-RECORD_NAMES = ("TokenItem", "Batch", "Completion", "ConsumerContract", "LedgerSnapshot", "DeadLetter")
+RECORD_NAMES = (
+    "TokenItem", "Batch", "Completion", "CompletionBatch", "ConsumerContract", "LedgerSnapshot", "DeadLetter",
+)  # fmt: skip
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = 10
 
@@ -132,6 +135,7 @@ _NAME_BY_FP_BYTES = {h[2:]: n for n, h in HEADERS.items()}
 
 _TOKEN_ITEM_HEADER = HEADERS["TokenItem"]
 _BATCH_HEADER = HEADERS["Batch"]
+_COMPLETION_BATCH_HEADER = HEADERS["CompletionBatch"]
 
 
 def fastavro_fingerprint(name: str) -> int:
@@ -264,6 +268,69 @@ class CompletionRecord:
     engine_ms: int = 0
     completed_ms: int
     cache_hit: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemOutcomeRecord:
+    """One item's part of a :class:`CompletionBatchRecord`: a Completion less the batch's fields."""
+
+    item_id: str
+    status: Status
+    cache_hit: bool = False
+    job_id: str = ""
+    reason: str | None = None
+    input_tokens: int
+    output_tokens: int = 0
+    output: bytes = b""
+    queued_ms: int = 0
+
+
+#: How a consumer writes a batch's completions: one ``CompletionBatch`` message per batch (split only
+#: when too large for one Kafka message), or one ``Completion`` message per item.
+CompletionForm = Literal["batch", "item"]
+COMPLETION_FORMS: tuple[CompletionForm, ...] = ("batch", "item")
+
+#: The fields a batch's completions share, written once in a ``CompletionBatch``.
+BATCH_COMPLETION_FIELDS = ("batch_id", "consumer", "model", "padded_tokens", "engine_ms", "completed_ms")
+_OUTCOME_FIELDS = tuple(f.name for f in fields(ItemOutcomeRecord))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionBatchRecord:
+    """The outcomes of (some of) one batch's items: one message instead of one per item.
+
+    It says exactly what :meth:`completions` says; a batch's shared fields are written once.
+    """
+
+    batch_id: str
+    consumer: str
+    model: str
+    padded_tokens: int = 0
+    engine_ms: int = 0
+    completed_ms: int
+    items: list[ItemOutcomeRecord]
+
+    @classmethod
+    def of(cls, completions: Sequence[CompletionRecord]) -> CompletionBatchRecord:
+        """The batch form of one batch's completions; ``ValueError`` unless they share the batch's fields."""
+        if not completions:
+            raise ValueError("a CompletionBatch needs at least one completion to take its batch fields from")
+        first = completions[0]
+        shared = {name: getattr(first, name) for name in BATCH_COMPLETION_FIELDS}
+        for c in completions:
+            other = next((n for n in BATCH_COMPLETION_FIELDS if getattr(c, n) != shared[n]), None)
+            if other is not None:
+                raise ValueError(
+                    f"completion {c.item_id!r}: {other}={getattr(c, other)!r}, "
+                    f"its batch's first completion has {shared[other]!r}"
+                )
+        items = [ItemOutcomeRecord(**{n: getattr(c, n) for n in _OUTCOME_FIELDS}) for c in completions]
+        return cls(**shared, items=items)
+
+    def completions(self) -> list[CompletionRecord]:
+        """One :class:`CompletionRecord` per item, the batch's fields copied into each."""
+        shared = {name: getattr(self, name) for name in BATCH_COMPLETION_FIELDS}
+        return [CompletionRecord(**shared, **{n: getattr(o, n) for n in _OUTCOME_FIELDS}) for o in self.items]
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +480,47 @@ def _read_long_tail(buf: bytes, pos: int, n: int) -> tuple[int, int]:
     if b > 1:
         raise _Malformed("varint longer than 10 bytes or wider than 64 bits")
     return n | (b << 63), pos + 6
+
+
+_CONTINUED = bytes(range(0x80, 0x100))  # the bytes of a varint that has more bytes after them
+
+
+def _skip_long(buf: bytes, pos: int) -> int:
+    """The position after the varint at ``pos``, checked as :func:`_read_long_slow` checks it but not
+    decoded: for fields the processor's hot path validates and never reads (``produced_ms``)."""
+    raw = buf[pos : pos + 10]
+    more = len(raw) - len(raw.lstrip(_CONTINUED))
+    if more == len(raw) or (more == 9 and raw[9] > 1):
+        raise _Malformed("varint runs past the end, or is longer than 10 bytes or wider than 64 bits")
+    return pos + more + 1
+
+
+# Shape signatures are hashes, so nearly every one is a 9- or 10-byte varint, the slow path: read each
+# distinct encoding once and look it up by its bytes after that. A 10-byte key ending the varint can
+# only be that varint (the first nine bytes carry continuation bits, the tenth does not), and the
+# same holds for 9-byte keys; the dictionaries are bounded, past that the varint is decoded.
+_SIGNATURES_10: dict[bytes, int] = {}
+_SIGNATURES_9: dict[bytes, int] = {}
+_MAX_SIGNATURES = 1 << 16
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _read_signature(buf: bytes, pos: int) -> tuple[int, int]:
+    """A shape signature (an Avro long) as the unsigned 64-bit int, one shared object per signature."""
+    raw = buf[pos : pos + 10]
+    shape = _SIGNATURES_10.get(raw)
+    if shape is not None:
+        return shape, pos + 10
+    shape = _SIGNATURES_9.get(raw[:9])
+    if shape is not None:
+        return shape, pos + 9
+    n, end = _read_long_slow(buf, pos)
+    shape = n & _U64
+    if end - pos == 10 and len(_SIGNATURES_10) < _MAX_SIGNATURES:
+        _SIGNATURES_10[raw] = shape
+    elif end - pos == 9 and len(_SIGNATURES_9) < _MAX_SIGNATURES:
+        _SIGNATURES_9[raw[:9]] = shape
+    return shape, end
 
 
 def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
@@ -571,19 +679,32 @@ def _read_item_lead(buf: bytes, pos: int) -> tuple[str, bytes, bytes, int]:
 _ItemRest = tuple[int, int, int, "tuple[str, ...] | None", int, "int | None", "dict[str, str] | None", int]
 
 
-def _read_item_rest(buf: bytes, pos: int) -> _ItemRest:
+def _read_item_rest(buf: bytes, pos: int, want_ms: bool = True) -> _ItemRest:
     """The fields after ``shape``: token_count, where the token bytes start and end, components,
-    produced_ms, output_budget, metadata, and the position after the record. Shared with fastpath."""
+    produced_ms, output_budget, metadata, and the position after the record. Shared with fastpath,
+    which does not read ``produced_ms`` (``want_ms=False``: checked, skipped, returned as 0).
+
+    The token count and the tokens' byte length are one- or two-byte varints for prompts up to
+    8,191 and 2,047 tokens: both cases are inlined (a call to the slow path cost more than the rest).
+    """
     b = buf[pos]
     if b < 0x80:
         token_count = (b >> 1) ^ -(b & 1)
         pos += 1
+    elif buf[pos + 1] < 0x80:
+        n = (b & 0x7F) | (buf[pos + 1] << 7)
+        token_count = (n >> 1) ^ -(n & 1)
+        pos += 2
     else:
         token_count, pos = _read_int(buf, pos)
     b = buf[pos]
     if b < 0x80:
         n = (b >> 1) ^ -(b & 1)
         pos += 1
+    elif buf[pos + 1] < 0x80:
+        n = (b & 0x7F) | (buf[pos + 1] << 7)
+        n = (n >> 1) ^ -(n & 1)
+        pos += 2
     else:
         n, pos = _read_long_slow(buf, pos)
     start, end = pos, pos + n
@@ -598,7 +719,10 @@ def _read_item_rest(buf: bytes, pos: int) -> _ItemRest:
         branch, pos = _read_union_index(buf, pos)
         if branch:
             components, pos = _read_str_array(buf, pos)
-    produced_ms, pos = _read_long_slow(buf, pos)
+    if want_ms:
+        produced_ms, pos = _read_long_slow(buf, pos)
+    else:
+        produced_ms, pos = 0, _skip_long(buf, pos)
     output_budget: int | None = None
     if buf[pos] == 0:
         pos += 1
@@ -619,13 +743,13 @@ def _read_item_rest(buf: bytes, pos: int) -> _ItemRest:
 def _read_item_body(buf: bytes, pos: int) -> tuple[TokenItemRecord, int]:
     """One TokenItem body at ``pos``; well-formed Avro, not yet checked by :func:`_check_item`."""
     item_id, job_id, model, pos = _read_item_lead(buf, pos)
-    shape, pos = _read_long_slow(buf, pos)  # a signature: almost always 9-10 bytes
+    shape, pos = _read_signature(buf, pos)
     token_count, start, end, components, produced_ms, output_budget, metadata, pos = _read_item_rest(buf, pos)
     rec = _new_item_record(
         item_id,
         job_id.decode("utf-8"),
         model.decode("utf-8"),
-        shape & 0xFFFFFFFFFFFFFFFF,
+        shape,
         token_count,
         buf[start:end],
         components,
@@ -845,12 +969,15 @@ _FASTAVRO_ERRORS = (EOFError, ValueError, IndexError, KeyError, TypeError, Overf
 # Top-level int and long fields per record, with their ranges: fastavro does not range-check
 # them (it writes any Python int as a varint), Java's reader would refuse what does not fit.
 _RANGES = {"int": (_INT_MIN, _INT_MAX), "long": (_LONG_MIN, _LONG_MAX)}
-_NUMBER_FIELDS = {
-    name: tuple(
-        (f["name"], *_RANGES[f["type"]]) for f in _PARSED[name]["fields"] if f["type"] in ("int", "long")
-    )
-    for name in RECORD_NAMES
-}
+
+
+def _number_fields(schema: Mapping[str, Any]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((f["name"], *_RANGES[f["type"]]) for f in schema["fields"] if f["type"] in ("int", "long"))
+
+
+_ITEM_OUTCOME = next(f for f in _PARSED["CompletionBatch"]["fields"] if f["name"] == "items")["type"]["items"]
+_NUMBER_FIELDS = {name: _number_fields(_PARSED[name]) for name in RECORD_NAMES}
+_NUMBER_FIELDS["ItemOutcome"] = _number_fields(_ITEM_OUTCOME)
 
 
 def _check_ints(name: str, record: Mapping[str, Any]) -> None:
@@ -919,6 +1046,107 @@ def decode_completion(value: bytes | bytearray | memoryview | None) -> Completio
 
 
 _COMPLETION_FIELDS = tuple(f["name"] for f in _PARSED["Completion"]["fields"])
+_STATUS_BYTES = {status: _long(i) for i, status in enumerate(STATUSES)}
+
+
+def _long_field(n: int, field: str) -> bytes:
+    if not _LONG_MIN <= n <= _LONG_MAX:
+        raise ValueError(f"{field}={n} does not fit an Avro long")
+    return _long(n)
+
+
+def _outcome_body(o: ItemOutcomeRecord) -> bytes:
+    """One ``ItemOutcome`` in Avro binary (hand-written, so a split knows each item's exact size)."""
+    status = _STATUS_BYTES.get(o.status)
+    if status is None:
+        raise ValueError(f"item {o.item_id!r}: completion status {o.status!r} is not one of {STATUSES}")
+    return b"".join(
+        (
+            _str(o.item_id),
+            status,
+            b"\x01" if o.cache_hit else b"\x00",
+            _str(o.job_id),
+            b"\x00" if o.reason is None else b"\x02" + _str(o.reason),
+            _int(o.input_tokens, "input_tokens"),
+            _int(o.output_tokens, "output_tokens"),
+            _bytes(bytes(o.output)),
+            _long_field(o.queued_ms, "queued_ms"),
+        )
+    )
+
+
+def _completion_batch_parts(rec: CompletionBatchRecord) -> tuple[bytes, list[bytes]]:
+    """The header and batch fields, and each item's body: what every split of ``rec`` is made of."""
+    lead = b"".join(
+        (
+            _COMPLETION_BATCH_HEADER,
+            _str(rec.batch_id),
+            _str(rec.consumer),
+            _str(rec.model),
+            _int(rec.padded_tokens, "padded_tokens"),
+            _long_field(rec.engine_ms, "engine_ms"),
+            _long_field(rec.completed_ms, "completed_ms"),
+        )
+    )
+    return lead, [_outcome_body(o) for o in rec.items]
+
+
+def _join_completion_batch(lead: bytes, bodies: Sequence[bytes]) -> bytes:
+    if not bodies:
+        return lead + b"\x00"
+    return b"".join((lead, _long(len(bodies)), *bodies, b"\x00"))
+
+
+def encode_completion_batch(rec: CompletionBatchRecord) -> bytes:
+    """One message. Raises ``ValueError`` for a status or number the schema cannot carry."""
+    lead, bodies = _completion_batch_parts(rec)
+    return _join_completion_batch(lead, bodies)
+
+
+def encode_completion_batches(rec: CompletionBatchRecord, max_bytes: int) -> list[bytes]:
+    """``rec`` as few messages of at most ``max_bytes`` each as its items fit in, items kept in order.
+
+    Each message is a whole ``CompletionBatch`` with ``rec``'s batch fields and a run of its items:
+    Kafka refuses a message over the topic's ``max.message.bytes``, and a batch of long outputs can
+    be larger than that. An item too large for a message of its own still travels alone (and is
+    refused by the broker, which the writer reports).
+    """
+    lead, bodies = _completion_batch_parts(rec)
+    messages: list[bytes] = []
+    run: list[bytes] = []
+    size = len(lead) + 1  # the array's closing zero
+    for body in bodies:
+        if run and size + len(body) + len(_long(len(run) + 1)) > max_bytes:
+            messages.append(_join_completion_batch(lead, run))
+            run, size = [], len(lead) + 1
+        run.append(body)
+        size += len(body)
+    messages.append(_join_completion_batch(lead, run))
+    return messages
+
+
+def decode_completion_batch(value: bytes | bytearray | memoryview | None) -> CompletionBatchRecord:
+    """A ``CompletionBatch`` (reference decoder, fastavro); the item ints are range-checked too."""
+    d = _fastavro_decode(value, "CompletionBatch")
+    try:
+        for o in d["items"]:
+            _check_ints("ItemOutcome", o)
+    except ValueError as exc:
+        raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
+    d["items"] = [ItemOutcomeRecord(**o) for o in d["items"]]
+    return CompletionBatchRecord(**d)
+
+
+def decode_completions(value: bytes | bytearray | memoryview | None) -> list[CompletionRecord]:
+    """Every completion a results message holds: a ``Completion`` (one) or a ``CompletionBatch``.
+
+    What every reader of the results topic should call, since consumers write either form (the
+    header tells them apart). Raises :class:`DecodeError` for anything else.
+    """
+    value = _as_bytes(value)
+    if value[:HEADER_SIZE] == _COMPLETION_BATCH_HEADER:
+        return decode_completion_batch(value).completions()
+    return [decode_completion(value)]
 
 
 def encode_contract(rec: ContractRecord) -> bytes:
@@ -1033,6 +1261,7 @@ _DECODERS: dict[str, Callable[[bytes], object]] = {
     "TokenItem": decode_token_item,
     "Batch": decode_batch,
     "Completion": decode_completion,
+    "CompletionBatch": decode_completion_batch,
     "ConsumerContract": decode_contract,
     "LedgerSnapshot": decode_ledger_snapshot,
     "DeadLetter": decode_dead_letter,

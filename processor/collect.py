@@ -7,6 +7,10 @@ Pieces, each with one job:
 * :class:`JobCollector` is one job's side: it takes the completions whose item ids are the job's,
   keeps the first per row in its :class:`~processor.journal.Journal`, and writes the output file from
   the journal joined with the dataset.
+* Results come in two forms (docs/wire-format.md): a ``Completion`` keyed by its item id, routed by
+  the key and decoded only when its job still needs the row, and a ``CompletionBatch`` keyed by its
+  batch id, whose items may belong to several jobs: it is decoded once and each completion routed by
+  its item id.
 * :class:`Collection` runs several collectors over one tail, so the collector service reads each
   completion once however many jobs are open.
 
@@ -27,7 +31,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from processor.codec import CompletionRecord, DecodeError, decode_completion
+from processor.codec import HEADER_SIZE, HEADERS, CompletionRecord, DecodeError, decode_completions
 from processor.datasets import Dataset, DatasetError, file_sha256, output_format, write_output
 from processor.jobs import JobRecord, JobSummary, RowResult, invalid_result, row_of, summarize
 from processor.journal import Journal
@@ -36,6 +40,12 @@ from processor.topics import TopicNames
 
 #: How far before a job's ``started_ms`` a fresh collect starts reading results.
 START_SLACK_MS = 10 * 60 * 1000
+_BATCH_HEADER = HEADERS["CompletionBatch"]
+
+
+def job_of(item: str) -> str:
+    """The job an item id belongs to (the part before the first colon)."""
+    return item.partition(":")[0]
 
 
 class CollectError(RuntimeError):
@@ -192,21 +202,32 @@ class JobCollector:
         return self.starts
 
     def offer(self, partition: int, offset: int, item: str, value: bytes | None) -> None:
-        """A message whose key names one of this job's items."""
-        if offset < self.starts.get(partition, 0):
-            return  # already accounted for by this job's checkpoint
-        row = row_of(self.job.name, item)
-        if row is None or row in self._bad or (self.job.is_submitted and row >= self.job.rows):
-            self.stray += 1
-            return
-        if row in self.journal.results:
+        """A message whose key names one of this job's items: decoded only if that row is still open."""
+        if self._open_row(partition, offset, item) is None:
             return
         try:
-            completion = decode_completion(value)
+            completions = decode_completions(value)
         except DecodeError:
             self.undecodable += 1
             return
-        self._pending.append(_row_result(row, completion))
+        for completion in completions:
+            self.take(partition, offset, completion)
+
+    def take(self, partition: int, offset: int, completion: CompletionRecord) -> None:
+        """A decoded completion of one of this job's items (from either form of results message)."""
+        row = self._open_row(partition, offset, completion.item_id)
+        if row is not None:
+            self._pending.append(_row_result(row, completion))
+
+    def _open_row(self, partition: int, offset: int, item: str) -> int | None:
+        """The row ``item`` names if this job still needs a result for it; counts stray item ids."""
+        if offset < self.starts.get(partition, 0):
+            return None  # already accounted for by this job's checkpoint
+        row = row_of(self.job.name, item)
+        if row is None or row in self._bad or (self.job.is_submitted and row >= self.job.rows):
+            self.stray += 1
+            return None
+        return None if row in self.journal.results else row
 
     def commit(self, positions: Mapping[int, int]) -> int:
         """Append what was offered and the new checkpoint to the journal; returns the new rows."""
@@ -289,13 +310,28 @@ class Collection:
             self.tail.assign(starts)
             self._reassign = False
         for msg in self.tail.drain(max_s):
+            value = msg.value()
+            if value is not None and value[:HEADER_SIZE] == _BATCH_HEADER:
+                self._offer_batch(*position(msg), value)
+                continue
             key = msg.key()
             item = key.decode("utf-8", "replace") if key else ""
-            collector = self.collectors.get(item.partition(":")[0])
+            collector = self.collectors.get(job_of(item))
             if collector is not None:
-                collector.offer(*position(msg), item, msg.value())
+                collector.offer(*position(msg), item, value)
         positions = self.tail.positions
         return sum(c.commit(positions) for c in self.collectors.values())
+
+    def _offer_batch(self, partition: int, offset: int, value: bytes) -> None:
+        """A CompletionBatch: its items may be several jobs', so it is routed item by item."""
+        try:
+            completions = decode_completions(value)
+        except DecodeError:
+            return  # keyed by a batch id: no job to count it against
+        for completion in completions:
+            collector = self.collectors.get(job_of(completion.item_id))
+            if collector is not None:
+                collector.take(partition, offset, completion)
 
     def close(self) -> None:
         for c in self.collectors.values():
@@ -324,17 +360,16 @@ def scan_progress(
     try:
         tail.assign(tail.offsets_at(min(j.started_ms for j in jobs.values()) - START_SLACK_MS))
         for msg in tail.drain(max_s):
-            item = (msg.key() or b"").decode("utf-8", "replace")
-            name = item.partition(":")[0]
-            rows = seen.get(name)
-            row = row_of(name, item) if rows is not None else None
-            if rows is None or row is None or row in rows:
-                continue
             try:
-                c = decode_completion(msg.value())
+                completions = decode_completions(msg.value())
             except DecodeError:
                 continue
-            rows[row] = (c.status == "ok", c.output_tokens)
+            for c in completions:
+                name = job_of(c.item_id)
+                rows = seen.get(name)
+                row = row_of(name, c.item_id) if rows is not None else None
+                if rows is not None and row is not None and row not in rows:
+                    rows[row] = (c.status == "ok", c.output_tokens)
     finally:
         tail.close()
     return {

@@ -223,6 +223,7 @@ class TransactionalCommitter(_Base):
         self._finished: list[str] = []
         self._progressed: set[str] = set()
         self._logged_batches: dict[str, _LoggedBatch] = {}
+        self._waiting = changelog.WaitingSets()
         self.in_transaction = False
 
     def start(self) -> None:
@@ -246,6 +247,10 @@ class TransactionalCommitter(_Base):
         item.logged = True
         item.home = home
 
+    def adopt_waiting(self, state: changelog.ChangelogState) -> None:
+        """The committed waiting sets restore read, so that later changes rewrite them."""
+        self._waiting.load(state)
+
     def adopt_batch(self, batch: Batch, partition: int, entry: changelog.BatchEntry) -> None:
         for item in batch.items:
             cast(IngestItem, item).home = partition  # if they go back to lanes, their records go here
@@ -258,6 +263,7 @@ class TransactionalCommitter(_Base):
         self._finished.clear()
         self._progressed.clear()
         self._logged_batches.clear()
+        self._waiting.clear()
 
     def item_seen(self, item: IngestItem) -> None:
         self._new_items.append(item)
@@ -283,20 +289,16 @@ class TransactionalCommitter(_Base):
 
     def _log_changes(self) -> None:
         cl = self.topics.changelog
+        waiting = self._waiting
         for item in self._new_items:
             if not item.dispatched and not item.logged:
-                self.produce(
-                    cl,
-                    changelog.PRESENT,
-                    changelog.waiting_key(item.partition, item.offset),
-                    partition=item.home,
-                )
+                waiting.add(item.home, item.partition, item.offset)
                 item.logged = True
         for batch, placement in self._emitted:
             items = cast(list[IngestItem], batch.items)
             for it in items:
                 if it.logged:
-                    self.produce(cl, None, changelog.waiting_key(it.partition, it.offset), partition=it.home)
+                    waiting.discard(it.home, it.partition, it.offset)
                     it.logged = False
             if self._is_in_flight(batch.batch_id):
                 entry = changelog.BatchEntry(
@@ -321,6 +323,8 @@ class TransactionalCommitter(_Base):
                 self.produce(cl, None, changelog.batch_key(batch_id), partition=logged.partition)
         for batch_id in self._progressed:
             self._log_batch(batch_id)
+        for home, key, value in waiting.flush():
+            self.produce(cl, value, key, partition=home)
         self._new_items.clear()
         self._emitted.clear()
         self._finished.clear()

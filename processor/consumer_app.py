@@ -1,4 +1,4 @@
-"""A GPU consumer app: read batches from its own topic, run an engine, write one Completion per item.
+"""A GPU consumer app: read batches from its own topic, run an engine, write the items' completions.
 
 Lifecycle of :meth:`ConsumerApp.run`:
 
@@ -8,13 +8,16 @@ Lifecycle of :meth:`ConsumerApp.run`:
 3. Read the batch topic in the group ``tokenfabric-consumer-<id>`` (``read_committed``, so batches of
    an aborted processor transaction are never run; no auto-commit).
 4. For each batch: decode it, check it against the consumer's *own* contract, run the engine, produce
-   one Completion per item to the results topic, flush, and only then commit the batch's offset.
+   its completions to the results topic, flush, and only then commit the batch's offset. By default
+   (``completions="batch"``) that is one ``CompletionBatch`` message keyed by ``batch_id``, split into
+   several only past ``MAX_COMPLETION_BYTES``; ``completions="item"`` writes one ``Completion`` per
+   item keyed by ``item_id``, for results readers that only understand that record.
 
 Delivery guarantee: **exactly-once** by default. A batch's completions and its batch-topic offset
 commit in one transaction (``transactional.id`` ``tokenfabric-consumer-<id>``), so a crash re-runs the
 batch and ``read_committed`` readers never see the first attempt's completions. With
 ``exactly_once=False`` (``--at-least-once``) completions are flushed before the offset moves: nothing
-is lost, and a crash between the two writes a batch's completions a second time (same ``item_id`` key,
+is lost, and a crash between the two writes a batch's completions a second time (same ``item_id``,
 same ``batch_id``: readers dedupe on the pair).
 
 What never happens silently: a batch that does not decode goes whole to the dead-letter topic (and
@@ -40,15 +43,20 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processor.codec import (
+    COMPLETION_FORMS,
     STATUSES,
     BatchRecord,
+    CompletionBatchRecord,
+    CompletionForm,
     CompletionRecord,
     ContractRecord,
     DeadLetterRecord,
     DecodeError,
     Status,
+    TokenItemRecord,
     decode_batch,
     encode_completion,
+    encode_completion_batches,
     encode_contract,
     encode_dead_letter,
 )
@@ -62,6 +70,9 @@ log = logging.getLogger("tokenfabric.consumer")
 
 #: Settings of the producer that writes completions, contracts and dead letters.
 PRODUCER_SETTINGS: dict[str, str] = {"enable.idempotence": "true", "acks": "all", "linger.ms": "5"}
+#: Most bytes of one CompletionBatch message: under Kafka's default 1 MB message limit (broker
+#: ``message.max.bytes``, producer ``message.max.bytes``), with room for the record batch overhead.
+MAX_COMPLETION_BYTES = 900_000
 
 
 class ConsumerAppError(RuntimeError):
@@ -137,7 +148,9 @@ class ConsumerApp:
     producer and admin client. ``max_batches`` stops after that many batches (tests);
     ``idle_exit_s`` stops after that long without a batch (the demo). ``on_batch`` is called after
     each batch is committed, with the stats so far (progress display, tests). ``on_engine`` is called
-    with the seconds the engine spent on each batch it ran (the metrics histogram).
+    with the seconds the engine spent on each batch it ran (the metrics histogram). ``completions``
+    is the form completions are written in (``batch`` or ``item``, see the module docstring), and
+    ``max_completion_bytes`` the size past which a batch's completions are split over messages.
     """
 
     def __init__(
@@ -154,7 +167,13 @@ class ConsumerApp:
         on_engine: Callable[[float], None] | None = None,
         exactly_once: bool = True,
         watchdog: CallWatchdog | None = None,
+        completions: CompletionForm = "batch",
+        max_completion_bytes: int = MAX_COMPLETION_BYTES,
     ) -> None:
+        if completions not in COMPLETION_FORMS:
+            raise ValueError(f"completions must be one of {', '.join(COMPLETION_FORMS)}, got {completions!r}")
+        if max_completion_bytes < 1:
+            raise ValueError(f"max_completion_bytes must be >= 1, got {max_completion_bytes}")
         if max_batches is not None and max_batches < 1:
             raise ValueError(f"max_batches must be >= 1, got {max_batches}")
         if idle_exit_s is not None and not idle_exit_s > 0:
@@ -170,6 +189,8 @@ class ConsumerApp:
         self.on_engine = on_engine
         self.exactly_once = exactly_once
         self.watchdog = watchdog
+        self.completions = completions
+        self.max_completion_bytes = max_completion_bytes
         self.batch_topic = topics.batches(contract.consumer)
         self.stats = ConsumerStats()
         self._producer: Producer | None = None
@@ -370,23 +391,29 @@ class ConsumerApp:
             engine_ms = round(engine_s * 1000)
             self._count_engine(batch, results, engine_s)
         completed_ms = _now_ms()
-        for item, result in zip(batch.items, results, strict=True):
-            rec = _completion(
-                batch,
-                item.item_id,
-                item.job_id,
-                item.token_count,
-                item.produced_ms,
-                result,
-                engine_ms,
-                completed_ms,
-            )
-            self._produce(self.topics.results, item.item_id.encode("utf-8"), encode_completion(rec))
+        records = [
+            _completion(batch, item, result, engine_ms, completed_ms)
+            for item, result in zip(batch.items, results, strict=True)
+        ]
+        self._write_completions(batch.batch_id, records)
+        for rec in records:
             self._count(rec.status)
         self.stats.items += len(batch.items)
         self.stats.engine_ms += engine_ms
         self._flush(f"completions of batch {batch.batch_id}")
         log.debug("batch %s: %d items, %d ms", batch.batch_id, len(batch.items), engine_ms)
+
+    def _write_completions(self, batch_id: str, records: list[CompletionRecord]) -> None:
+        """One batch's completions, in the app's form: a CompletionBatch (key ``batch_id``) or one
+        Completion per item (key ``item_id``). Either way they are produced, not yet flushed."""
+        results = self.topics.results
+        if self.completions == "item":
+            for rec in records:
+                self._produce(results, rec.item_id.encode("utf-8"), encode_completion(rec))
+            return
+        key = batch_id.encode("utf-8")
+        for value in encode_completion_batches(CompletionBatchRecord.of(records), self.max_completion_bytes):
+            self._produce(results, key, value)
 
     def _run_engine(self, batch: BatchRecord) -> list[ItemResult]:
         """The engine's results, or every item failed with why (see processor.engines)."""
@@ -487,26 +514,20 @@ def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:
 
 
 def _completion(
-    batch: BatchRecord,
-    item_id: str,
-    job_id: str,
-    input_tokens: int,
-    produced_ms: int,
-    result: ItemResult,
-    engine_ms: int,
-    completed_ms: int,
+    batch: BatchRecord, item: TokenItemRecord, result: ItemResult, engine_ms: int, completed_ms: int
 ) -> CompletionRecord:
     ok = result.status == "ok"
+    produced_ms = item.produced_ms
     queued = batch.created_ms - produced_ms if 0 < produced_ms <= batch.created_ms else 0
     return CompletionRecord(
-        item_id=item_id,
-        job_id=job_id,
+        item_id=item.item_id,
+        job_id=item.job_id,
         batch_id=batch.batch_id,
         consumer=batch.consumer,
         model=batch.model,
         status=result.status,
         reason=None if ok else (result.reason or result.status),
-        input_tokens=input_tokens,
+        input_tokens=item.token_count,
         output_tokens=result.output_tokens if ok else 0,
         padded_tokens=batch.padded_length,
         output=result.output if ok else b"",

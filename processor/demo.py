@@ -116,11 +116,11 @@ def read_back(conf: Mapping[str, str], topics: TopicNames, cards: Sequence[Card]
             shapes_seen.add(batch.shape)
         out.shapes[card.name] = len(shapes_seen)
     for msg in read_topic(conf, topics.results):
-        rec = codec.decode_completion(msg.value())
-        out.completed_ids[rec.item_id] += 1
-        if rec.status == "ok":
-            out.completed_ok += 1
-            out.completed_tokens += rec.input_tokens
+        for rec in codec.decode_completions(msg.value()):
+            out.completed_ids[rec.item_id] += 1
+            if rec.status == "ok":
+                out.completed_ok += 1
+                out.completed_tokens += rec.input_tokens
     return out
 
 

@@ -27,7 +27,7 @@ a mixed batch.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from .accounting import Ledger, LedgerImbalance
@@ -382,6 +382,54 @@ class Scheduler:
         del self._in_flight[batch_id]
         del state.in_flight[batch_id]
         return True
+
+    def items_done(
+        self, batch_id: str, results: Sequence[tuple[str, bool, bool]], now_ms: int
+    ) -> tuple[int, bool]:
+        """Several items of one batch came back (one results message: ``(item_id, ok, cache_hit)``).
+
+        Returns how many of them were outstanding (the rest are duplicates) and whether that
+        finished the batch. Same effect as :meth:`item_done` per item, with one ledger entry: the
+        common case, a whole batch answered in one message, costs no per-item bookkeeping."""
+        entry = self._in_flight.get(batch_id)
+        if entry is None:
+            return 0, False
+        state, flight = entry
+        batch = flight.batch
+        items = batch.items
+        answered: list[tuple[bool, Item]]
+        if (
+            flight.pending is None
+            and len(results) == len(items)
+            and all(r[0] == it.id for r, it in zip(results, items, strict=True))
+        ):
+            answered = [(r[1], it) for r, it in zip(results, items, strict=True)]
+            pending: dict[str, Item] = {}
+        else:
+            if flight.pending is None:
+                flight.pending = {it.id: it for it in items}
+            pending = flight.pending
+            answered = []
+            for item_id, ok, _hit in results:
+                found = pending.get(item_id)
+                if found is not None:
+                    del pending[item_id]
+                    answered.append((ok, found))
+        ok_items = ok_tokens = bad_items = bad_tokens = 0
+        for ok, item in answered:
+            if ok:
+                ok_items += 1
+                ok_tokens += item.length
+            else:
+                bad_items += 1
+                bad_tokens += item.length
+        if answered:
+            self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
+        if pending:
+            return len(answered), False
+        del self._in_flight[batch_id]
+        del state.in_flight[batch_id]
+        return len(answered), True
 
     def requeue(self, batch_id: str, now_ms: int) -> list[Item]:
         """Put a batch's outstanding items back in their lanes (their consumer will not finish them)."""

@@ -11,7 +11,8 @@ the same work with less:
   record, its boxed ints and its own copy of the model name are never built;
 * an item's bytes inside a batch are exactly its input message minus the 10-byte header, so
   :func:`codec.encode_batch` splices those kept bodies instead of re-encoding seven fields per item;
-* :func:`decode_completion_head` reads the five fields the processor uses from a completion.
+* :func:`decode_completions_head` reads the fields the processor uses from a results message: one
+  ``Completion``, or a ``CompletionBatch`` (one message per batch, walked item by item).
 """
 
 from __future__ import annotations
@@ -28,21 +29,21 @@ from .codec import (
     _finish,
     _item_problem,
     _Malformed,
-    _read_bytes,
+    _read_block_count,
     _read_int,
     _read_item_lead,
     _read_item_rest,
     _read_long,
-    _read_long_slow,
+    _read_signature,
+    _read_str,
     _read_union_index,
 )
 
 _TOKEN_ITEM = HEADERS["TokenItem"]
 _COMPLETION = HEADERS["Completion"]
+_COMPLETION_BATCH = HEADERS["CompletionBatch"]
 _MODELS: dict[bytes, str] = {}  # one str per model name, not one per item
 _MAX_MODELS = 4096
-_SHAPES: dict[int, int] = {}  # one boxed 64-bit int (36 bytes) per shape, not one per waiting item
-_MAX_SHAPES = 1 << 16
 
 
 class ItemHead(NamedTuple):
@@ -94,34 +95,60 @@ def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
     item_id, job_id, raw_model, pos = _read_item_lead(buf, pos)
     if job_id:
         job_id.decode("utf-8")  # validated, not kept: the consumer reads it from the body
-    shape, pos = _read_long_slow(buf, pos)
-    token_count, start, end, _components, _ms, output_budget, _metadata, pos = _read_item_rest(buf, pos)
-    shape &= 0xFFFFFFFFFFFFFFFF
-    shared = _SHAPES.get(shape)
-    if shared is not None:
-        shape = shared
-    elif len(_SHAPES) < _MAX_SHAPES:
-        _SHAPES[shape] = shape
+    shape, pos = _read_signature(buf, pos)
+    token_count, start, end, _parts, _ms, output_budget, _metadata, pos = _read_item_rest(buf, pos, False)
     head = ItemHead(item_id, _model(raw_model), shape, token_count, output_budget, buf[HEADER_SIZE:])
     return head, pos, end - start
 
 
-def _read_completion_lead(buf: bytes) -> tuple[str, str, str, int, int]:
-    """item_id, batch_id, consumer and status of a Completion, and the position after status."""
-    raw, pos = _read_bytes(buf, HEADER_SIZE)
-    item_id = raw.decode("utf-8")
-    raw, pos = _read_bytes(buf, pos)
-    raw.decode("utf-8")
-    raw, pos = _read_bytes(buf, pos)
-    batch_id = raw.decode("utf-8")
-    raw, pos = _read_bytes(buf, pos)
-    consumer = raw.decode("utf-8")
-    raw, pos = _read_bytes(buf, pos)
-    raw.decode("utf-8")
+def _read_status(buf: bytes, pos: int) -> tuple[int, int]:
     status, pos = _read_long(buf, pos)
     if not 0 <= status < len(codec.STATUSES):
         raise _Malformed(f"status symbol {status} does not exist")
+    return status, pos
+
+
+def _skip_reason(buf: bytes, pos: int) -> int:
+    """Past a ``reason`` (null or a string), checked but not kept."""
+    if buf[pos] == 0:
+        return pos + 1
+    branch, pos = _read_union_index(buf, pos)
+    if branch:
+        _reason, pos = _read_str(buf, pos)
+    return pos
+
+
+def _skip_bytes(buf: bytes, pos: int) -> int:
+    """Past a ``bytes`` field without copying it (an output can be kilobytes)."""
+    n, pos = _read_long(buf, pos)
+    end = pos + n
+    if n < 0 or end > len(buf):
+        raise _Malformed(f"length {n} at offset {pos} runs past the end ({len(buf)} bytes)")
+    return end
+
+
+def _read_completion_lead(buf: bytes) -> tuple[str, str, str, int, int]:
+    """item_id, batch_id, consumer and status of a Completion, and the position after status."""
+    item_id, pos = _read_str(buf, HEADER_SIZE)
+    _job_id, pos = _read_str(buf, pos)
+    batch_id, pos = _read_str(buf, pos)
+    consumer, pos = _read_str(buf, pos)
+    _name, pos = _read_str(buf, pos)
+    status, pos = _read_status(buf, pos)
     return item_id, batch_id, consumer, status, pos
+
+
+def _completion_head(value: bytes) -> CompletionHead:
+    """:func:`decode_completion_head` of a message whose header is Completion's."""
+    try:
+        item_id, batch_id, consumer, status, pos = _read_completion_lead(value)
+        flag = value[-1]
+        # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3), flag (1)
+        if flag > 1 or len(value) - pos < 9:
+            raise _Malformed("the record does not end in a boolean")
+    except _MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
+    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
 
 
 def decode_completion_head(value: bytes | bytearray | memoryview | None) -> CompletionHead:
@@ -135,15 +162,7 @@ def decode_completion_head(value: bytes | bytearray | memoryview | None) -> Comp
     value = codec._as_bytes(value)
     if value[:HEADER_SIZE] != _COMPLETION:
         _check_header(value, "Completion")
-    try:
-        item_id, batch_id, consumer, status, pos = _read_completion_lead(value)
-        flag = value[-1]
-        # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3), flag (1)
-        if flag > 1 or len(value) - pos < 9:
-            raise _Malformed("the record does not end in a boolean")
-    except _MALFORMED as exc:
-        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
-    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
+    return _completion_head(value)
 
 
 def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) -> CompletionHead:
@@ -154,16 +173,10 @@ def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) 
     try:
         buf = value
         item_id, batch_id, consumer, status, pos = _read_completion_lead(buf)
-        if buf[pos] == 0:
-            pos += 1
-        else:
-            branch, pos = _read_union_index(buf, pos)
-            if branch:
-                raw, pos = _read_bytes(buf, pos)
-                raw.decode("utf-8")
+        pos = _skip_reason(buf, pos)
         for _field in ("input_tokens", "output_tokens", "padded_tokens"):
             _n, pos = _read_int(buf, pos)
-        _output, pos = _read_bytes(buf, pos)
+        pos = _skip_bytes(buf, pos)
         for _field in ("queued_ms", "engine_ms", "completed_ms"):
             _n, pos = _read_long(buf, pos)
         flag = buf[pos]
@@ -174,3 +187,90 @@ def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) 
         raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
     _finish(value, pos, "Completion")
     return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
+
+
+class CompletionsHead(NamedTuple):
+    """What the processor applies a results message with, whichever form it has.
+
+    ``items`` holds ``(item_id, ok, cache_hit)`` per item: plain tuples, measured cheaper to build
+    and unpack than one :class:`CompletionHead` per item (docs/wire-format.md).
+    """
+
+    batch_id: str
+    consumer: str
+    items: list[tuple[str, bool, bool]]
+
+
+def decode_completions_head(value: bytes | bytearray | memoryview | None) -> CompletionsHead:
+    """The processor's reading of a results message: a ``Completion`` or a ``CompletionBatch``.
+
+    A batch is walked to its end (its items are what the processor needs) and checked as
+    :func:`codec.decode_completions` checks it: what that decoder refuses, this one refuses too
+    (it is stricter where fastavro is lax: over-long varints, negative indexes, boolean bytes).
+    A single ``Completion`` is read as :func:`decode_completion_head` reads it.
+    """
+    value = codec._as_bytes(value)
+    header = value[:HEADER_SIZE]
+    if header == _COMPLETION_BATCH:
+        try:
+            head, pos = _read_batch_head(value)
+        except _MALFORMED as exc:
+            raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
+        _finish(value, pos, "CompletionBatch")
+        return head
+    if header != _COMPLETION:
+        _check_header(value, "Completion")
+    one = _completion_head(value)
+    return CompletionsHead(one.batch_id, one.consumer, [(one.item_id, one.ok, one.cache_hit)])
+
+
+# The usual one-byte encodings, tested before calling a reader: a function call per field is most
+# of the cost of walking an item. A byte under 0x80 is a whole varint, and any one-byte varint fits
+# an int; the zigzag of the status index 0, 1, 2 is the byte 0, 2, 4.
+_STATUS_BYTE = {2 * i: i for i in range(len(codec.STATUSES))}
+
+
+def _read_batch_head(buf: bytes) -> tuple[CompletionsHead, int]:
+    batch_id, pos = _read_str(buf, HEADER_SIZE)
+    consumer, pos = _read_str(buf, pos)
+    _name, pos = _read_str(buf, pos)
+    _padded, pos = _read_int(buf, pos)
+    _engine_ms, pos = _read_long(buf, pos)
+    _completed_ms, pos = _read_long(buf, pos)
+    items: list[tuple[str, bool, bool]] = []
+    append = items.append
+    count, pos = _read_block_count(buf, pos)
+    while count:
+        for _ in range(count):
+            item_id, pos = _read_str(buf, pos)
+            status = _STATUS_BYTE.get(buf[pos])
+            if status is None:
+                status, pos = _read_status(buf, pos)
+            else:
+                pos += 1
+            flag = buf[pos]
+            if flag > 1:
+                raise _Malformed(f"boolean byte {flag}")
+            append((item_id, status == 0, flag == 1))
+            pos = _skip_outcome_rest(buf, pos + 1)
+        count, pos = _read_block_count(buf, pos)
+    return CompletionsHead(batch_id, consumer, items), pos
+
+
+def _skip_outcome_rest(buf: bytes, pos: int) -> int:
+    """Past an ItemOutcome's fields after ``cache_hit``: job_id, reason, two ints, output, queued_ms."""
+    if buf[pos] == 0:  # no job_id
+        pos += 1
+    else:
+        _job_id, pos = _read_str(buf, pos)
+    pos = _skip_reason(buf, pos)
+    for _field in ("input_tokens", "output_tokens"):
+        if buf[pos] < 0x80:
+            pos += 1
+        else:
+            _n, pos = _read_int(buf, pos)
+    pos = _skip_bytes(buf, pos)
+    if buf[pos] < 0x80:  # queued_ms
+        return pos + 1
+    _queued_ms, pos = _read_long(buf, pos)
+    return pos

@@ -77,9 +77,15 @@ class PartitionHandover:
     def _take_over(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
         """Restore the lanes and in-flight batches of ``partitions``, now this instance's."""
         self.restoring_since_s = self._clock()
+        # Restore builds millions of objects and no reference cycles: a collection in the middle
+        # walks everything restored so far and frees nothing (a tenth of restore time when it ran).
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             self._restore_partitions(committer, partitions)
         finally:
+            if collecting:
+                gc.enable()
             self.restoring_since_s = None
             self.last_step_s = self._clock()
 
@@ -94,6 +100,7 @@ class PartitionHandover:
             item = IngestItem(state.records[ref], now, *ref)
             committer.adopt(item, home)
             self.core.adopt_waiting(item, now)
+        committer.adopt_waiting(state.changelog)
         rewind: dict[int, int] = {}
         for batch_id, entry in state.changelog.batches.items():
             batch = self._rebuilt_batch(state, batch_id)

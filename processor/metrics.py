@@ -62,7 +62,10 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
         "tokenfabric_batches_delivered_total",
         "Batches the broker acknowledged (their items' ingest offsets are then safe to commit).",
     ),
-    "completions": ("tokenfabric_completions_total", "Completion records read from the results topic."),
+    "completions": (
+        "tokenfabric_completions_total",
+        "Item completions read from the results topic (a CompletionBatch counts each item).",
+    ),
     "unknown_completions": (
         "tokenfabric_completions_unknown_total",
         "Completions of batches this processor incarnation does not know (duplicates, earlier runs).",

@@ -22,7 +22,7 @@ from . import codec
 from .changelog import ChangelogState
 from .contract import Contract
 from .fastpath import ItemHead, decode_item_head
-from .replay import partitions_of, position, read_topic
+from .replay import partitions_of, read_topic
 from .topics import TopicNames
 
 log = logging.getLogger("tokenfabric.restore")
@@ -103,7 +103,7 @@ def restore(
             first[partition] = min(offset, first.get(partition, offset))
         stops = {p: committed.get(p, 0) for p in first}
         for msg in read_topic(conf, topics.ingest, first, stops):
-            ref = position(msg)
+            ref = (msg.partition(), msg.offset())  # both always set on a consumed message
             if ref in refs:
                 records[ref] = decode_item_head(msg.value())
         missing = refs - records.keys()

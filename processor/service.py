@@ -39,7 +39,7 @@ from .commit import AtLeastOnceCommitter, Committer, IngestItem, Placement, Tran
 from .contract import Contract
 from .credits import CreditBook
 from .dispatch import DispatchSettings, Scheduler
-from .fastpath import decode_completion_head, decode_item_head
+from .fastpath import decode_completions_head, decode_item_head
 from .handover import PartitionHandover
 from .item import Batch
 from .lanes import LaneSettings
@@ -407,31 +407,35 @@ class ProcessorService(PartitionHandover):
         log.info("contract %s", rec.contract)
 
     def _completion(self, msg: Any, now: int) -> None:
+        """Apply a results message: one item's completion, or several items of one batch."""
         try:
-            rec = decode_completion_head(msg.value())
+            head = decode_completions_head(msg.value())
         except codec.DecodeError as exc:
             log.error("results: undecodable completion at %d: %s", msg.offset(), exc)
             return
-        self.counters.completions += 1
         partition, offset = msg.partition(), msg.offset()
         replay = offset < self._results_seen.get(partition, 0)
         self._results_pos[partition] = offset + 1
         if not replay:
             self._results_seen[partition] = offset + 1
-        hit = self._cache_hit.setdefault(rec.batch_id, rec.cache_hit)
-        done = self.core.item_done(rec.batch_id, rec.item_id, rec.ok, now)
-        if done is None:
+        batch_id, items, counters = head.batch_id, head.items, self.counters
+        counters.completions += len(items)  # items, not messages: a message may hold a whole batch
+        applied, finished = self.core.items_done(batch_id, items, now)
+        if applied < len(items):
             if replay:
-                self.counters.replayed_completions += 1
+                counters.replayed_completions += len(items) - applied
             else:
-                self.counters.unknown_completions += 1
-        elif done:
-            self.core.ledger.cache(rec.consumer, hit)
-            self._cache_hit.pop(rec.batch_id, None)
-            self.credits.free(rec.batch_id)
-            self.committer.batch_finished(rec.batch_id)
+                counters.unknown_completions += len(items) - applied
+        if not applied:
+            return
+        hit = self._cache_hit.setdefault(batch_id, items[0][2])  # the batch's first answer says
+        if finished:
+            self.core.ledger.cache(head.consumer, hit)
+            del self._cache_hit[batch_id]
+            self.credits.free(batch_id)
+            self.committer.batch_finished(batch_id)
         else:
-            self.committer.batch_progress(rec.batch_id)
+            self.committer.batch_progress(batch_id)
 
     def _send_batch(self, batch: Batch) -> None:
         placement = None

@@ -15,6 +15,7 @@ from pathlib import Path
 from processor import codec
 from processor.audit import audit
 from processor.cardmodel import CardSpec
+from processor.codec import CompletionForm
 from processor.consumer_app import ConsumerApp
 from processor.contract import Contract
 from processor.demo import Pipeline, child_env
@@ -108,10 +109,14 @@ class Rig:
 
 @contextmanager
 def running_rig(
-    kafka_bootstrap: str, tmp_path: Path, ingest_partitions: int = 3, consumer_threads: bool = True
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    ingest_partitions: int = 3,
+    consumer_threads: bool = True,
+    completions: CompletionForm = "batch",
 ) -> Iterator[Rig]:
-    """Topics and (unless ``consumer_threads`` is False) two consumer apps in threads; processors are
-    the test's to spawn."""
+    """Topics and (unless ``consumer_threads`` is False) two consumer apps in threads, writing their
+    completions in the ``completions`` form; processors are the test's to spawn."""
     conf = {"bootstrap.servers": kafka_bootstrap}
     topics = TopicNames(f"f{uuid.uuid4().hex[:8]}")
     create_topics(
@@ -121,7 +126,12 @@ def running_rig(
     stop = threading.Event()
     apps = [
         ConsumerApp(
-            conf, topics, c, SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0), poll_timeout_s=0.05
+            conf,
+            topics,
+            c,
+            SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0),
+            poll_timeout_s=0.05,
+            completions=completions,
         )
         for c in (CARDS if consumer_threads else ())
     ]
@@ -155,7 +165,7 @@ def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:
             dispatched.update(it.item_id for it in batch.items)
     completed: Counter[str] = Counter()
     for msg in read_topic(rig.conf, rig.topics.results):
-        completed[codec.decode_completion(msg.value()).item_id] += 1
+        completed.update(c.item_id for c in codec.decode_completions(msg.value()))
     assert set(dispatched) == ids, f"{len(ids - set(dispatched))} never dispatched"
     assert max(dispatched.values()) == 1, (
         f"dispatched twice: {[k for k, v in dispatched.items() if v > 1][:5]}"

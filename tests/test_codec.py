@@ -6,6 +6,7 @@ same errors in), and the header against fastavro's and the Avro spec's own finge
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pickle
@@ -21,10 +22,12 @@ from hypothesis import strategies as st
 from processor import codec, jobs_codec
 from processor.codec import (
     BatchRecord,
+    CompletionBatchRecord,
     CompletionRecord,
     ContractRecord,
     DeadLetterRecord,
     DecodeError,
+    ItemOutcomeRecord,
     LedgerSnapshotRecord,
     TokenItemRecord,
 )
@@ -134,6 +137,23 @@ def test_batch_reuses_token_item_by_name() -> None:
     assert items["type"] == {"type": "array", "items": "tokenfabric.TokenItem"}
     # ... and the canonical form (hence the fingerprint) inlines the full TokenItem definition.
     assert codec.CANONICAL_FORMS["TokenItem"] in codec.CANONICAL_FORMS["Batch"]
+
+
+def test_completion_batch_defines_the_same_status_enum_and_documents_its_item_fields() -> None:
+    raw = json.loads((ROOT / "schemas" / "CompletionBatch.avsc").read_text(encoding="utf-8"))
+    outcome = next(f for f in raw["fields"] if f["name"] == "items")["type"]["items"]
+    assert outcome["doc"] and all(f["doc"].strip() for f in outcome["fields"])
+    single = json.loads((ROOT / "schemas" / "Completion.avsc").read_text(encoding="utf-8"))
+
+    def status(fields: list[dict[str, Any]]) -> Any:
+        return next(f for f in fields if f["name"] == "status")["type"]
+
+    assert status(outcome["fields"]) == status(single["fields"])
+    # every field of a Completion is in the batch form, once: at batch level or per item
+    names = [f["name"] for f in raw["fields"] if f["name"] != "items"] + [
+        f["name"] for f in outcome["fields"]
+    ]
+    assert sorted(names) == sorted(f["name"] for f in single["fields"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -548,6 +568,122 @@ def test_completion_refuses_unknown_status_and_int_overflow() -> None:
         codec.encode_completion(completion_rec(input_tokens=1 << 31))
 
 
+def batch_of(*records: CompletionRecord) -> CompletionBatchRecord:
+    return CompletionBatchRecord.of(records)
+
+
+BATCH_COMPLETIONS = [
+    completion_rec(),
+    completion_rec(
+        item_id="item-2", job_id="", status="failed", reason="engine OOM", output=b"", cache_hit=False
+    ),
+    completion_rec(item_id="item-3", status="rejected", reason="contract: too long", output_tokens=0),
+]
+
+
+def completion_batch_dict(rec: CompletionBatchRecord) -> dict[str, Any]:
+    return dataclasses.asdict(rec)
+
+
+@pytest.mark.parametrize("records", [BATCH_COMPLETIONS, BATCH_COMPLETIONS[:1]], ids=["three", "one"])
+def test_completion_batch_round_trip(records: list[CompletionRecord]) -> None:
+    rec = batch_of(*records)
+    assert [o.item_id for o in rec.items] == [r.item_id for r in records]
+    value = codec.encode_completion_batch(rec)
+    assert codec.schema_of(value) == "CompletionBatch"
+    assert value == fastavro_message("CompletionBatch", completion_batch_dict(rec))
+    assert codec.decode_completion_batch(value) == rec
+    assert codec.decode_any(value) == rec
+    assert codec.decode_completions(value) == records
+    assert rec.completions() == records
+
+
+def test_an_empty_completion_batch_round_trips() -> None:
+    rec = CompletionBatchRecord(batch_id="b", consumer="c", model="m", completed_ms=1, items=[])
+    assert codec.decode_completions(codec.encode_completion_batch(rec)) == []
+
+
+def test_decode_completions_reads_either_form_and_refuses_the_rest() -> None:
+    single = completion_rec()
+    assert codec.decode_completions(codec.encode_completion(single)) == [single]
+    assert codec.decode_completions(codec.encode_completion_batch(batch_of(single))) == [single]
+    assert reason_of(codec.decode_completions, codec.encode_token_item(item())) == "unknown-schema"
+    assert reason_of(codec.decode_completions, b"{}") == "bad-magic"
+    assert reason_of(codec.decode_completions, None) == "bad-magic"
+    value = codec.encode_completion_batch(batch_of(*BATCH_COMPLETIONS))
+    assert reason_of(codec.decode_completions, value[:-1]) == "avro-decode"
+    assert reason_of(codec.decode_completions, value + b"\x00") == "trailing-bytes"
+
+
+def test_completion_batch_takes_its_fields_from_completions_of_one_batch() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        CompletionBatchRecord.of([])
+    with pytest.raises(ValueError, match=r"'item-2': batch_id='b-2', its batch's first completion has 'b-1'"):
+        batch_of(completion_rec(), completion_rec(item_id="item-2", batch_id="b-2"))
+    with pytest.raises(ValueError, match="engine_ms"):
+        batch_of(completion_rec(), completion_rec(item_id="item-2", engine_ms=1))
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"status": "maybe"}, "status 'maybe'"),
+        ({"input_tokens": 1 << 31}, "input_tokens"),
+        ({"output_tokens": -(1 << 31) - 1}, "output_tokens"),
+        ({"queued_ms": 1 << 63}, "queued_ms"),
+    ],
+)
+def test_completion_batch_refuses_unknown_status_and_int_overflow(
+    changes: dict[str, Any], match: str
+) -> None:
+    rec = batch_of(*BATCH_COMPLETIONS)
+    items = [dataclasses.replace(rec.items[0], **changes), *rec.items[1:]]
+    with pytest.raises(ValueError, match=match):
+        codec.encode_completion_batch(dataclasses.replace(rec, items=items))
+    with pytest.raises(ValueError, match="padded_tokens"):
+        codec.encode_completion_batch(dataclasses.replace(rec, padded_tokens=1 << 31))
+    with pytest.raises(ValueError, match="completed_ms"):
+        codec.encode_completion_batch(dataclasses.replace(rec, completed_ms=-(1 << 63) - 1))
+
+
+def test_decode_completion_batch_refuses_an_item_int_out_of_range() -> None:
+    d = completion_batch_dict(batch_of(completion_rec()))
+    d["items"][0]["input_tokens"] = 1 << 40  # fastavro writes any int as a varint
+    value = fastavro_message("CompletionBatch", d)
+    with pytest.raises(DecodeError, match=r"ItemOutcome\.input_tokens") as info:
+        codec.decode_completions(value)
+    assert info.value.reason == "avro-decode"
+
+
+def split_sizes(rec: CompletionBatchRecord, max_bytes: int) -> list[bytes]:
+    """The split messages, each checked: under the limit (or one item alone), same batch fields, and
+    as full as the limit allows (the next message's first item would not have fitted)."""
+    messages = codec.encode_completion_batches(rec, max_bytes)
+    parts = [codec.decode_completion_batch(value) for value in messages]
+    for value, part, after in zip(messages, parts, [*parts[1:], None], strict=True):
+        assert len(value) <= max_bytes or len(part.items) <= 1, (len(value), max_bytes)
+        assert dataclasses.replace(part, items=[]) == dataclasses.replace(rec, items=[])
+        if after is not None:
+            fuller = dataclasses.replace(part, items=[*part.items, after.items[0]])
+            assert len(codec.encode_completion_batch(fuller)) > max_bytes
+    assert [c for value in messages for c in codec.decode_completions(value)] == rec.completions()
+    return messages
+
+
+def test_a_batch_too_large_for_one_message_is_split_in_item_order() -> None:
+    outputs = [bytes([n]) * size for n, size in enumerate([400, 300, 300, 920, 10, 10, 500])]
+    records = [completion_rec(item_id=f"item-{n}", output=out) for n, out in enumerate(outputs)]
+    rec = batch_of(*records)
+    whole = codec.encode_completion_batch(rec)
+    assert codec.encode_completion_batches(rec, len(whole)) == [whole]  # fits: one message, the same bytes
+    messages = split_sizes(rec, 1000)
+    # in order, as full as fits: 400+300 | 300 | 920 | 10+10+500 (an item is its output and ~25 bytes)
+    assert [len(codec.decode_completion_batch(v).items) for v in messages] == [2, 1, 1, 3]
+    alone = split_sizes(rec, 600)  # the 920-byte output cannot fit: it travels alone, over the limit
+    assert any(len(v) > 600 for v in alone)
+    assert len(split_sizes(rec, 1)) == len(records)  # a limit below any item: one message per item
+
+
 def test_contract_round_trip() -> None:
     rec = ContractRecord(Contract("gpu-0", "llama-3-8b", 8192, 64, pad_multiple=16, max_inflight=3), 1234)
     value = codec.encode_contract(rec)
@@ -605,13 +741,22 @@ def test_dead_letter_round_trip(key: bytes | None) -> None:
     assert original in value
 
 
-@pytest.mark.parametrize(
-    "decoder",
-    [codec.decode_completion, codec.decode_contract, codec.decode_ledger_snapshot, codec.decode_dead_letter],
-)
+OTHER_DECODERS = [
+    codec.decode_completion,
+    codec.decode_completion_batch,
+    codec.decode_completions,
+    codec.decode_contract,
+    codec.decode_ledger_snapshot,
+    codec.decode_dead_letter,
+]
+
+
+@pytest.mark.parametrize("decoder", OTHER_DECODERS)
 def test_other_records_reject_like_token_items(decoder: Any) -> None:
     name = {
         codec.decode_completion: "Completion",
+        codec.decode_completion_batch: "CompletionBatch",
+        codec.decode_completions: "CompletionBatch",
         codec.decode_contract: "ConsumerContract",
         codec.decode_ledger_snapshot: "LedgerSnapshot",
         codec.decode_dead_letter: "DeadLetter",
@@ -672,6 +817,28 @@ completions = st.builds(
     completed_ms=int64,
     cache_hit=st.booleans(),
 )
+outcomes = st.builds(
+    ItemOutcomeRecord,
+    item_id=text,
+    status=st.sampled_from(codec.STATUSES),
+    cache_hit=st.booleans(),
+    job_id=text,
+    reason=st.none() | text,
+    input_tokens=int32,
+    output_tokens=int32,
+    output=st.binary(max_size=40),
+    queued_ms=int64,
+)
+completion_batches = st.builds(
+    CompletionBatchRecord,
+    batch_id=text,
+    consumer=text,
+    model=text,
+    padded_tokens=int32,
+    engine_ms=int64,
+    completed_ms=int64,
+    items=st.lists(outcomes, max_size=5),
+)
 counter_maps = st.dictionaries(text, int64, max_size=4)
 snapshots = st.builds(
     LedgerSnapshotRecord,
@@ -717,10 +884,24 @@ def test_valid_batches_round_trip(records: list[TokenItemRecord], shape: int, la
     assert codec.decode_batch(value) == batch_records(batch)
 
 
-@given(st.one_of(completions, snapshots, dead_letters, contracts))
+@given(completion_batches)
+def test_valid_completion_batches_round_trip_and_match_fastavros_bytes(rec: CompletionBatchRecord) -> None:
+    value = codec.encode_completion_batch(rec)
+    assert value == fastavro_message("CompletionBatch", completion_batch_dict(rec))
+    assert codec.decode_completion_batch(value) == rec
+    assert codec.decode_completions(value) == rec.completions()
+
+
+@given(completion_batches, st.integers(1, 400))
+def test_any_split_keeps_every_item_once_in_order(rec: CompletionBatchRecord, max_bytes: int) -> None:
+    split_sizes(rec, max_bytes)
+
+
+@given(st.one_of(completions, completion_batches, snapshots, dead_letters, contracts))
 def test_other_valid_records_round_trip(rec: Any) -> None:
     encode: Any = {
         CompletionRecord: codec.encode_completion,
+        CompletionBatchRecord: codec.encode_completion_batch,
         LedgerSnapshotRecord: codec.encode_ledger_snapshot,
         DeadLetterRecord: codec.encode_dead_letter,
         ContractRecord: codec.encode_contract,
@@ -732,10 +913,7 @@ ALL_DECODERS = [
     codec.decode_token_item,
     codec.decode_token_item_fastavro,
     codec.decode_batch,
-    codec.decode_completion,
-    codec.decode_contract,
-    codec.decode_ledger_snapshot,
-    codec.decode_dead_letter,
+    *OTHER_DECODERS,
     codec.decode_any,
     codec.schema_of,
 ]
@@ -771,7 +949,12 @@ def outcome(decoder: Any, value: bytes) -> Any:
 @st.composite
 def mutated_items(draw: st.DrawFn) -> bytes:
     """A valid TokenItem message with a few bytes changed, cut, or added after the header."""
-    value = bytearray(codec.encode_token_item(draw(token_items())))
+    return damage(draw, codec.encode_token_item(draw(token_items())))
+
+
+def damage(draw: st.DrawFn, message: bytes) -> bytes:
+    """``message`` with a few bytes changed, cut, or added after the header."""
+    value = bytearray(message)
     for _ in range(draw(st.integers(1, 3))):
         action = draw(st.sampled_from(["flip", "cut", "insert", "delete"]))
         at = draw(st.integers(codec.HEADER_SIZE, len(value)))

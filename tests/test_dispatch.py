@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from processor.accounting import LedgerImbalance
 from processor.dispatch import DispatchSettings, InvariantViolation, Scheduler, check_batch
@@ -421,4 +423,51 @@ def test_scheduler_without_consumers_holds_items() -> None:
     submit_all(sched, make_items([100, 200]))
     assert sched.dispatch(0) == []
     assert sched.table.waiting_items == 2
+    sched.check()
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=6),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_items_done_agrees_with_item_done_one_by_one(messages: list[list[tuple[int, bool]]]) -> None:
+    """Whatever results messages arrive (parts of the batch, repeats, strangers: index 5), applying
+    each with ``items_done`` leaves the same ledger and slots as ``item_done`` per item."""
+    twins = []
+    for _ in range(2):
+        sched = make_scheduler(make_contract(inflight=1))
+        items = submit_all(sched, make_items([100, 101, 102, 103, 104], id=None))
+        (batch,) = sched.dispatch(0)
+        twins.append((sched, batch, items))
+    (one, batch1, _), (many, batch2, _) = twins
+    ids1 = [it.id for it in batch1.items] + ["stranger"]
+    ids2 = [it.id for it in batch2.items] + ["stranger"]
+    for message in messages:
+        expect_applied, expect_finished = 0, False
+        for index, ok in message:
+            done = one.item_done(batch1.batch_id, ids1[index], ok, 1)
+            expect_applied += done is not None
+            expect_finished = expect_finished or bool(done)
+        results = [(ids2[index], ok, False) for index, ok in message]
+        assert many.items_done(batch2.batch_id, results, 1) == (expect_applied, expect_finished)
+    for attr in ("completed", "failed", "in_flight"):
+        a, b = getattr(one.ledger.consumer("c"), attr), getattr(many.ledger.consumer("c"), attr)
+        assert (a.items, a.tokens) == (b.items, b.tokens), attr
+    assert one.consumers["c"].free_slots == many.consumers["c"].free_slots
+    one.check()
+    many.check()
+
+
+def test_a_whole_batch_in_one_message_finishes_it() -> None:
+    sched = make_scheduler(make_contract(inflight=1))
+    submit_all(sched, make_items([100, 100, 100]))
+    (batch,) = sched.dispatch(0)
+    results = [(it.id, i != 1, False) for i, it in enumerate(batch.items)]
+    assert sched.items_done(batch.batch_id, results, 1) == (3, True)
+    assert sched.items_done(batch.batch_id, results, 1) == (0, False)  # the message again
+    book = sched.ledger.consumer("c")
+    assert (book.completed.items, book.failed.items, book.in_flight.items) == (2, 1, 0)
     sched.check()

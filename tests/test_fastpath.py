@@ -10,9 +10,14 @@ from hypothesis import strategies as st
 
 from processor import codec
 from processor.codec import DecodeError, TokenItemRecord
-from processor.fastpath import decode_completion_head, decode_completion_head_strict, decode_item_head
+from processor.fastpath import (
+    decode_completion_head,
+    decode_completion_head_strict,
+    decode_completions_head,
+    decode_item_head,
+)
 from processor.item import Batch, Item
-from tests.test_codec import completions, mutated_items, token_items
+from tests.test_codec import completion_batches, completions, damage, mutated_items, token_items
 
 
 def outcome(decoder: Any, value: bytes) -> Any:
@@ -54,10 +59,16 @@ def test_damaged_items_are_refused_for_the_same_reason(value: bytes) -> None:
 @settings(max_examples=300)
 @given(st.binary(max_size=120))
 def test_random_bodies_raise_only_decode_error(body: bytes) -> None:
-    for header in (codec.HEADERS["TokenItem"], codec.HEADERS["Completion"], b""):
+    for header in (
+        codec.HEADERS["TokenItem"],
+        codec.HEADERS["Completion"],
+        codec.HEADERS["CompletionBatch"],
+        b"",
+    ):
         outcome(decode_item_head, header + body)
         outcome(decode_completion_head, header + body)
         outcome(decode_completion_head_strict, header + body)
+        outcome(decode_completions_head, header + body)
 
 
 @given(st.lists(token_items(), min_size=1, max_size=5), st.booleans())
@@ -107,3 +118,58 @@ def test_a_damaged_completion_is_refused_whenever_the_full_decoder_refuses_it(
         assert head == (full.item_id, full.batch_id, full.consumer, full.status == "ok", full.cache_hit)
     else:
         assert head == "avro-decode"
+
+
+def heads_of(records: list[codec.CompletionRecord]) -> tuple[str, str, list[tuple[str, bool, bool]]]:
+    """What :func:`decode_completions_head` should say of a message holding ``records``."""
+    first = records[0] if records else None
+    return (
+        first.batch_id if first else "",
+        first.consumer if first else "",
+        [(r.item_id, r.status == "ok", r.cache_hit) for r in records],
+    )
+
+
+@given(completions)
+def test_the_completions_head_of_one_completion_is_a_list_of_one(rec: codec.CompletionRecord) -> None:
+    value = codec.encode_completion(rec)
+    assert decode_completions_head(value) == heads_of(codec.decode_completions(value))
+
+
+@given(completion_batches)
+def test_the_completions_head_of_a_batch_matches_the_full_decoder(rec: codec.CompletionBatchRecord) -> None:
+    value = codec.encode_completion_batch(rec)
+    head = decode_completions_head(value)
+    assert head == (
+        rec.batch_id,
+        rec.consumer,
+        [(o.item_id, o.status == "ok", o.cache_hit) for o in rec.items],
+    )
+    if rec.items:
+        assert head == heads_of(codec.decode_completions(value))
+
+
+@st.composite
+def damaged_completion_batches(draw: st.DrawFn) -> bytes:
+    """A valid CompletionBatch (at least one item) with a few bytes changed, cut or added after the header."""
+    rec = draw(completion_batches.filter(lambda r: bool(r.items)))
+    return damage(draw, codec.encode_completion_batch(rec))
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_completion_batches())
+def test_a_damaged_completion_batch_is_refused_whenever_the_full_decoder_refuses_it(value: bytes) -> None:
+    """The batch head walks every field, so it refuses what :func:`codec.decode_completions` refuses,
+    and what it accepts it reads the same. It may refuse more, with avro-decode, where fastavro is
+    laxer than the spec (over-long varints, negative union or enum indexes, boolean bytes over 1)."""
+    full = outcome(codec.decode_completions, value)
+    head = outcome(decode_completions_head, value)
+    if isinstance(full, str):
+        assert isinstance(head, str), (full, head)
+        assert head in (full, "avro-decode"), (full, head)
+    elif isinstance(head, str):
+        assert head == "avro-decode", head
+    elif full:
+        assert head == heads_of(full)
+    else:
+        assert head.items == []

@@ -4,7 +4,8 @@ A processor and one simulated card run in threads of this process (as in test_pi
 commands run through ``processor.cli.main`` exactly as a person would type them. The scenario:
 
 1. submit 200 rows of which row 57 has no ``review`` column: 199 items, the bad row reported, exit 3;
-2. every item completes; then the results topic gets 10 duplicate completions and one stray one;
+2. every item completes; then the results topic gets 10 of its messages again (duplicates) and one
+   stray completion;
 3. ``collect --wait`` writes 200 rows: 199 ok, joined to their own input, and row 57 ``invalid``;
 4. a second collect (a restart) rewrites the same bytes; so does one after a crash that tore the
    journal's last line and lost its last 20 rows and checkpoint;
@@ -102,12 +103,14 @@ def _dataset(folder: Path) -> tuple[Path, Path, list[dict[str, object]]]:
     return data, template, rows
 
 
-def _results_for(conf: dict[str, str], topics: TopicNames, job: str) -> list[tuple[bytes, bytes]]:
-    return [
-        (m.key(), m.value())
-        for m in read_topic(conf, topics.results)
-        if (m.key() or b"").startswith(f"{job}:".encode())
-    ]
+def _results_for(conf: dict[str, str], topics: TopicNames, job: str) -> list[tuple[bytes, bytes, set[str]]]:
+    """Results messages holding completions of ``job``'s items (either form), with those item ids."""
+    found = []
+    for m in read_topic(conf, topics.results):
+        ids = {c.item_id for c in codec.decode_completions(m.value()) if c.item_id.startswith(f"{job}:")}
+        if ids:
+            found.append((m.key(), m.value(), ids))
+    return found
 
 
 def test_a_job_is_submitted_run_and_collected_once_per_row_across_restarts(
@@ -132,10 +135,10 @@ def test_a_job_is_submitted_run_and_collected_once_per_row_across_restarts(
 
     # 2. every item completes; then duplicates and a stray completion land on the results topic
     deadline = time.monotonic() + 60
-    while len({k for k, _ in _results_for(conf, topics, job)}) < ROWS - 1:
+    while len(set().union(*(ids for _, _, ids in _results_for(conf, topics, job)))) < ROWS - 1:
         assert time.monotonic() < deadline, "items did not all complete within 60 s"
         time.sleep(0.5)
-    replayed = _results_for(conf, topics, job)[:10]
+    replayed = [(key, value) for key, value, _ in _results_for(conf, topics, job)[:10]]
     stray = codec.encode_completion(
         codec.CompletionRecord(
             item_id=f"{job}:{ROWS + 5}",

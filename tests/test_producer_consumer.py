@@ -15,13 +15,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Message
 
 from processor import cli, codec
 from processor.cardmodel import CardSpec
-from processor.codec import BatchRecord, CompletionRecord, TokenItemRecord
+from processor.codec import BatchRecord, CompletionForm, CompletionRecord, TokenItemRecord
 from processor.consumer_app import ConsumerApp, contract_violation, group_id
 from processor.contract import Contract
 from processor.engines import Engine, ItemResult, make_engine
@@ -224,6 +225,7 @@ CARD = ["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "
         ([*CARD, "--max-batches", "0"], "--max-batches must be >= 1"),
         ([*CARD, "--engine-opt", "novalue"], "expected KEY=VALUE"),
         (["consumer", "--model", "m"], "the following arguments are required: --id"),
+        ([*CARD, "--completions", "each"], "argument --completions: invalid choice: 'each'"),
         (["produce", "--trace", "/nonexistent/trace.jsonl"], "no such file"),
         (["produce", "--trace", "x.jsonl", "--speed", "2", "--backlog"], "not allowed with argument"),
         (["produce", "--trace", "mooncake_synthetic", "--limit", "0"], "--limit must be >= 1"),
@@ -399,22 +401,101 @@ class _Exploding(Engine):
         self.closed = True
 
 
-def _completions(bootstrap: str, names: TopicNames, expected: int) -> dict[str, list[CompletionRecord]]:
+def _completions(bootstrap: str, names: TopicNames, messages: int) -> dict[str, list[CompletionRecord]]:
+    """The completions on the results topic by batch, read from (at least) ``messages`` messages: a
+    Completion keyed by its item id or a CompletionBatch keyed by its batch id."""
     by_batch: dict[str, list[CompletionRecord]] = {}
-    for msg in _read(bootstrap, names.results, expected):
-        rec = codec.decode_completion(msg.value())
-        assert msg.key() == rec.item_id.encode()
-        by_batch.setdefault(rec.batch_id, []).append(rec)
+    for msg in _read(bootstrap, names.results, messages):
+        records = codec.decode_completions(msg.value())
+        single = codec.schema_of(msg.value()) == "Completion"
+        assert msg.key() == (records[0].item_id if single else records[0].batch_id).encode()
+        for rec in records:
+            by_batch.setdefault(rec.batch_id, []).append(rec)
     return by_batch
 
 
+class _KeptProducer:
+    """Stands in for the app's Kafka producer: keeps what is produced, delivers all of it at once."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: object = None) -> None:
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+class _BatchMessage:
+    """The one method of a Kafka message that :meth:`ConsumerApp.handle` reads for a good batch."""
+
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+
+    def value(self) -> bytes:
+        return self._value
+
+
+@pytest.mark.parametrize(
+    ("completions", "max_bytes", "messages"),
+    [("batch", 900_000, 1), ("batch", 120, 3), ("item", 900_000, 5)],
+    ids=["batch", "batch-split", "item"],
+)
+def test_the_consumer_app_writes_a_batchs_completions_in_its_form(
+    completions: CompletionForm, max_bytes: int, messages: int
+) -> None:
+    """No broker: the app's producer is replaced and one batch of five items handed to ``handle``.
+    At 120 bytes a CompletionBatch holds two of these items, so the batch goes out in three."""
+    names = TopicNames("unit")
+    engine = SimEngine(CardSpec(), time_scale=0.0)
+    app = ConsumerApp(
+        {}, names, _contract("card-a"), engine, completions=completions, max_completion_bytes=max_bytes
+    )
+    kept = _KeptProducer()
+    app._producer = cast(Any, kept)
+    records = [_record(f"item-{n}", 8 + n, shape_signature(["s"])) for n in range(5)]
+    batch = codec.encode_batch(_batch("b-1", "card-a", records, padded_length=16))
+    app.handle(cast(Message, _BatchMessage(batch)))
+    assert len(kept.sent) == messages
+    done = [c for _topic, _key, value in kept.sent for c in codec.decode_completions(value)]
+    assert [c.item_id for c in done] == [r.item_id for r in records]  # every item once, in order
+    assert {(c.batch_id, c.consumer, c.padded_tokens, c.status) for c in done} == {
+        ("b-1", "card-a", 16, "ok")
+    }
+    form = "Completion" if completions == "item" else "CompletionBatch"
+    for topic, key, value in kept.sent:
+        first = codec.decode_completions(value)[0]
+        assert (topic, codec.schema_of(value)) == (names.results, form)
+        assert len(value) <= max_bytes
+        assert key == (first.item_id if completions == "item" else first.batch_id).encode()
+    assert (app.stats.items, app.stats.ok) == (5, 5)
+
+
+def test_the_consumer_app_refuses_an_unknown_completions_form() -> None:
+    engine = SimEngine(CardSpec(), time_scale=0.0)
+    with pytest.raises(ValueError, match="completions must be one of batch, item, got 'each'"):
+        ConsumerApp({}, TopicNames("unit"), _contract(), engine, completions=cast(Any, "each"))
+
+
 @pytest.mark.kafka
-def test_consumer_app_answers_every_item_then_commits(kafka_bootstrap: str, names: TopicNames) -> None:
+@pytest.mark.parametrize(("completions", "messages"), [("batch", 6), ("item", 9)])
+def test_consumer_app_answers_every_item_then_commits(
+    kafka_bootstrap: str, names: TopicNames, completions: CompletionForm, messages: int
+) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     contract = _contract("card-a", budget=256, items=4)
     engine = _Exploding()
-    app = ConsumerApp(_conf(kafka_bootstrap), names, contract, engine, max_batches=7, poll_timeout_s=0.2)
+    app = ConsumerApp(
+        _conf(kafka_bootstrap),
+        names,
+        contract,
+        engine,
+        max_batches=7,
+        poll_timeout_s=0.2,
+        completions=completions,
+    )
     assert app.ensure_topic() is True  # creates the batch topic ...
     assert app.ensure_topic() is False  # ... once
     shape, other_shape = shape_signature(["sys"]), shape_signature(["other"])
@@ -448,7 +529,7 @@ def test_consumer_app_answers_every_item_then_commits(kafka_bootstrap: str, name
     assert (stats.batches, stats.items, stats.dead_lettered) == (7, 9, 1)
     assert (stats.ok, stats.failed, stats.rejected) == (4, 3, 2)
 
-    done = _completions(kafka_bootstrap, names, 9)
+    done = _completions(kafka_bootstrap, names, messages)
     assert sum(len(v) for v in done.values()) == 9  # one completion per item, no more
     g1, g2 = done["good"]
     assert (g1.item_id, g1.status, g1.output, g1.output_tokens, g1.reason) == ("g1", "ok", b"sim:g1", 5, None)
@@ -578,7 +659,7 @@ def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, na
             ),
         )
         assert producer.flush(TIMEOUT_S) == 0
-        assert len(_completions(kafka_bootstrap, names, 2)["b1"]) == 2
+        assert len(_completions(kafka_bootstrap, names, 1)["b1"]) == 2  # one CompletionBatch message
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=TIMEOUT_S)
     finally:
