@@ -44,6 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from processor import codec
 from processor.consumer_app import MAX_COMPLETION_BYTES, PRODUCER_SETTINGS, contract_violation
 from processor.contract import Contract
+from processor.replay import read_topic
 from processor.service import ProcessorService, ProcessorSettings
 
 # The processor's client settings (processor/service.py, ProcessorService.__init__), repeated here so
@@ -458,7 +459,20 @@ def restore(a: dict[str, Any]) -> None:
     emit(result)
 
 
+def scan(a: dict[str, Any]) -> None:
+    """The read ceiling of a restore: every message of the ingest topic, read as restore reads them
+    (``replay.read_topic``, same consumer settings), each message's value touched and nothing else."""
+    conf = {"bootstrap.servers": a["bootstrap"]}
+    wall, cpu_s = time.perf_counter(), cpu()
+    count = size = 0
+    for msg in read_topic(conf, a["source"]):
+        count += 1
+        size += len(msg.value())
+    emit({"seconds": time.perf_counter() - wall, "cpu_s": cpu() - cpu_s, "messages": count, "bytes": size})
+
+
 ROLES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "scan": scan,
     "ceiling": ceiling,
     "processor": processor,
     "drainer": drainer,

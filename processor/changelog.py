@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 WAITING = b"W"
 WAITING_SET = b"S"
@@ -177,6 +179,23 @@ def _chunk_order(entry: tuple[ChunkId, bytes]) -> tuple[int, int]:
     return ingest, chunk
 
 
+class Placed(Protocol):
+    """A waiting item as the waiting sets see it (``commit.IngestItem`` is one)."""
+
+    @property
+    def home(self) -> int: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+
+
+class WaitingRef(NamedTuple):
+    home: int
+    partition: int
+    offset: int
+
+
 class WaitingSets:
     """The committed waiting items, kept as one bitmap per :data:`ChunkId`, and the chunks changed
     since the last :meth:`flush`. Adding or removing an item is a bit flip; a transaction writes one
@@ -190,22 +209,29 @@ class WaitingSets:
     def __len__(self) -> int:
         return sum(bin(int.from_bytes(bm, "little")).count("1") for bm in self._chunks.values())
 
-    def add(self, home: int, partition: int, offset: int) -> None:
-        cid = (home, partition, offset >> CHUNK_BITS)
-        bitmap = self._chunks.get(cid)
-        if bitmap is None:
-            bitmap = self._chunks[cid] = bytearray(_CHUNK_BYTES)
-        i = offset & _CHUNK_MASK
-        bitmap[i >> 3] |= 1 << (i & 7)
-        self._dirty.add(cid)
-
-    def discard(self, home: int, partition: int, offset: int) -> None:
-        cid = (home, partition, offset >> CHUNK_BITS)
-        bitmap = self._chunks.get(cid)
-        if bitmap is not None:
+    def add_all(self, items: Iterable[Placed]) -> None:
+        """Set the bit of each item (in bulk: the commit marks thousands of items at a time)."""
+        chunks, dirty = self._chunks, self._dirty
+        for it in items:
+            offset = it.offset
+            cid = (it.home, it.partition, offset >> CHUNK_BITS)
+            bitmap = chunks.get(cid)
+            if bitmap is None:
+                bitmap = chunks[cid] = bytearray(_CHUNK_BYTES)
             i = offset & _CHUNK_MASK
-            bitmap[i >> 3] &= ~(1 << (i & 7)) & 0xFF
-            self._dirty.add(cid)
+            bitmap[i >> 3] |= 1 << (i & 7)
+            dirty.add(cid)
+
+    def discard_all(self, items: Iterable[Placed]) -> None:
+        chunks, dirty = self._chunks, self._dirty
+        for it in items:
+            offset = it.offset
+            cid = (it.home, it.partition, offset >> CHUNK_BITS)
+            bitmap = chunks.get(cid)
+            if bitmap is not None:
+                i = offset & _CHUNK_MASK
+                bitmap[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+                dirty.add(cid)
 
     def load(self, state: ChangelogState) -> None:
         """Take over what restore read: the chunks as committed (nothing to write), and each legacy
@@ -214,9 +240,8 @@ class WaitingSets:
             bitmap = self._chunks[(home, partition, chunk)] = bytearray(_CHUNK_BYTES)
             (first,) = _FIRST.unpack_from(value)
             bitmap[first : first + len(value) - 2] = value[2:]
-        for ref, home in state.legacy_waiting.items():
-            self.add(home, *ref)
-            self._legacy.append((home, ref))
+        self.add_all(WaitingRef(home, *ref) for ref, home in state.legacy_waiting.items())
+        self._legacy.extend((home, ref) for ref, home in state.legacy_waiting.items())
 
     def flush(self) -> list[tuple[int, bytes, bytes | None]]:
         """(changelog partition, key, value or None) for every chunk changed since the last flush."""

@@ -290,16 +290,16 @@ class TransactionalCommitter(_Base):
     def _log_changes(self) -> None:
         cl = self.topics.changelog
         waiting = self._waiting
-        for item in self._new_items:
-            if not item.dispatched and not item.logged:
-                waiting.add(item.home, item.partition, item.offset)
-                item.logged = True
+        fresh = [item for item in self._new_items if not item.dispatched and not item.logged]
+        waiting.add_all(fresh)
+        for item in fresh:
+            item.logged = True
         for batch, placement in self._emitted:
             items = cast(list[IngestItem], batch.items)
-            for it in items:
-                if it.logged:
-                    waiting.discard(it.home, it.partition, it.offset)
-                    it.logged = False
+            gone = [it for it in items if it.logged]
+            waiting.discard_all(gone)
+            for it in gone:
+                it.logged = False
             if self._is_in_flight(batch.batch_id):
                 entry = changelog.BatchEntry(
                     batch.batch_id,
@@ -336,8 +336,12 @@ class TransactionalCommitter(_Base):
         logged = self._logged_batches.get(batch_id)
         if logged is None or not self._is_in_flight(batch_id):
             return
-        done_ids = set(self._done_items(batch_id))
-        done = tuple(i for i, it in enumerate(logged.batch.items) if it.id in done_ids)
+        done_ids = self._done_items(batch_id)
+        if done_ids:
+            answered = set(done_ids)
+            done = tuple(i for i, it in enumerate(logged.batch.items) if it.id in answered)
+        else:
+            done = ()  # a batch just emitted: its first record
         if done != logged.entry.done or done == ():
             logged.entry = replace(logged.entry, done=done)
             self.produce(

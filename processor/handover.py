@@ -25,6 +25,7 @@ from .commit import Committer, IngestItem, TransactionalCommitter
 from .contract import Contract
 from .credits import CreditBook
 from .dispatch import Scheduler
+from .fastpath import ItemHead
 from .item import Batch
 from .restore import RestoredState, restore
 
@@ -92,14 +93,18 @@ class PartitionHandover:
     def _restore_partitions(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
         self.owned = frozenset(partitions)
         self.credits.reassign(self.owned)
-        state = restore(self.conf, self.topics, self.settings.group_id, partitions)
         now = self.now_ms()
-        for contract in state.contracts.values():
-            self._set_contract(contract)
-        for ref, home in sorted(state.changelog.waiting.items()):
-            item = IngestItem(state.records[ref], now, *ref)
+
+        def contracts(found: dict[str, Contract]) -> None:
+            for contract in found.values():
+                self._set_contract(contract)
+
+        def waiting(ref: tuple[int, int], home: int, head: ItemHead) -> None:
+            item = IngestItem(head, now, *ref)
             committer.adopt(item, home)
             self.core.adopt_waiting(item, now)
+
+        state = restore(self.conf, self.topics, self.settings.group_id, partitions, contracts, waiting)
         committer.adopt_waiting(state.changelog)
         rewind: dict[int, int] = {}
         for batch_id, entry in state.changelog.batches.items():

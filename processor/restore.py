@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
@@ -77,8 +77,16 @@ def committed_offsets(conf: Mapping[str, str], topic: str, group: str) -> dict[i
         consumer.close()
 
 
+OnWaiting = Callable[[tuple[int, int], int, ItemHead], None]
+
+
 def restore(
-    conf: Mapping[str, str], topics: TopicNames, group: str, partitions: list[int] | None = None
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    group: str,
+    partitions: list[int] | None = None,
+    on_contracts: Callable[[dict[str, Contract]], None] | None = None,
+    on_waiting: OnWaiting | None = None,
 ) -> RestoredState:
     """The state of ``partitions`` (default: all) as their last committed transactions left it.
 
@@ -86,10 +94,17 @@ def restore(
     answers only once no transaction that sends offsets for them is still open (KIP-447), so a
     previous owner's last transaction is committed or aborted before the changelog is read, and the
     changelog read then sees exactly the records that committed with those offsets.
+
+    ``on_contracts`` gets the contracts before any item is read, and ``on_waiting`` each waiting
+    item (its ref, home and head) as its message arrives: the caller fills its lanes while the next
+    fetches are in flight, instead of after the last one (the reading loop waits on fetches for about
+    as long as it works; docs/benchmarks.md, "Restore").
     """
     started = time.monotonic()
     committed = committed_offsets(conf, topics.ingest, group)
     contracts = latest_contracts(conf, topics)
+    if on_contracts is not None:
+        on_contracts(contracts)
     state = ChangelogState()
     starts = None if partitions is None else dict.fromkeys(partitions, 0)
     if starts != {}:
@@ -102,10 +117,14 @@ def restore(
         for partition, offset in refs:
             first[partition] = min(offset, first.get(partition, offset))
         stops = {p: committed.get(p, 0) for p in first}
+        waiting = state.waiting
         for msg in read_topic(conf, topics.ingest, first, stops):
             ref = (msg.partition(), msg.offset())  # both always set on a consumed message
             if ref in refs:
-                records[ref] = decode_item_head(msg.value())
+                head = records[ref] = decode_item_head(msg.value())
+                home = waiting.get(ref)
+                if home is not None and on_waiting is not None:
+                    on_waiting(ref, home, head)
         missing = refs - records.keys()
         if missing:
             raise RuntimeError(

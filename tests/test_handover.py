@@ -152,10 +152,10 @@ def test_waiting_sets_fold_back_into_exactly_the_waiting_items(
         for add, home, partition, offset in changes:
             ref = (partition, offset)
             if add and ref not in model:
-                sets.add(home, partition, offset)
+                sets.add_all([changelog.WaitingRef(home, partition, offset)])
                 model[ref] = home
             elif not add and ref in model:
-                sets.discard(model.pop(ref), partition, offset)
+                sets.discard_all([changelog.WaitingRef(model.pop(ref), partition, offset)])
         _fold(state, sets.flush())
         assert state.waiting == model
         assert len(sets) == len(model)
