@@ -17,6 +17,10 @@ lanes hold every item again: fencing, reading the changelog and the ingest messa
 on its own by the processor as ``restore_seconds``), the lanes, the deep ledger check, and, where
 restore waits for the group to assign the ingest partitions, that wait. The restored processor then
 leaves without committing, so every repetition restores the same state.
+
+Its ceiling, measured before each restore in a process of its own (``workers.py scan``): every message
+of the same ingest topic read with the same reader (``replay.read_topic``), each value touched and
+nothing decoded. The ratio ready / plain read is taken per repetition.
 """
 
 from __future__ import annotations
