@@ -207,7 +207,7 @@ class WaitingSets:
         self._legacy: list[tuple[int, tuple[int, int]]] = []
 
     def __len__(self) -> int:
-        return sum(bin(int.from_bytes(bm, "little")).count("1") for bm in self._chunks.values())
+        return sum(int.from_bytes(bm, "little").bit_count() for bm in self._chunks.values())
 
     def add_all(self, items: Iterable[Placed]) -> None:
         """Set the bit of each item (in bulk: the commit marks thousands of items at a time)."""

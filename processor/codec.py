@@ -838,12 +838,14 @@ def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
 _SMALL = [bytes([n << 1]) for n in range(64)]  # zigzag of 0..63 is one byte: 2n
 
 
-def _long(n: int) -> bytes:
-    """Zigzag varint of a signed 64-bit ``n``."""
+def _long(n: int, field: str = "") -> bytes:
+    """Zigzag varint of a signed 64-bit ``n`` (``field`` names it in the error when it does not fit)."""
     if 0 <= n < 64:
         return _SMALL[n]
     if not _LONG_MIN <= n <= _LONG_MAX:
-        raise ValueError(f"{n} does not fit an Avro long")
+        raise ValueError(
+            f"{field}={n} does not fit an Avro long" if field else f"{n} does not fit an Avro long"
+        )
     z = (n << 1) ^ (n >> 63)
     out = bytearray()
     while z >= 0x80:
@@ -1049,12 +1051,6 @@ _COMPLETION_FIELDS = tuple(f["name"] for f in _PARSED["Completion"]["fields"])
 _STATUS_BYTES = {status: _long(i) for i, status in enumerate(STATUSES)}
 
 
-def _long_field(n: int, field: str) -> bytes:
-    if not _LONG_MIN <= n <= _LONG_MAX:
-        raise ValueError(f"{field}={n} does not fit an Avro long")
-    return _long(n)
-
-
 def _outcome_body(o: ItemOutcomeRecord) -> bytes:
     """One ``ItemOutcome`` in Avro binary (hand-written, so a split knows each item's exact size)."""
     status = _STATUS_BYTES.get(o.status)
@@ -1070,7 +1066,7 @@ def _outcome_body(o: ItemOutcomeRecord) -> bytes:
             _int(o.input_tokens, "input_tokens"),
             _int(o.output_tokens, "output_tokens"),
             _bytes(bytes(o.output)),
-            _long_field(o.queued_ms, "queued_ms"),
+            _long(o.queued_ms, "queued_ms"),
         )
     )
 
@@ -1084,8 +1080,8 @@ def _completion_batch_parts(rec: CompletionBatchRecord) -> tuple[bytes, list[byt
             _str(rec.consumer),
             _str(rec.model),
             _int(rec.padded_tokens, "padded_tokens"),
-            _long_field(rec.engine_ms, "engine_ms"),
-            _long_field(rec.completed_ms, "completed_ms"),
+            _long(rec.engine_ms, "engine_ms"),
+            _long(rec.completed_ms, "completed_ms"),
         )
     )
     return lead, [_outcome_body(o) for o in rec.items]

@@ -363,25 +363,8 @@ class Scheduler:
     def item_done(self, batch_id: str, item_id: str, ok: bool, now_ms: int) -> bool | None:
         """One item of a batch came back. Returns True when that finished the batch (its slot is free),
         False if items are still outstanding, None if the item was not outstanding (a duplicate)."""
-        entry = self._in_flight.get(batch_id)
-        if entry is None:
-            return None
-        state, flight = entry
-        if flight.pending is None:
-            flight.pending = {it.id: it for it in flight.batch.items}
-        item = flight.pending.pop(item_id, None)
-        if item is None:
-            return None
-        batch = flight.batch
-        if ok:
-            self.ledger.finished(batch.model, batch.consumer, 1, item.length, 0, 0)
-        else:
-            self.ledger.finished(batch.model, batch.consumer, 0, 0, 1, item.length)
-        if flight.pending:
-            return False
-        del self._in_flight[batch_id]
-        del state.in_flight[batch_id]
-        return True
+        applied, finished = self.items_done(batch_id, [(item_id, ok, False)], now_ms)
+        return finished if applied else None
 
     def items_done(
         self, batch_id: str, results: Sequence[tuple[str, bool, bool]], now_ms: int
@@ -389,7 +372,7 @@ class Scheduler:
         """Several items of one batch came back (one results message: ``(item_id, ok, cache_hit)``).
 
         Returns how many of them were outstanding (the rest are duplicates) and whether that
-        finished the batch. Same effect as :meth:`item_done` per item, with one ledger entry: the
+        finished the batch. Same effect as :meth:`item_done` on each in turn, with one ledger entry: the
         common case, a whole batch answered in one message, costs no per-item bookkeeping."""
         entry = self._in_flight.get(batch_id)
         if entry is None:
