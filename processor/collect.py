@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from processor.codec import HEADER_SIZE, HEADERS, CompletionRecord, DecodeError, decode_completions
 from processor.datasets import Dataset, DatasetError, file_sha256, output_format, write_output
-from processor.jobs import JobRecord, JobSummary, RowResult, invalid_result, row_of, summarize
+from processor.jobs import JobRecord, JobSummary, RowResult, invalid_result, job_of, row_of, summarize
 from processor.journal import Journal
 from processor.replay import position
 from processor.topics import TopicNames
@@ -41,11 +41,6 @@ from processor.topics import TopicNames
 #: How far before a job's ``started_ms`` a fresh collect starts reading results.
 START_SLACK_MS = 10 * 60 * 1000
 _BATCH_HEADER = HEADERS["CompletionBatch"]
-
-
-def job_of(item: str) -> str:
-    """The job an item id belongs to (the part before the first colon)."""
-    return item.partition(":")[0]
 
 
 class CollectError(RuntimeError):

@@ -46,6 +46,11 @@ def item_id(job: str, row: int) -> str:
     return f"{job}:{row}"
 
 
+def job_of(item: str) -> str:
+    """The job an item id names (the part before its first colon; job names have none)."""
+    return item.partition(":")[0]
+
+
 def row_of(job: str, item: str) -> int | None:
     """The row an item id of ``job`` names, or None when the id is not one of this job's."""
     prefix = job + ":"
