@@ -44,7 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from processor import codec
 from processor.consumer_app import MAX_COMPLETION_BYTES, PRODUCER_SETTINGS, contract_violation
 from processor.contract import Contract
-from processor.replay import read_topic
+from processor.replay import read_topic_chunks
 from processor.service import ProcessorService, ProcessorSettings
 
 # The processor's client settings (processor/service.py, ProcessorService.__init__), repeated here so
@@ -115,8 +115,14 @@ def ceiling(a: dict[str, Any]) -> None:
     eos: bool = a["exactly_once"]
     consumer = Consumer({**conf, **INGEST_CONSUMER, "group.id": a["group"]})
     pconf = dict(conf, **PROCESSOR_PRODUCER)
-    if eos:
-        pconf.update({"transactional.id": a["transactional_id"], "transaction.timeout.ms": "60000"})
+    if eos:  # as the processor's transactional producer: the commit is the delivery report
+        pconf.update(
+            {
+                "transactional.id": a["transactional_id"],
+                "transaction.timeout.ms": "60000",
+                "delivery.report.only.error": True,
+            }
+        )
     producer = Producer(pconf)
     if eos:
         producer.init_transactions(60)
@@ -461,13 +467,15 @@ def restore(a: dict[str, Any]) -> None:
 
 def scan(a: dict[str, Any]) -> None:
     """The read ceiling of a restore: every message of the ingest topic, read as restore reads them
-    (``replay.read_topic``, same consumer settings), each message's value touched and nothing else."""
+    (``replay.read_topic_chunks``, same consumer settings), each message's value touched and nothing
+    else."""
     conf = {"bootstrap.servers": a["bootstrap"]}
     wall, cpu_s = time.perf_counter(), cpu()
     count = size = 0
-    for msg in read_topic(conf, a["source"]):
-        count += 1
-        size += len(msg.value())
+    for chunk in read_topic_chunks(conf, a["source"]):
+        for msg in chunk:
+            count += 1
+            size += len(msg.value())
     emit({"seconds": time.perf_counter() - wall, "cpu_s": cpu() - cpu_s, "messages": count, "bytes": size})
 
 

@@ -320,9 +320,9 @@ class ChangelogState:
             self._waiting = waiting
         return self._waiting
 
-    def refs(self) -> set[tuple[int, int]]:
-        """Every ingest message the restored state needs."""
-        out = set(self.waiting)
+    def batch_refs(self) -> set[tuple[int, int]]:
+        """The ingest messages of the open batches' items."""
+        out: set[tuple[int, int]] = set()
         for entry in self.batches.values():
             out.update(entry.refs)
         return out

@@ -40,9 +40,9 @@ class IngestItem(Item):
     __slots__ = ("home", "logged", "offset", "partition", "safe")
 
     def __init__(self, head: ItemHead, now_ms: int, partition: int, offset: int) -> None:
-        # payload: the message body, spliced into the batch as it is (processor/fastpath.py)
+        # payload: the input message, spliced into the batch past its header (processor/fastpath.py)
         super().__init__(
-            head.item_id, head.model, head.shape, head.token_count, now_ms, head.body, head.output_budget
+            head.item_id, head.model, head.shape, head.token_count, now_ms, head.message, head.output_budget
         )
         self.partition = partition
         self.offset = offset

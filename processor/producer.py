@@ -102,7 +102,7 @@ def kafka_logger() -> logging.Logger:
     return logger
 
 
-def with_kafka_logger(conf: Mapping[str, str]) -> dict[str, Any]:
+def with_kafka_logger(conf: Mapping[str, str | bool]) -> dict[str, Any]:
     """``conf`` with librdkafka's logs routed to :func:`kafka_logger` (unless it names a logger).
 
     Logs are forwarded when the client is polled; a client that is never polled stays quiet.

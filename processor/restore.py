@@ -22,7 +22,7 @@ from . import codec
 from .changelog import ChangelogState
 from .contract import Contract
 from .fastpath import ItemHead, decode_item_head
-from .replay import partitions_of, read_topic
+from .replay import partitions_of, read_topic, read_topic_chunks
 from .topics import TopicNames
 
 log = logging.getLogger("tokenfabric.restore")
@@ -34,7 +34,7 @@ class RestoredState:
 
     partitions: list[int]
     changelog: ChangelogState
-    records: dict[tuple[int, int], ItemHead]
+    records: dict[tuple[int, int], ItemHead]  # the items of in-flight batches
     contracts: dict[str, Contract]
     committed: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -84,11 +84,12 @@ def restore(
     conf: Mapping[str, str],
     topics: TopicNames,
     group: str,
-    partitions: list[int] | None = None,
-    on_contracts: Callable[[dict[str, Contract]], None] | None = None,
-    on_waiting: OnWaiting | None = None,
+    partitions: list[int] | None,
+    on_contracts: Callable[[dict[str, Contract]], None],
+    on_waiting: OnWaiting,
 ) -> RestoredState:
-    """The state of ``partitions`` (default: all) as their last committed transactions left it.
+    """The state of ``partitions`` (default: all) as their last committed transactions left it; the
+    waiting items go to ``on_waiting``, the heads of in-flight batches' items to ``records``.
 
     Order matters. The committed ingest offsets are fetched first: with ``read_committed`` the broker
     answers only once no transaction that sends offsets for them is still open (KIP-447), so a
@@ -98,35 +99,42 @@ def restore(
     ``on_contracts`` gets the contracts before any item is read, and ``on_waiting`` each waiting
     item (its ref, home and head) as its message arrives: the caller fills its lanes while the next
     fetches are in flight, instead of after the last one (the reading loop waits on fetches for about
-    as long as it works; docs/benchmarks.md, "Restore").
+    as long as it works; docs/benchmarks.md, "Restore"). A restored message is validated again, as
+    it was when first consumed: a topic recreated under the same name is refused, not adopted.
     """
     started = time.monotonic()
     committed = committed_offsets(conf, topics.ingest, group)
     contracts = latest_contracts(conf, topics)
-    if on_contracts is not None:
-        on_contracts(contracts)
+    on_contracts(contracts)
     state = ChangelogState()
     starts = None if partitions is None else dict.fromkeys(partitions, 0)
     if starts != {}:
         for msg in read_topic(conf, topics.changelog, starts):
             state.apply(msg.key(), msg.value(), msg.partition())
-    refs = state.refs()
+    waiting = state.waiting
+    wanted = state.batch_refs()
     records: dict[tuple[int, int], ItemHead] = {}
-    if refs:
+    if waiting or wanted:
         first: dict[int, int] = {}
-        for partition, offset in refs:
+        for partition, offset in (*waiting, *wanted):
             first[partition] = min(offset, first.get(partition, offset))
         stops = {p: committed.get(p, 0) for p in first}
-        waiting = state.waiting
-        for msg in read_topic(conf, topics.ingest, first, stops):
-            ref = (msg.partition(), msg.offset())  # both always set on a consumed message
-            if ref in refs:
-                head = records[ref] = decode_item_head(msg.value())
+        adopted: list[tuple[int, int]] = []
+        found = adopted.append
+        for chunk in read_topic_chunks(conf, topics.ingest, first, stops):
+            for msg in chunk:
+                ref = (msg.partition(), msg.offset())  # both always set on a consumed message
                 home = waiting.get(ref)
-                if home is not None and on_waiting is not None:
+                if home is not None:
+                    head = decode_item_head(msg.value())
                     on_waiting(ref, home, head)
-        missing = refs - records.keys()
-        if missing:
+                    found(ref)
+                    if ref in wanted:
+                        records[ref] = head
+                elif ref in wanted:
+                    records[ref] = decode_item_head(msg.value())
+        if len(adopted) != len(waiting) or len(records) != len(wanted):
+            missing = (waiting.keys() - set(adopted)) | (wanted - records.keys())
             raise RuntimeError(
                 f"restore: {len(missing):,} changelog entries refer to ingest messages that are gone "
                 f"(first: partition {min(missing)[0]} offset {min(missing)[1]}); was the ingest retention "

@@ -151,6 +151,7 @@ class ProcessorService(PartitionHandover):
         self._cache_hit: dict[str, bool] = {}
         self._last_tick = -1 << 62
         self._closing = False
+        self._uncommitted_batches = 0  # exactly-once: produced in the open transaction
         self.ingest_paused = False
         self.credits = CreditBook(0)
         self.owned: frozenset[int] = frozenset()
@@ -186,7 +187,7 @@ class ProcessorService(PartitionHandover):
                 "isolation.level": "read_committed",
             }
         )
-        producer_conf = {
+        producer_conf: dict[str, str | bool] = {
             **self.conf,
             "enable.idempotence": "true",
             "linger.ms": "5",
@@ -198,6 +199,9 @@ class ProcessorService(PartitionHandover):
         if s.exactly_once:
             producer_conf["transactional.id"] = transactional_id(s.instance, s.group_id)
             producer_conf["transaction.timeout.ms"] = str(s.transaction_timeout_ms)
+            # The committed transaction is the delivery report. A successful report would copy each
+            # batch back into Python to say so: a third copy of every token (docs/benchmarks.md).
+            producer_conf["delivery.report.only.error"] = True
             self.producer = Producer(producer_conf)
             self.committer = TransactionalCommitter(
                 self.producer,
@@ -444,11 +448,15 @@ class ProcessorService(PartitionHandover):
             slot, partition = self.credits.take(batch.consumer, max_inflight, batch.batch_id)
             placement = Placement(partition, slot, tuple(sorted(self._results_pos.items())))
         on_delivery = self.committer.batch_emitted(batch, placement)
+        if self.exactly_once:  # delivered when its transaction commits (``_commit``), reported on error only
+            self._uncommitted_batches += 1
+            delivered = on_delivery
+        else:
 
-        def delivered(err: Any, msg: Any) -> None:
-            on_delivery(err, msg)
-            if err is None:
-                self.counters.batches_delivered += 1
+            def delivered(err: Any, msg: Any) -> None:
+                on_delivery(err, msg)
+                if err is None:
+                    self.counters.batches_delivered += 1
 
         self.committer.produce(
             self.topics.batches(batch.consumer), codec.encode_batch(batch), batch.batch_id.encode(), delivered
@@ -480,6 +488,8 @@ class ProcessorService(PartitionHandover):
             raise
         with guarded(self.watchdog, "the transaction commit"):
             seconds = self.committer.commit(self._snapshot_bytes)
+        self.counters.batches_delivered += self._uncommitted_batches
+        self._uncommitted_batches = 0
         self.last_broker_ok_s = self._clock()
         self.counters.commits += 1
         self.observer.committed(seconds)

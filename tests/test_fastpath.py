@@ -11,13 +11,14 @@ from hypothesis import strategies as st
 from processor import codec
 from processor.codec import DecodeError, TokenItemRecord
 from processor.fastpath import (
+    _usual_head,
     decode_completion_head,
     decode_completion_head_strict,
     decode_completions_head,
     decode_item_head,
 )
 from processor.item import Batch, Item
-from tests.test_codec import completion_batches, completions, damage, mutated_items, token_items
+from tests.test_codec import U64, completion_batches, completions, damage, mutated_items, token_items
 
 
 def outcome(decoder: Any, value: bytes) -> Any:
@@ -28,13 +29,13 @@ def outcome(decoder: Any, value: bytes) -> Any:
 
 
 def same_as_full(head: Any, rec: TokenItemRecord, value: bytes) -> bool:
-    return (head.item_id, head.model, head.shape, head.token_count, head.output_budget, head.body) == (
+    return (head.item_id, head.model, head.shape, head.token_count, head.output_budget, head.message) == (
         rec.item_id,
         rec.model,
         rec.shape,
         rec.token_count,
         rec.output_budget,
-        value[codec.HEADER_SIZE :],
+        value,
     )
 
 
@@ -47,6 +48,10 @@ def test_the_head_of_a_valid_item_is_the_full_records_fields_and_body(rec: Token
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_items())
 def test_damaged_items_are_refused_for_the_same_reason(value: bytes) -> None:
+    assert_same_outcome(value)
+
+
+def assert_same_outcome(value: bytes) -> None:
     full = outcome(codec.decode_token_item, value)
     head = outcome(decode_item_head, value)
     if isinstance(full, str):
@@ -71,8 +76,48 @@ def test_random_bodies_raise_only_decode_error(body: bytes) -> None:
         outcome(decode_completions_head, header + body)
 
 
+@st.composite
+def usual_items(draw: st.DrawFn) -> TokenItemRecord:
+    """Items as producers usually write them: what ``_usual_head`` reads in one pass."""
+    short = st.text(min_size=1, max_size=15)  # up to 60 UTF-8 bytes, under the one-byte length
+    ids = draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=3000))
+    return TokenItemRecord(
+        item_id=draw(short),
+        job_id=draw(st.just("") | short),
+        model=draw(short),
+        shape=draw(st.integers(0, U64)),
+        token_count=len(ids),
+        tokens=codec.tokens_from_ids(ids),
+        shape_components=None,
+        produced_ms=draw(st.integers(1 << 34, (1 << 41) - 1)),  # mid-1970 to 2039: six varint bytes
+        output_budget=draw(st.none() | st.integers(-8191, 8191)),
+        metadata=None,
+    )
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(usual_items())
+def test_usual_items_are_read_in_one_pass_to_the_full_records_fields(rec: TokenItemRecord) -> None:
+    value = codec.encode_token_item(rec)
+    head = _usual_head(value)
+    assert head is not None  # the general path would give the same head, only slower
+    assert same_as_full(head, codec.decode_token_item(value), value)
+    assert outcome(decode_item_head, value + b"\0") == "trailing-bytes"
+
+
+@st.composite
+def damaged_usual_items(draw: st.DrawFn) -> bytes:
+    return damage(draw, codec.encode_token_item(draw(usual_items())))
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_usual_items())
+def test_damaged_usual_items_are_refused_for_the_same_reason(value: bytes) -> None:
+    assert_same_outcome(value)
+
+
 @given(st.lists(token_items(), min_size=1, max_size=5), st.booleans())
-def test_a_batch_of_spliced_bodies_is_byte_identical_to_one_of_records(
+def test_a_batch_of_spliced_messages_is_byte_identical_to_one_of_records(
     records: list[TokenItemRecord], oversized: bool
 ) -> None:
     def batch(payloads: list[Any]) -> Batch:
@@ -82,8 +127,8 @@ def test_a_batch_of_spliced_bodies_is_byte_identical_to_one_of_records(
         ]
         return Batch("b-1", "card", records[0].model, records[0].shape, 3, 8, 64, items, 1234, oversized)
 
-    bodies = [codec.encode_token_item(r)[codec.HEADER_SIZE :] for r in records]
-    assert codec.encode_batch(batch(bodies)) == codec.encode_batch(batch(records))
+    messages = [codec.encode_token_item(r) for r in records]
+    assert codec.encode_batch(batch(messages)) == codec.encode_batch(batch(records))
 
 
 @given(completions)

@@ -93,7 +93,7 @@ def test_batch_entry_round_trips_its_slot_progress_and_results_position() -> Non
     state.apply(changelog.batch_key("b1"), entry.value(), 4)
     assert state.batches["b1"] == entry
     assert state.homes["b1"] == 4
-    assert state.refs() == {(0, 5), (0, 6)}
+    assert state.batch_refs() == {(0, 5), (0, 6)}
 
 
 @given(
