@@ -89,12 +89,24 @@ class Lane:
 class ShapeLanes:
     """All lanes of one (model, shape), and what is waiting in them."""
 
-    __slots__ = ("_free_ids", "_next_id", "key", "lanes", "order", "ready", "waiting_items", "waiting_tokens")
+    __slots__ = (
+        "_free_ids",
+        "_next_id",
+        "choices",
+        "key",
+        "lanes",
+        "order",
+        "ready",
+        "waiting_items",
+        "waiting_tokens",
+    )
 
     def __init__(self, key: ShapeKey) -> None:
         self.key = key
         self.lanes: dict[int, Lane] = {}
         self.order: SortedList = SortedList()  # (rep, lane id)
+        # length -> the lane an item of that length joins, while ``order`` stays as it is
+        self.choices: dict[int, Lane] = {}
         self.ready: OrderedDict[int, Lane] = OrderedDict()  # non-empty lanes, oldest first
         self.waiting_items = 0
         self.waiting_tokens = 0
@@ -162,6 +174,24 @@ class LaneTable:
         return sl
 
     def _choose_lane(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
+        lane = sl.choices.get(length)
+        if lane is None:
+            best, fits = self._nearest(sl, length)
+            if best is None or not (fits or not self._has_room(sl, now_ms)):
+                return self._open(sl, length, now_ms)
+            lane = best
+        self.stats.reuses += 1
+        return lane
+
+    def _nearest(self, sl: ShapeLanes, length: int) -> tuple[Lane | None, bool]:
+        """The lane that pads an item of ``length`` least, and whether joining it is within the
+        threshold (else a new lane opens if there is room).
+
+        Both depend only on the length and the shape's lanes (their representatives and how many
+        there are), so a lane within the threshold is remembered for the length until a lane
+        opens, grows or retires: most items then skip the binary search (a seventh of restoring
+        an item, docs/benchmarks.md). ``check`` recomputes every remembered choice.
+        """
         s = self.settings
         pm = s.pad_multiple
         padded = -(-length // pm) * pm
@@ -179,15 +209,14 @@ class LaneTable:
             if best is None or cost < best_cost:
                 best = sl.lanes[lane_id]
                 best_cost = cost
-        if best is not None:
-            if best_cost <= s.floor_tokens:
-                self.stats.reuses += 1
-                return best
-            over_threshold = best_cost > s.cap_tokens or best_cost > s.threshold_tokens(length, len(sl.lanes))
-            if not over_threshold or not self._has_room(sl, now_ms):
-                self.stats.reuses += 1
-                return best
-        return self._open(sl, length, now_ms)
+        if best is None:
+            return None, False
+        fits = best_cost <= s.floor_tokens or not (
+            best_cost > s.cap_tokens or best_cost > s.threshold_tokens(length, len(sl.lanes))
+        )
+        if fits:
+            sl.choices[length] = best
+        return best, fits
 
     def _has_room(self, sl: ShapeLanes, now_ms: int) -> bool:
         if len(sl.lanes) < self.settings.lane_budget:
@@ -200,6 +229,7 @@ class LaneTable:
         lane = Lane(lane_id, length, now_ms)
         sl.lanes[lane_id] = lane
         sl.order.add((length, lane_id))
+        sl.choices.clear()
         st = self.stats
         st.new_lanes += 1
         st.id_reuses += recycled
@@ -216,6 +246,7 @@ class LaneTable:
         if length > lane.rep:
             sl.order.remove((lane.rep, lane.id))
             sl.order.add((length, lane.id))
+            sl.choices.clear()
             lane.rep = length
         lane.items.append(item)
         lane.tokens += length
@@ -292,6 +323,7 @@ class LaneTable:
             sl = self.shapes[key]
             lane = sl.lanes.pop(lane_id)
             sl.order.remove((lane.rep, lane_id))
+            sl.choices.clear()
             sl.release_id(lane_id)
             reclaimed += 1
             if not sl.lanes:
@@ -313,6 +345,21 @@ class LaneTable:
         if not self.shapes:
             return 0.0
         return self.stats.lanes_in_use / (len(self.shapes) * self.settings.lane_budget)
+
+    def _check_choices(self, sl: ShapeLanes) -> None:
+        remembered = dict(sl.choices)
+        sl.choices.clear()
+        try:
+            for length, lane in remembered.items():
+                now = self._nearest(sl, length)
+                if now != (lane, True):
+                    raise AssertionError(
+                        f"shape {sl.key}: length {length} remembered lane {lane.id}, choosing now gives "
+                        f"{None if now[0] is None else now[0].id} (within threshold: {now[1]})"
+                    )
+        finally:
+            sl.choices.clear()
+            sl.choices.update(remembered)
 
     def check(self) -> None:
         """Recount the waiting items and compare with the running totals (raises on a mismatch)."""
@@ -336,6 +383,7 @@ class LaneTable:
                 )
             if len(sl.lanes) > self.settings.lane_budget:
                 raise AssertionError(f"shape {sl.key}: {len(sl.lanes)} lanes > budget")
+            self._check_choices(sl)
             items += s_items
             tokens += s_tokens
         if (items, tokens) != (self.waiting_items, self.waiting_tokens):
