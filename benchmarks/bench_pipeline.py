@@ -14,7 +14,9 @@ says how much of that the scheduling costs, and survives a noisy machine better 
 * Ceiling (``workers.py ceiling``): consume, produce each message unchanged to a 1-partition topic,
   commit. Same client settings, consume size (5,000), poll timeout and commit cadence (every 500 ms,
   50 ms after output) as the processor; with exactly-once a transaction per commit holding the output
-  and ``send_offsets_to_transaction``, otherwise plain produces and synchronous offset commits.
+  and ``send_offsets_to_transaction``, and delivery reports for failures only (as the processor's
+  transactional producer: the commit is the report), otherwise plain produces and synchronous offset
+  commits.
 * Processor (``workers.py processor``): ``ProcessorService`` with default settings and fresh topics for
   everything but its input; one drainer (``workers.py drainer``, its own process) announces a generous
   contract and completes every item the moment its batch arrives, with one ``CompletionBatch``

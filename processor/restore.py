@@ -111,6 +111,7 @@ def restore(
     if starts != {}:
         for msg in read_topic(conf, topics.changelog, starts):
             state.apply(msg.key(), msg.value(), msg.partition())
+    changelog_read = time.monotonic()
     waiting = state.waiting
     wanted = state.batch_refs()
     records: dict[tuple[int, int], ItemHead] = {}
@@ -142,12 +143,15 @@ def restore(
             )
     seconds = time.monotonic() - started
     log.info(
-        "restored partitions %s: %d waiting, %d batches in flight, %d changelog records, %.2f s",
+        "restored partitions %s: %d waiting, %d batches in flight, %d changelog records, %.2f s "
+        "(offsets, contracts and changelog %.2f s, ingest messages %.2f s)",
         "all" if partitions is None else partitions,
         len(state.waiting),
         len(state.batches),
         state.records,
         seconds,
+        changelog_read - started,
+        seconds - (changelog_read - started),
     )
     return RestoredState(
         sorted(partitions) if partitions is not None else [], state, records, contracts, committed, seconds
