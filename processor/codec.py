@@ -796,19 +796,7 @@ def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
     if value[:HEADER_SIZE] != _BATCH_HEADER:
         _check_header(value, "Batch")
     try:
-        pos = HEADER_SIZE
-        batch_id, pos = _read_str(value, pos)
-        consumer, pos = _read_str(value, pos)
-        model, pos = _read_str(value, pos)
-        shape, pos = _read_long(value, pos)
-        lane, pos = _read_int(value, pos)
-        padded_length, pos = _read_int(value, pos)
-        pad_multiple, pos = _read_int(value, pos)
-        created_ms, pos = _read_long(value, pos)
-        flag = value[pos]
-        if flag > 1:
-            raise _Malformed(f"boolean byte {flag}")
-        pos += 1
+        lead, pos = read_batch_lead(value)
         items: list[TokenItemRecord] = []
         count, pos = _read_block_count(value, pos)
         while count:
@@ -821,18 +809,38 @@ def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
     _finish(value, pos, "Batch")
     for item in items:
         _check_item(item)
+    batch_id, consumer, model, shape, lane, padded_length, pad_multiple, created_ms, oversized = lead
     return BatchRecord(
         batch_id=batch_id,
         consumer=consumer,
         model=model,
-        shape=shape & 0xFFFFFFFFFFFFFFFF,
+        shape=shape,
         lane=lane,
         padded_length=padded_length,
         pad_multiple=pad_multiple,
         created_ms=created_ms,
-        oversized=flag == 1,
+        oversized=oversized,
         items=items,
     )
+
+
+def read_batch_lead(value: bytes) -> tuple[tuple[str, str, str, int, int, int, int, int, bool], int]:
+    """A Batch's fields before its items, in :class:`BatchRecord` order (shape unsigned), and the
+    position of the items. Raises what the readers raise on a malformed record (``_MALFORMED``)."""
+    pos = HEADER_SIZE
+    batch_id, pos = _read_str(value, pos)
+    consumer, pos = _read_str(value, pos)
+    model, pos = _read_str(value, pos)
+    shape, pos = _read_long(value, pos)
+    lane, pos = _read_int(value, pos)
+    padded_length, pos = _read_int(value, pos)
+    pad_multiple, pos = _read_int(value, pos)
+    created_ms, pos = _read_long(value, pos)
+    flag = value[pos]
+    if flag > 1:
+        raise _Malformed(f"boolean byte {flag}")
+    lead = (batch_id, consumer, model, shape & _U64, lane, padded_length, pad_multiple, created_ms, flag == 1)
+    return lead, pos + 1
 
 
 _SMALL = [bytes([n << 1]) for n in range(64)]  # zigzag of 0..63 is one byte: 2n

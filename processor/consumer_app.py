@@ -62,6 +62,7 @@ from processor.codec import (
 )
 from processor.contract import Contract
 from processor.engines import Engine, ItemResult
+from processor.fastpath import BatchHead
 from processor.producer import with_kafka_logger
 from processor.topics import TopicNames, create_topics, topic_specs
 from processor.watchdog import CallWatchdog, guarded
@@ -112,7 +113,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def contract_violation(contract: Contract, batch: BatchRecord) -> str | None:
+def contract_violation(contract: Contract, batch: BatchRecord | BatchHead) -> str | None:
     """Why ``batch`` breaks ``contract``, or None when it respects it.
 
     The consumer checks its own promise rather than trusting the processor: a bug or a stale

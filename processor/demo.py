@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import codec
+from .fastpath import decode_batch_head
 from .replay import read_topic
 from .status import StatusView, gather
 from .topics import TopicNames
@@ -103,7 +104,7 @@ def read_back(conf: Mapping[str, str], topics: TopicNames, cards: Sequence[Card]
     for card in cards:
         shapes_seen: set[int] = set()
         for msg in read_topic(conf, topics.batches(card.name)):
-            batch = codec.decode_batch(msg.value())
+            batch = decode_batch_head(msg.value())
             n = len(batch.items)
             out.batches[card.name] += 1
             out.items[card.name] += n

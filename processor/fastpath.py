@@ -40,6 +40,7 @@ from .codec import (
 )
 
 _TOKEN_ITEM = HEADERS["TokenItem"]
+_BATCH = HEADERS["Batch"]
 _COMPLETION = HEADERS["Completion"]
 _COMPLETION_BATCH = HEADERS["CompletionBatch"]
 _MODELS: dict[bytes, str] = {}  # one str per model name, not one per item
@@ -58,6 +59,31 @@ class ItemHead(NamedTuple):
 
 
 _new_head = tuple.__new__  # NamedTuple's own __new__ is Python code: twice the cost, once per item
+
+
+class BatchItemHead(NamedTuple):
+    """An item of a batch, without its tokens."""
+
+    item_id: str
+    model: str
+    shape: int
+    token_count: int
+    output_budget: int | None
+
+
+class BatchHead(NamedTuple):
+    """A batch without its tokens: what a reader needs who answers, counts or audits it."""
+
+    batch_id: str
+    consumer: str
+    model: str
+    shape: int
+    lane: int
+    padded_length: int
+    pad_multiple: int
+    created_ms: int
+    oversized: bool
+    items: list[BatchItemHead]
 
 
 class CompletionHead(NamedTuple):
@@ -194,6 +220,48 @@ def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
     token_count, start, end, _parts, _ms, output_budget, _metadata, pos = _read_item_rest(buf, pos, False)
     head = _new_head(ItemHead, (item_id, _model(raw_model), shape, token_count, output_budget, buf))
     return head, pos, end - start
+
+
+def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead:
+    """A batch checked as :func:`codec.decode_batch` checks it (same reasons: it is tested against
+    it), without copying a token or building a record per item.
+
+    For readers that never look at token ids: the audit (which items were dispatched), the demo's
+    read-back, the benchmark's simulated consumer. Reading a batch of 1,000-token items this way
+    costs about a third of decoding it (docs/wire-format.md).
+    """
+    value = codec._as_bytes(value)
+    if value[:HEADER_SIZE] != _BATCH:
+        _check_header(value, "Batch")
+    items: list[BatchItemHead] = []
+    append = items.append
+    problem: tuple[str, str] | None = None  # the first item's that breaks a rule, raised after the structure
+    try:
+        lead, pos = codec.read_batch_lead(value)
+        count, pos = _read_block_count(value, pos)
+        while count:
+            for _ in range(count):
+                item_id, job_id, raw_model, pos = _read_item_lead(value, pos)
+                if job_id:
+                    job_id.decode("utf-8")
+                shape, pos = _read_signature(value, pos)
+                token_count, start, end, _parts, _ms, output_budget, _metadata, pos = _read_item_rest(
+                    value, pos, False
+                )
+                model = _model(raw_model)
+                append(_new_head(BatchItemHead, (item_id, model, shape, token_count, output_budget)))
+                n_bytes = end - start
+                if problem is None and (
+                    not item_id or not model or token_count < 1 or n_bytes != 4 * token_count
+                ):
+                    problem = _item_problem(item_id, model, token_count, b"\0" * max(0, n_bytes))
+            count, pos = _read_block_count(value, pos)
+    except _MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed Batch: {exc}") from None
+    _finish(value, pos, "Batch")
+    if problem is not None:
+        raise DecodeError(*problem)
+    return BatchHead(*lead, items=items)
 
 
 def _read_status(buf: bytes, pos: int) -> tuple[int, int]:

@@ -60,7 +60,8 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
     "batches_produced": ("tokenfabric_batches_produced_total", "Batches handed to the Kafka producer."),
     "batches_delivered": (
         "tokenfabric_batches_delivered_total",
-        "Batches the broker acknowledged (their items' ingest offsets are then safe to commit).",
+        "Batches the broker acknowledged: each one's delivery report (at-least-once), or the commit of "
+        "the transaction holding it (exactly-once).",
     ),
     "completions": (
         "tokenfabric_completions_total",

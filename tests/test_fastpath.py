@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -12,13 +13,25 @@ from processor import codec
 from processor.codec import DecodeError, TokenItemRecord
 from processor.fastpath import (
     _usual_head,
+    decode_batch_head,
     decode_completion_head,
     decode_completion_head_strict,
     decode_completions_head,
     decode_item_head,
 )
 from processor.item import Batch, Item
-from tests.test_codec import U64, completion_batches, completions, damage, mutated_items, token_items
+from tests.test_codec import (
+    U64,
+    completion_batches,
+    completions,
+    damage,
+    fastavro_message,
+    item,
+    item_dict,
+    make_batch,
+    mutated_items,
+    token_items,
+)
 
 
 def outcome(decoder: Any, value: bytes) -> Any:
@@ -218,3 +231,72 @@ def test_a_damaged_completion_batch_is_refused_whenever_the_full_decoder_refuses
         assert head == heads_of(full)
     else:
         assert head.items == []
+
+
+def same_batch(head: Any, rec: codec.BatchRecord) -> bool:
+    fields = ("batch_id", "consumer", "model", "shape", "lane", "padded_length", "pad_multiple", "created_ms")
+    return [getattr(head, f) for f in (*fields, "oversized")] == [
+        getattr(rec, f) for f in (*fields, "oversized")
+    ] and (head.items == [(r.item_id, r.model, r.shape, r.token_count, r.output_budget) for r in rec.items])
+
+
+@st.composite
+def batch_messages(draw: st.DrawFn) -> bytes:
+    records = draw(st.lists(token_items(), max_size=4))
+    return codec.encode_batch(
+        make_batch(records, oversized=draw(st.booleans()), shape=draw(st.integers(0, U64)))
+    )
+
+
+@given(batch_messages())
+def test_the_head_of_a_batch_is_the_full_decoders_fields(value: bytes) -> None:
+    assert same_batch(decode_batch_head(value), codec.decode_batch(value))
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(batch_messages(), st.data())
+def test_a_damaged_batch_is_refused_for_the_same_reason(value: bytes, data: st.DataObject) -> None:
+    value = damage(data.draw, value)
+    full = outcome(codec.decode_batch, value)
+    head = outcome(decode_batch_head, value)
+    if isinstance(full, str):
+        assert head == full
+    else:
+        assert not isinstance(head, str), head
+        assert same_batch(head, full)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"token_count": 2}, "token-count-mismatch"),
+        ({"item_id": ""}, "empty-item-id"),
+        ({"model": ""}, "empty-model"),
+        ({"token_count": 0, "tokens": b""}, "negative-token-count"),
+    ],
+)
+def test_a_batch_item_breaking_a_rule_is_refused_with_the_rules_reason(
+    change: dict[str, Any], reason: str
+) -> None:
+    batch = {
+        "batch_id": "b",
+        "consumer": "c",
+        "model": "m",
+        "shape": 0,
+        "lane": 0,
+        "padded_length": 8,
+        "pad_multiple": 8,
+        "created_ms": 0,
+        "oversized": False,
+        "items": [item_dict(item()), {**item_dict(item()), **change}],
+    }
+    value = fastavro_message("Batch", batch)
+    assert outcome(codec.decode_batch, value) == outcome(decode_batch_head, value) == reason
+
+
+@pytest.mark.parametrize("field", [b"job-1", b"item-1", b"llama-3-8b"])
+def test_a_batch_with_invalid_utf8_in_an_items_string_is_malformed(field: bytes) -> None:
+    value = codec.encode_batch(make_batch([item()]))
+    broken = value.replace(field, b"\xff" + field[1:])
+    assert broken != value
+    assert outcome(codec.decode_batch, broken) == outcome(decode_batch_head, broken) == "avro-decode"
