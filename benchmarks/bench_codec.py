@@ -5,8 +5,11 @@
 
 For 100, 1000 and 8000-token items it prints items/s for:
 
-* ``hand``: ``codec.decode_token_item``, the hand-written decoder the processor uses;
+* ``hand``: ``codec.decode_token_item``, the hand-written decoder of a whole record;
 * ``fastavro``: ``codec.decode_token_item_fastavro``, fastavro's schemaless_reader + the same checks;
+* the processor's ingest head, ``fastpath.decode_item_head`` (the usual encoding read in one pass),
+  against ``fastpath.general_item_head`` (a call per field, what any other encoding takes);
+* a batch read by ``codec.decode_batch`` and by ``fastpath.decode_batch_head`` (no token copied);
 * ``fastavro array<int>``: the same TokenItem schema with ``tokens`` as ``array<int>`` instead of
   packed ``bytes``, read by fastavro (the design question: why tokens travel as bytes);
 
@@ -30,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import fastavro
 from fastavro.schema import parse_schema
 
-from processor import codec
+from processor import codec, fastpath
 from processor.item import Batch, Item
 from processor.signature import shape_signature, to_signed
 
 SIZES = (100, 1000, 8000)
+BATCH_SHAPES = ((32, 100), (8, 1000), (1, 8000))
 VOCAB = 128_256
 
 
@@ -57,6 +61,21 @@ def sample_item(n: int, rng: random.Random) -> codec.TokenItemRecord:
         shape_components=None,
         shape=shape_signature(components),
         output_budget=512,
+    )
+
+
+def sample_batch(n_items: int, n: int, rng: random.Random) -> Batch:
+    records = [sample_item(n, rng) for _ in range(n_items)]
+    return Batch(
+        batch_id="b-1",
+        consumer="gpu-0",
+        model=records[0].model,
+        shape=records[0].shape,
+        lane=0,
+        pad_multiple=8,
+        padded_length=n,
+        items=[Item(r.item_id, r.model, r.shape, n, 0, payload=r) for r in records],
+        created_ms=0,
     )
 
 
@@ -106,6 +125,25 @@ def main() -> None:
         fastavro.schemaless_writer(out, schema_ints, as_ints)
         bodies.append((n, value[codec.HEADER_SIZE :], out.getvalue()))
 
+    print("\nthe processor's ingest head (processor/fastpath.py), items/s")
+    print(f"{'tokens':>7} {'one pass':>10} {'general':>10} {'ratio':>7}")
+    for n in SIZES:
+        value = codec.encode_token_item(sample_item(n, rng))
+        assert fastpath._usual_head(value) == fastpath.general_item_head(value)
+        usual = rate(fastpath.decode_item_head, value, seconds)
+        general = rate(fastpath.general_item_head, value, seconds)
+        print(f"{n:>7} {usual:>10,.0f} {general:>10,.0f} {usual / general:>6.2f}x")
+
+    print("\nreading a batch: decode_batch vs fastpath.decode_batch_head (no token copied), items/s")
+    for n_items, n in BATCH_SHAPES:
+        value = codec.encode_batch(sample_batch(n_items, n, rng))
+        full = rate(codec.decode_batch, value, seconds) * n_items
+        head = rate(fastpath.decode_batch_head, value, seconds) * n_items
+        print(
+            f"{n_items:>3} x {n:>5} tokens: decode_batch {full:>10,.0f}, "
+            f"head {head:>10,.0f} ({head / full:.2f}x)"
+        )
+
     print("\ntokens as bytes vs array<int>: fastavro schemaless_reader alone, items/s")
     print(
         f"{'tokens':>7} {'bytes':>10} {'array<int>':>10} {'ratio':>7}"
@@ -130,19 +168,8 @@ def main() -> None:
     for n in SIZES:
         rec = sample_item(n, rng)
         print(f"{n:>7} tokens: encode_token_item {rate(codec.encode_token_item, rec, seconds):>10,.0f}")
-    for n_items, n in ((32, 100), (8, 1000), (1, 8000)):
-        records = [sample_item(n, rng) for _ in range(n_items)]
-        batch = Batch(
-            batch_id="b-1",
-            consumer="gpu-0",
-            model=records[0].model,
-            shape=records[0].shape,
-            lane=0,
-            pad_multiple=8,
-            padded_length=n,
-            items=[Item(r.item_id, r.model, r.shape, n, 0, payload=r) for r in records],
-            created_ms=0,
-        )
+    for n_items, n in BATCH_SHAPES:
+        batch = sample_batch(n_items, n, rng)
         batches = rate(codec.encode_batch, batch, seconds)
         print(
             f"{n_items:>3} x {n:>5} tokens: encode_batch {batches:>10,.0f} batches/s"

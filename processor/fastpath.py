@@ -109,7 +109,12 @@ def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
         head = _usual_head(value)
         if head is not None:
             return head
-    value = codec._as_bytes(value)
+    return general_item_head(codec._as_bytes(value))
+
+
+def general_item_head(value: bytes) -> ItemHead:
+    """:func:`decode_item_head` for any encoding, a call per field (it reads what the one-pass
+    reader hands back, and refuses with the reason; public so that ``bench_codec.py`` can time it)."""
     if value[:HEADER_SIZE] != _TOKEN_ITEM:
         _check_header(value, "TokenItem")
     try:

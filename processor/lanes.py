@@ -367,11 +367,12 @@ class LaneTable:
         for sl in self.shapes.values():
             s_items = s_tokens = 0
             for lane in sl.lanes.values():
-                n = len(lane.items)
-                t = sum(it.length for it in lane.items)
+                lengths = [it.length for it in lane.items]  # one pass in Python, the rest in C
+                n = len(lengths)
+                t = sum(lengths)
                 if t != lane.tokens:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: holds {t} tokens, counted {lane.tokens}")
-                if any(it.length > lane.rep for it in lane.items):
+                if lengths and max(lengths) > lane.rep:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: an item is longer than rep {lane.rep}")
                 s_items += n
                 s_tokens += t
