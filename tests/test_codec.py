@@ -502,22 +502,25 @@ def test_decode_batch_rejections() -> None:
     assert reason_of(codec.decode_batch, good[:-1]) == "avro-decode"
     assert reason_of(codec.decode_batch, good + b"\x00") == "trailing-bytes"
     assert reason_of(codec.decode_batch, b"") == "bad-magic"
-    bad_item = fastavro_message(
-        "Batch",
-        {
-            "batch_id": "b",
-            "consumer": "c",
-            "model": "m",
-            "shape": 0,
-            "lane": 0,
-            "padded_length": 8,
-            "pad_multiple": 8,
-            "created_ms": 0,
-            "oversized": False,
-            "items": [{**item_dict(item()), "token_count": 2}],
-        },
-    )
+    bad_item = batch_message([{**item_dict(item()), "token_count": 2}])
     assert reason_of(codec.decode_batch, bad_item) == "token-count-mismatch"
+
+
+def batch_message(items: list[dict[str, Any]]) -> bytes:
+    """A Batch message written by fastavro, so its items may break the rules the encoder enforces."""
+    batch = {
+        "batch_id": "b",
+        "consumer": "c",
+        "model": "m",
+        "shape": 0,
+        "lane": 0,
+        "padded_length": 8,
+        "pad_multiple": 8,
+        "created_ms": 0,
+        "oversized": False,
+        "items": items,
+    }
+    return fastavro_message("Batch", batch)
 
 
 # ------------------------------------------------------------------------------------------------
