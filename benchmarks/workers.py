@@ -365,6 +365,8 @@ def drainer(a: dict[str, Any]) -> None:
     if producer.flush(30):
         raise RuntimeError("drainer: contract not delivered")
     consumer = Consumer({**conf, **INGEST_CONSUMER, "group.id": f"{a['prefix']}-drainer"})
+    # metadata first: assigned a partition whose leader it does not know yet, a client waits 500 ms
+    consumer.list_topics(topics.batches(contract.consumer), timeout=30)
     consumer.assign([TopicPartition(topics.batches(contract.consumer), 0, OFFSET_BEGINNING)])
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())

@@ -295,7 +295,11 @@ class ProcessorService(PartitionHandover):
         self.core.set_contract(contract, slots)
 
     def _partitions(self, topic: str) -> list[int]:
-        meta = self.ingest.list_topics(topic, timeout=30)
+        """``topic``'s partitions, asked through the control consumer. It assigns the contracts and
+        results topics by hand: a client that does not know a partition's leader yet when assigned
+        a logical offset (``OFFSET_BEGINNING``) waits librdkafka's fixed 500 ms before it asks
+        again, which delayed every start and handover by half a second."""
+        meta = self.control.list_topics(topic, timeout=30)
         info = meta.topics.get(topic)
         if info is None or info.error is not None:
             raise KafkaException(info.error if info else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
