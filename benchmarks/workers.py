@@ -56,6 +56,7 @@ INGEST_CONSUMER = {
     "isolation.level": "read_committed",
     "fetch.max.bytes": str(64 * 1024 * 1024),
     "queued.max.messages.kbytes": str(256 * 1024),
+    "fetch.queue.backoff.ms": "20",
 }
 PROCESSOR_PRODUCER = {
     "enable.idempotence": "true",

@@ -89,6 +89,7 @@ def read_topic_chunks(
             "max.partition.fetch.bytes": str(16 * 1024 * 1024),
             "fetch.max.bytes": str(64 * 1024 * 1024),
             "queued.max.messages.kbytes": str(256 * 1024),
+            "fetch.queue.backoff.ms": "20",  # as the processor's ingest consumer (service.py)
         }
     )
     try:

@@ -174,6 +174,9 @@ class ProcessorService(PartitionHandover):
                 "session.timeout.ms": str(s.session_timeout_ms),
                 "fetch.max.bytes": str(64 * 1024 * 1024),
                 "queued.max.messages.kbytes": str(256 * 1024),
+                # When that queue is full librdkafka stops fetching for fetch.queue.backoff.ms, 1 s
+                # by default: after a backlog, the last messages waited up to a second for it.
+                "fetch.queue.backoff.ms": "20",
             }
         )
         self.control = Consumer(
