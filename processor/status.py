@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from . import codec
 from .contract import Contract
@@ -42,6 +42,13 @@ class StatusView:
         return sum(cp.per_consumer.get(consumer, {}).get(key, 0) for cp in self.checkpoints.values())
 
 
+_COORDINATOR_MOVING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
+
+
 def ingest_lag(
     conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
 ) -> tuple[int | None, int]:
@@ -52,13 +59,18 @@ def ingest_lag(
         if meta is None or meta.error is not None:
             return None, 0
         tps = [TopicPartition(topic, p) for p in meta.partitions]
-        committed = consumer.committed(tps, timeout=timeout_s)
+        try:
+            committed: list[TopicPartition] | None = consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            if not exc.args[0].retriable() and exc.args[0].code() not in _COORDINATOR_MOVING:
+                raise
+            committed = None  # the group's coordinator is loading or moving: the lag is unknown for now
         lag = end = 0
-        for tp in committed:
+        for tp in committed if committed is not None else tps:
             low, high = watermarks(consumer, TopicPartition(topic, tp.partition), timeout_s)
             end += high
             lag += high - (tp.offset if tp.offset >= 0 else low)
-        return lag, end
+        return (lag if committed is not None else None), end
     finally:
         consumer.close()
 
