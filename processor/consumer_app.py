@@ -262,13 +262,7 @@ class ConsumerApp:
         """
         stop = stop or threading.Event()
         self.stats = ConsumerStats()
-        # Only a failure needs a report (``_on_delivery``); a success would copy each completion, its
-        # output included, back into Python to say so.
-        producer_conf: dict[str, str | bool] = {
-            **self.conf,
-            **PRODUCER_SETTINGS,
-            "delivery.report.only.error": True,
-        }
+        producer_conf: dict[str, str | bool] = {**self.conf, **PRODUCER_SETTINGS}
         if self.exactly_once:
             # Stable per consumer id: a restarted app fences its predecessor's open transaction.
             producer_conf["transactional.id"] = f"tokenfabric-consumer-{self.contract.consumer}"
