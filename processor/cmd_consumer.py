@@ -1,7 +1,10 @@
 """``tokenfabric consumer``: run one GPU consumer app (processor.consumer_app) with an engine.
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT, ``--max-batches``, ``--idle-exit-s``) or a
-``--retire``; 2 for bad arguments or Kafka settings; 1 when Kafka or delivery fails at run time.
+``--retire``; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when a run-time failure left
+the batch uncommitted and a restart recovers (completions not delivered, a retriable or abortable Kafka
+error, a stuck commit: processor.watchdog); 1 for any other failure at run time (a fatal Kafka error,
+such as being fenced by another instance of the same consumer).
 A second SIGINT/SIGTERM while the current batch finishes aborts at once (the batch runs again on
 restart: its offset was not committed).
 """
@@ -209,8 +212,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         stats = app.run(stop)
     except (KafkaException, ConsumerAppError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        code = _failure_code(exc)
+        print(
+            f"{PROG}: error: {exc}" + (" (exit 75: a restart recovers)" if code != 1 else ""), file=sys.stderr
+        )
+        return code
     except KeyboardInterrupt:
         print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
         return 130
@@ -219,6 +225,25 @@ def run(args: argparse.Namespace) -> int:
             server.close()
     print(f"consumer {args.id}: {stats.summary()}")
     return 0
+
+
+def _failure_code(exc: Exception) -> int:
+    """75 when the failure left nothing committed and is not the app's own fault, else 1."""
+    from confluent_kafka import KafkaError
+
+    from processor.consumer_app import ConsumerAppError
+    from processor.watchdog import EXIT_STUCK
+
+    if isinstance(exc, ConsumerAppError):
+        return EXIT_STUCK if exc.restart_recovers else 1
+    error = exc.args[0] if exc.args else None
+    if (
+        isinstance(error, KafkaError)
+        and not error.fatal()
+        and (error.retriable() or error.txn_requires_abort())
+    ):
+        return EXIT_STUCK
+    return 1
 
 
 def _install_stop_handlers(stop: threading.Event) -> None:

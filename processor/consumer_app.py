@@ -77,7 +77,17 @@ MAX_COMPLETION_BYTES = 900_000
 
 
 class ConsumerAppError(RuntimeError):
-    """The app cannot go on (a completion was not delivered, a fatal Kafka error)."""
+    """The app cannot go on (a completion was not delivered, a fatal Kafka error).
+
+    ``restart_recovers`` marks failures that left nothing half-done: the batch's offset was not
+    committed (nor, with exactly-once, its transaction), so a restarted app runs the batch again and
+    the processor counts its completions once. A broker restart causes these; the command exits 75
+    for them so a supervisor restarts it, and 1 for the rest.
+    """
+
+    def __init__(self, message: str, *, restart_recovers: bool = False) -> None:
+        super().__init__(message)
+        self.restart_recovers = restart_recovers
 
 
 @dataclass(slots=True)
@@ -505,9 +515,14 @@ class ConsumerApp:
         remaining = self._producer.flush(timeout_s)
         if self._delivery_errors:
             errors, self._delivery_errors = self._delivery_errors, []
-            raise ConsumerAppError(f"{what}: {len(errors)} messages not delivered; first: {errors[0]}")
+            raise ConsumerAppError(
+                f"{what}: {len(errors)} messages not delivered; first: {errors[0]}", restart_recovers=True
+            )
         if remaining:
-            raise ConsumerAppError(f"{what}: {remaining} messages still unacknowledged after {timeout_s:g} s")
+            raise ConsumerAppError(
+                f"{what}: {remaining} messages still unacknowledged after {timeout_s:g} s",
+                restart_recovers=True,
+            )
 
 
 def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:

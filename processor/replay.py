@@ -14,6 +14,30 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+#: A consumer that must keep up with a fast topic (the processor's ingest, restore's reader): a large
+#: local queue, and when it is full librdkafka stops fetching for ``fetch.queue.backoff.ms``, 1 s by
+#: default, so after a backlog the last messages waited up to a second; 20 ms here.
+LARGE_FETCH_QUEUE: Mapping[str, str] = {
+    "queued.max.messages.kbytes": str(256 * 1024),
+    "fetch.queue.backoff.ms": "20",
+}
+
+#: Errors that say a partition's leader or a group's coordinator is moving or still loading (a
+#: broker restarting, a topic just created): the same call succeeds a moment later.
+_MOVING = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
+
+
+def passing(exc: KafkaException) -> bool:
+    """True for an error that a retry a moment later can get past (retriable, or something moving)."""
+    error = exc.args[0]
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _MOVING)
+
 
 def position(msg: Any) -> tuple[int, int]:
     """(partition, offset) of a consumed message (both always set on consumed messages)."""
@@ -36,14 +60,9 @@ def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tupl
             low, high = consumer.get_watermark_offsets(tp, timeout=max(0.5, deadline - time.monotonic()))
             return int(low), int(high)
         except KafkaException as exc:
-            if not exc.args[0].retriable() and exc.args[0].code() not in _LEADER_MOVING:
-                raise
-            if time.monotonic() > deadline:
+            if not passing(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-
-
-_LEADER_MOVING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
 
 
 def read_topic(
@@ -88,8 +107,7 @@ def read_topic_chunks(
             # a restore reads whole partitions: large fetches, fewer round trips (docs/benchmarks.md)
             "max.partition.fetch.bytes": str(16 * 1024 * 1024),
             "fetch.max.bytes": str(64 * 1024 * 1024),
-            "queued.max.messages.kbytes": str(256 * 1024),
-            "fetch.queue.backoff.ms": "20",  # as the processor's ingest consumer (service.py)
+            **LARGE_FETCH_QUEUE,
         }
     )
     try:

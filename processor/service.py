@@ -43,7 +43,7 @@ from .fastpath import decode_completions_head, decode_item_head
 from .handover import PartitionHandover
 from .item import Batch
 from .lanes import LaneSettings
-from .replay import watermarks
+from .replay import LARGE_FETCH_QUEUE, watermarks
 from .restore import latest_checkpoint, transactional_id
 from .topics import TopicNames
 from .watchdog import CallWatchdog, guarded
@@ -173,10 +173,7 @@ class ProcessorService(PartitionHandover):
                 "isolation.level": "read_committed",
                 "session.timeout.ms": str(s.session_timeout_ms),
                 "fetch.max.bytes": str(64 * 1024 * 1024),
-                "queued.max.messages.kbytes": str(256 * 1024),
-                # When that queue is full librdkafka stops fetching for fetch.queue.backoff.ms, 1 s
-                # by default: after a backlog, the last messages waited up to a second for it.
-                "fetch.queue.backoff.ms": "20",
+                **LARGE_FETCH_QUEUE,
             }
         )
         self.control = Consumer(

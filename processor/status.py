@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from . import codec
 from .contract import Contract
-from .replay import read_topic, watermarks
+from .replay import passing, read_topic, watermarks
 from .topics import TopicNames
 
 
@@ -42,13 +42,6 @@ class StatusView:
         return sum(cp.per_consumer.get(consumer, {}).get(key, 0) for cp in self.checkpoints.values())
 
 
-_COORDINATOR_MOVING = (
-    KafkaError.NOT_COORDINATOR,
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-)
-
-
 def ingest_lag(
     conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
 ) -> tuple[int | None, int]:
@@ -62,7 +55,7 @@ def ingest_lag(
         try:
             committed: list[TopicPartition] | None = consumer.committed(tps, timeout=timeout_s)
         except KafkaException as exc:
-            if not exc.args[0].retriable() and exc.args[0].code() not in _COORDINATOR_MOVING:
+            if not passing(exc):
                 raise
             committed = None  # the group's coordinator is loading or moving: the lag is unknown for now
         lag = end = 0

@@ -256,6 +256,28 @@ def test_bad_arguments_get_one_line(argv: list[str], needle: str, capsys: pytest
 # Kafka: reading topics back
 
 
+@pytest.mark.parametrize(
+    ("flags", "code"),
+    [
+        ({}, 1),
+        ({"retriable": True}, 75),
+        ({"txn_requires_abort": True}, 75),
+        ({"fatal": True, "retriable": True}, 1),  # fenced: a restart would fence the other instance
+    ],
+)
+def test_consumer_command_exit_code_says_whether_a_restart_recovers(
+    flags: dict[str, bool], code: int
+) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processor.cmd_consumer import _failure_code
+    from processor.consumer_app import ConsumerAppError
+
+    assert _failure_code(KafkaException(KafkaError(KafkaError._TIMED_OUT, "x", **flags))) == code
+    assert _failure_code(ConsumerAppError("lost", restart_recovers=True)) == 75
+    assert _failure_code(ConsumerAppError("not open")) == 1
+
+
 def _prefix() -> TopicNames:
     return TopicNames(f"t{uuid.uuid4().hex[:8]}")
 
@@ -623,42 +645,41 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
     assert sorted(done) == ["first", "second"] and all(len(v) == 1 for v in done.values())
 
 
-@pytest.mark.kafka
-def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, names: TopicNames) -> None:
+def _consumer_command(
+    bootstrap: str, names: TopicNames, consumer: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``tokenfabric consumer`` in its own process, instant sim engine."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [sys.executable, "-m", "processor.cli", "consumer", "--id", consumer, "--model", MODEL]
+    argv += ["--budget", "1024", "--items", "8", "--time-scale", "0", "--metrics-port", "0"]
+    argv += ["--bootstrap", bootstrap, "--topic-prefix", names.prefix]
+    return subprocess.Popen(
+        argv,
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _send_batch(bootstrap: str, names: TopicNames, consumer: str, batch_id: str, items: list[str]) -> None:
     from confluent_kafka import Producer
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    argv = [
-        sys.executable,
-        "-m",
-        "processor.cli",
-        "consumer",
-        "--id",
-        "card-d",
-        "--model",
-        MODEL,
-        "--budget",
-        "1024",
-        "--items",
-        "8",
-        "--time-scale",
-        "0",
-        "--bootstrap",
-        kafka_bootstrap,
-        "--topic-prefix",
-        names.prefix,
-    ]
-    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    producer = Producer(_conf(bootstrap))
+    records = [_record(item, 8, 7) for item in items]
+    producer.produce(
+        names.batches(consumer), codec.encode_batch(_batch(batch_id, consumer, records, padded_length=8))
+    )
+    assert producer.flush(TIMEOUT_S) == 0
+
+
+@pytest.mark.kafka
+def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, names: TopicNames) -> None:
+    proc = _consumer_command(kafka_bootstrap, names, "card-d")
     try:
         _read(kafka_bootstrap, names.contracts, 1)  # announced: its batch topic exists now
-        producer = Producer(_conf(kafka_bootstrap))
-        producer.produce(
-            names.batches("card-d"),
-            codec.encode_batch(
-                _batch("b1", "card-d", [_record("d1", 8, 7), _record("d2", 8, 7)], padded_length=8)
-            ),
-        )
-        assert producer.flush(TIMEOUT_S) == 0
+        _send_batch(kafka_bootstrap, names, "card-d", "b1", ["d1", "d2"])
         assert len(_completions(kafka_bootstrap, names, 1)["b1"]) == 2  # one CompletionBatch message
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=TIMEOUT_S)
@@ -669,6 +690,44 @@ def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, na
     assert proc.returncode == 0, err
     assert out.startswith("consumer card-d: 1 batches, 2 items (ok 2, failed 0, rejected 0), 0 dead-lettered")
     assert "SIGTERM: finishing the current batch" in err
+
+
+@pytest.mark.kafka
+def test_consumer_command_exits_75_when_completions_cannot_be_delivered(
+    kafka_bootstrap: str, names: TopicNames
+) -> None:
+    """What a broker restart can do to an app: its completions time out and its transaction does
+    not commit. It exits 75 (restart me), not 1, and the restarted app runs the batch exactly once."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(_conf(kafka_bootstrap))
+    quick = {"TOKENFABRIC_KAFKA_MESSAGE_TIMEOUT_MS": "2000"}
+    proc = _consumer_command(kafka_bootstrap, names, "card-e", env=quick)
+    try:
+        _read(kafka_bootstrap, names.contracts, 1)  # announced: its batch topic exists now
+        for future in admin.delete_topics([names.results]).values():
+            future.result(TIMEOUT_S)
+        _send_batch(kafka_bootstrap, names, "card-e", "b1", ["e1", "e2"])
+        _out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 75, err
+    assert "messages not delivered" in err and "exit 75: a restart recovers" in err
+    _create_all(kafka_bootstrap, names)  # the results topic is back (the others exist: refused, kept)
+    again = _consumer_command(kafka_bootstrap, names, "card-e")
+    try:
+        done = _completions(kafka_bootstrap, names, 1)
+        again.send_signal(signal.SIGTERM)
+        out, err = again.communicate(timeout=TIMEOUT_S)
+    finally:
+        if again.poll() is None:
+            again.kill()
+            again.wait()
+    assert again.returncode == 0, err
+    assert sorted(done) == ["b1"] and sorted(c.item_id for c in done["b1"]) == ["e1", "e2"]
+    assert out.startswith("consumer card-e: 1 batches, 2 items (ok 2,")
 
 
 @pytest.mark.kafka
