@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    BrokerCpu,
     Produced,
     RunTopics,
     Spread,
@@ -79,7 +80,9 @@ class DrainContract:
         return {"consumer": DRAINER, "model": MODEL, **asdict(self)}
 
 
-def run_ceiling(conf: dict[str, str], source: Produced, eos: bool, timeout_s: float) -> dict[str, Any]:
+def run_ceiling(
+    conf: dict[str, str], source: Produced, eos: bool, timeout_s: float, broker: BrokerCpu | None = None
+) -> dict[str, Any]:
     base = unique("bench-ceil")
     out = f"{base}.out"
     make_topics(conf, [TopicSpec(out, 1, RETAINED)])
@@ -93,7 +96,7 @@ def run_ceiling(conf: dict[str, str], source: Produced, eos: bool, timeout_s: fl
         "expected": source.items,
         "timeout_s": timeout_s,
     }
-    worker = Worker("ceiling", args)
+    worker = Worker("ceiling", args | {"broker_pid": broker.pid if broker else None})
     try:
         result = worker.result(timeout_s + 60)
     finally:
@@ -112,6 +115,7 @@ def run_processor(
     contract: DrainContract,
     timeout_s: float,
     profile: str | None = None,
+    broker: BrokerCpu | None = None,
 ) -> dict[str, Any]:
     prefix = unique("bench-proc")
     topics = RunTopics(prefix, source=source.topic)
@@ -133,6 +137,7 @@ def run_processor(
             "group": f"{prefix}-group",
             "exactly_once": eos,
             "profile": profile,
+            "broker_pid": broker.pid if broker else None,
         }
         started.append(worker := Worker("processor", common | args))
         result = worker.result(timeout_s + 60)
@@ -194,6 +199,29 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "drainer_cpu_us_per_item": spread([r["drainer"]["cpu_s"] / r["items"] * 1e6 for r in processed]),
         "batch_items": sum(r["items"] for r in processed) / sum(r["batches"] for r in processed),
         "completions_in_span": min(r["completions_in_span"] / r["items"] for r in processed),
+        **broker_cpu(runs),
+    }
+
+
+def broker_cpu(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The broker's CPU per item over each side's measured interval, and the whole machine's: the
+    side's processes plus the broker. Absent when the broker is not local."""
+    if any(r[side].get("broker_cpu_s") is None for r in runs for side in ("ceiling", "processor")):
+        return {}
+
+    def per_item(values: list[float], items: list[int]) -> dict[str, float]:
+        return asdict(Spread.of([v / n * 1e6 for v, n in zip(values, items, strict=True)]))
+
+    ceiling, proc = [r["ceiling"] for r in runs], [r["processor"] for r in runs]
+    return {
+        "ceiling_broker_us_per_item": per_item(
+            [r["broker_cpu_s"] for r in ceiling], [r["items"] for r in ceiling]
+        ),
+        "processor_broker_us_per_item": per_item(
+            [r["broker_cpu_s"] for r in proc], [r["items"] for r in proc]
+        ),
+        "ceiling_machine_us_per_item": asdict(Spread.of(_machine(runs, "ceiling"))),
+        "processor_machine_us_per_item": asdict(Spread.of(_machine(runs, "processor"))),
     }
 
 
@@ -211,6 +239,7 @@ def bench(
 ) -> list[dict[str, Any]]:
     """Every size: produce its input once, then per mode ``reps`` x (ceiling, processor)."""
     out = []
+    broker = BrokerCpu.find(conf["bootstrap.servers"])
     for tokens, items in sizes.items():
         topic = f"{unique('bench-in')}-{tokens}"
         make_topics(conf, [input_spec(topic)])
@@ -228,8 +257,8 @@ def bench(
             for mode in modes:
                 runs = []
                 for rep in range(reps):
-                    ceiling = run_ceiling(conf, source, MODES[mode], timeout_s)
-                    proc = run_processor(conf, source, MODES[mode], contract, timeout_s, profile)
+                    ceiling = run_ceiling(conf, source, MODES[mode], timeout_s, broker)
+                    proc = run_processor(conf, source, MODES[mode], contract, timeout_s, profile, broker)
                     runs.append({"ceiling": ceiling, "processor": proc, "load": load_average()})
                     log(describe_rep(mode, rep, ceiling, proc))
                 entry["modes"][mode] = {"runs": runs, "summary": summarise(runs)}
@@ -248,6 +277,12 @@ def describe_rep(mode: str, rep: int, ceiling: dict[str, Any], proc: dict[str, A
         f"{proc['drainer']['cpu_s'] / proc['items'] * 1e6:.0f}); "
         f"{proc['items'] / proc['batches']:.0f} items/batch, "
         f"{proc['completions_in_span'] / proc['items']:.0%} completed within the span"
+        + (
+            f"; broker CPU us/item {ceiling['broker_cpu_s'] / ceiling['items'] * 1e6:.0f} / "
+            f"{proc['broker_cpu_s'] / proc['items'] * 1e6:.0f}"
+            if proc.get("broker_cpu_s") is not None and ceiling.get("broker_cpu_s") is not None
+            else ""
+        )
     )
 
 
@@ -271,6 +306,49 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"| {s['drainer_cpu_us_per_item'].fmt('.1f')} | {data['summary']['batch_items']:.0f} |"
             )
     return "\n".join(lines)
+
+
+def cpu_table(results: list[dict[str, Any]]) -> str | None:
+    """Markdown: where each side's CPU went, per item, with the broker's; None without broker figures."""
+    rows = []
+    for entry in results:
+        for mode, data in entry["modes"].items():
+            summary = data["summary"]
+            if "processor_machine_us_per_item" not in summary:
+                return None
+            s = {k: Spread(**v) for k, v in summary.items() if isinstance(v, dict)}
+            machine = [
+                c / p
+                for c, p in zip(
+                    _machine(data["runs"], "ceiling"), _machine(data["runs"], "processor"), strict=True
+                )
+            ]
+            rows.append(
+                f"| {entry['tokens']:,} | {'on' if mode == 'eos' else 'off'} "
+                f"| {s['ceiling_cpu_us_per_item'].fmt('.1f')} | {s['ceiling_broker_us_per_item'].fmt('.1f')} "
+                f"| **{s['ceiling_machine_us_per_item'].fmt('.1f')}** "
+                f"| {s['processor_cpu_us_per_item'].fmt('.1f')} | {s['drainer_cpu_us_per_item'].fmt('.1f')} "
+                f"| {s['processor_broker_us_per_item'].fmt('.1f')} "
+                f"| **{s['processor_machine_us_per_item'].fmt('.1f')}** "
+                f"| **{Spread.of(machine).fmt('.2f')}** | {s['ratio'].fmt('.2f')} |"
+            )
+    head = [
+        "| tokens/item | exactly-once | ceiling process | broker | **machine, ceiling side** "
+        "| processor process | drainer | broker | **machine, processor side** "
+        "| **machine CPU ratio** (ceiling / processor side) | processor / ceiling, items/s |",
+        "| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    return "\n".join(head + rows)
+
+
+def _machine(runs: list[dict[str, Any]], side: str) -> list[float]:
+    """CPU us per item of everything one side kept busy: its processes and the broker."""
+    out = []
+    for run in runs:
+        r = run[side]
+        cpu_s = r["cpu_s"] + r["broker_cpu_s"] + (r["drainer"]["cpu_s"] if side == "processor" else 0.0)
+        out.append(cpu_s / r["items"] * 1e6)
+    return out
 
 
 def parse_sizes(text: str | None, defaults: dict[int, int]) -> dict[int, int]:
@@ -310,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     results = bench(conf, sizes, modes, reps, args.shapes, args.jitter, contract, args.timeout, args.profile)
     print()
     print(table(results))
+    if (cpu := cpu_table(results)) is not None:
+        print()
+        print(cpu)
     write_json(
         args.json, {"contract": contract.as_contract(), "shapes": args.shapes, "reps": reps, "sizes": results}
     )

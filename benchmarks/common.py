@@ -32,6 +32,8 @@ if str(ROOT) not in sys.path:
 from processor.topics import RETAINED, TopicNames, TopicSpec, create_topics, topic_specs  # noqa: E402
 
 WORKERS = Path(__file__).resolve().with_name("workers.py")
+#: Where ``run_all.py --own-broker`` starts its broker.
+OWN_BROKER_DIR = Path("/tmp/bench-kafka")
 RESULT_PREFIX = "RESULT "
 READY_LINE = "READY"
 
@@ -217,6 +219,52 @@ def mem_total_gib() -> float:
     except OSError:
         pass
     return float("nan")
+
+
+class BrokerCpu:
+    """CPU seconds of a broker this machine runs (``processor.kafka_local``), read from /proc.
+
+    Why: broker, processor, drainer and librdkafka share two cores, and the processor's side makes
+    the broker do more (it also serves the drainer and the changelog) than the ceiling's does. The
+    broker's CPU beside each side's says how much of a ratio is that, not the processor's code.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    @classmethod
+    def find(cls, bootstrap: str) -> BrokerCpu | None:
+        """The process listening on ``bootstrap``'s port if it is on this machine and readable (a
+        broker ``processor.kafka_local`` or anything else of ours started), else None."""
+        host, _, port = bootstrap.split(",")[0].rpartition(":")
+        if host not in ("127.0.0.1", "localhost", "::1", "[::1]") or not port.isdigit():
+            return None
+        inodes = _listening_inodes(int(port))
+        for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+            try:
+                links = [os.readlink(fd) for fd in fd_dir.iterdir()]
+            except OSError:  # another user's process, or gone
+                continue
+            if any(link.startswith("socket:[") and link[8:-1] in inodes for link in links):
+                return cls(int(fd_dir.parent.name))
+        return None
+
+    def seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self._tick  # utime, stime
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes of TCP sockets listening on ``port`` (state 0A), from /proc/net/tcp and tcp6."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    out.add(fields[9])
+    return out
 
 
 def load_average() -> str:

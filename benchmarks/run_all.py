@@ -28,11 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, Spread, load_average, machine, versions
+from common import OWN_BROKER_DIR, ROOT, Spread, load_average, machine, versions
 
 HERE = Path(__file__).resolve().parent
 BENCHES = ("core", "pipeline", "restore", "memory")
-OWN_BROKER_DIR = Path("/tmp/bench-kafka")
 PROFILE_SECTION = "## Where the time goes"
 EMBED_SECTION = "## Real compute: embed engine, lanes vs fifo"
 PLACEHOLDERS = {
@@ -284,9 +283,25 @@ def _pipeline_text(p: dict[str, Any], mod: Any) -> str:
         f"{min(_completed(p)):.0%} or more in every run: most of the work of applying completions falls "
         "inside the measured interval, as it would in steady operation.\n\n"
         f"{mod.table(p['sizes'])}\n\n"
+        f"{_cpu_text(mod.cpu_table(p['sizes']))}"
         "The processor's at-least-once runs start with the control group's results offsets committed at "
         "0: a fresh at-least-once processor otherwise reads results from `latest`, resolved only after it "
         'has started, and misses the first completions (see "Where the time goes").'
+    )
+
+
+def _cpu_text(table: str | None) -> str:
+    if table is None:
+        return ""
+    return (
+        "Where the CPU went, in us per item, over each side's measured interval: the side's own "
+        "processes (the ceiling; the processor and its drainer) and the broker's JVM, read from /proc "
+        "(the broker runs on this machine). All of them share the two cores, so once a side keeps both "
+        "busy its items/s is two cores' worth of CPU divided by its machine CPU per item, and processor "
+        "/ ceiling tends to the machine CPU ratio. The processor's side asks more of the broker than "
+        "the ceiling's: the drainer reads every batch back, and there are completions, changelog records "
+        "and their reads besides.\n\n"
+        f"{table}\n\n"
     )
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import READY_LINE, RESULT_PREFIX, RunTopics
+from common import READY_LINE, RESULT_PREFIX, BrokerCpu, RunTopics
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor import codec
@@ -80,30 +80,35 @@ def peak_rss_mib() -> float:
 
 
 class Interval:
-    """First input to last durable output, in wall and CPU seconds."""
+    """First input to last durable output, in wall and CPU seconds; with ``broker_pid`` (a broker on
+    this machine), the broker's CPU seconds over the same interval too."""
 
-    def __init__(self) -> None:
+    def __init__(self, broker_pid: int | None = None) -> None:
         self.first_s: float | None = None
-        self.first_cpu = self.first_thread = 0.0
+        self.first_cpu = self.first_thread = self.first_broker = 0.0
         self.last_s: float | None = None
-        self.last_cpu = self.last_thread = 0.0
+        self.last_cpu = self.last_thread = self.last_broker = 0.0
+        self.broker = BrokerCpu(broker_pid) if broker_pid else None
 
     def started(self, wall: float, cpu_s: float) -> None:
         if self.first_s is None:
             self.first_s, self.first_cpu = wall, cpu_s
             self.first_thread = time.thread_time()
+            self.first_broker = self.broker.seconds() if self.broker else 0.0
 
     def finished(self) -> None:
         self.last_s, self.last_cpu = time.perf_counter(), cpu()
         self.last_thread = time.thread_time()
+        self.last_broker = self.broker.seconds() if self.broker else 0.0
 
-    def report(self) -> dict[str, float]:
+    def report(self) -> dict[str, float | None]:
         """``thread_cpu_s``: the calling thread's own CPU (the Python loop), without librdkafka's."""
         assert self.first_s is not None and self.last_s is not None
         return {
             "seconds": self.last_s - self.first_s,
             "cpu_s": self.last_cpu - self.first_cpu,
             "thread_cpu_s": self.last_thread - self.first_thread,
+            "broker_cpu_s": self.last_broker - self.first_broker if self.broker else None,
         }
 
 
@@ -136,7 +141,7 @@ def ceiling(a: dict[str, Any]) -> None:
     def delivered(err: Any, _msg: Any) -> None:
         counts["failed" if err is not None else "delivered"] += 1
 
-    span = Interval()
+    span = Interval(a.get("broker_pid"))
     produced = commits = 0
     dirty = False
     last_commit = time.monotonic()
@@ -223,6 +228,7 @@ class TimedProcessor(ProcessorService):
         stop: threading.Event,
         timeout_s: float,
         profile: cProfile.Profile | None = None,
+        broker_pid: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -231,7 +237,7 @@ class TimedProcessor(ProcessorService):
         self.until = until
         self.stop_event = stop
         self.deadline = time.monotonic() + timeout_s
-        self.span = Interval()
+        self.span = Interval(broker_pid)
         self.profile = profile
         self.profiling = False
         self.completions_in_span = 0
@@ -306,6 +312,7 @@ def processor(a: dict[str, Any]) -> None:
         stop=stop,
         timeout_s=a["timeout_s"],
         profile=profile,
+        broker_pid=a.get("broker_pid"),
     )
     service.run(stop)
     if profile is not None:

@@ -67,6 +67,9 @@ def test_run_all_at_smoke_size_writes_a_sane_document(kafka_bootstrap: str, tmp_
     run("run_all.py", *args, timeout_s=120)
     results = json.loads(out.read_text())
     _check_pipeline(results["pipeline"])
+    local_broker = _broker_is_local(kafka_bootstrap)
+    if local_broker:  # the CPU table: its processes and the broker's, per item
+        _check_machine_cpu(results["pipeline"])
     _check_restore(results["restore"])
     assert "backlog: combined" in results["core"]
 
@@ -83,6 +86,36 @@ def test_run_all_at_smoke_size_writes_a_sane_document(kafka_bootstrap: str, tmp_
         assert f"\n{heading}" in text, heading
     assert "(merged from docs/benchmarks-embed.md)" in text
     assert "python benchmarks/bench_pipeline.py --smoke" in text
+    assert ("machine CPU ratio" in text) == local_broker
+
+
+def _broker_is_local(bootstrap: str) -> bool:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from common import BrokerCpu
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return BrokerCpu.find(bootstrap) is not None
+
+
+def _check_machine_cpu(pipeline: dict[str, Any]) -> None:
+    for entry in pipeline["sizes"]:
+        for mode in entry["modes"].values():
+            for run_ in mode["runs"]:
+                for side in (run_["ceiling"], run_["processor"]):
+                    assert side["broker_cpu_s"] >= 0  # read in clock ticks: a smoke-sized span can be under one
+            s = mode["summary"]
+            for side, parts in (
+                ("ceiling", ("ceiling_cpu_us_per_item", "ceiling_broker_us_per_item")),
+                (
+                    "processor",
+                    ("processor_cpu_us_per_item", "drainer_cpu_us_per_item", "processor_broker_us_per_item"),
+                ),
+            ):
+                machine = s[f"{side}_machine_us_per_item"]
+                assert machine["low"] > 0 and machine["low"] <= machine["median"] <= machine["high"]
+                if machine["n"] == 1:  # one run: the total is exactly the sum of its parts
+                    assert machine["median"] == pytest.approx(sum(s[k]["median"] for k in parts))
 
 
 def _check_pipeline(pipeline: dict[str, Any]) -> None:
