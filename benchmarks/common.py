@@ -119,10 +119,11 @@ class Worker:
         return "\n".join(text.splitlines()[-25:])
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Block until the worker prints READY (it has set itself up)."""
-        line = self._line(timeout_s)
-        if line != READY_LINE:
-            raise WorkerError(f"{self.role}: expected READY, got {line!r}\n{self._tail()}")
+        """Block until the worker prints READY (it has set itself up). Other lines are skipped, as
+        :meth:`result` skips them: a ``BENCH_WRAP_<ROLE>`` tool may print on the same stdout."""
+        deadline = time.monotonic() + timeout_s
+        while self._line(max(0.1, deadline - time.monotonic())) != READY_LINE:
+            pass
 
     def result(self, timeout_s: float) -> dict[str, Any]:
         """Wait for the RESULT line and the exit; raise with the worker's log on anything else."""
