@@ -330,10 +330,12 @@ def _memory_text(r: dict[str, Any], mod: Any) -> str:
 
 
 NOISE = (
-    "This machine is shared: other agents run test suites on the same two cores during a run, and the "
-    "broker, the processor (or the ceiling), the drainer and librdkafka's threads compete for them. "
-    "Absolute rates move by tens of percent from one repetition to the next; the load averages above "
-    "say how busy it was. That is why the two sides alternate and the ratio is taken per pair, why each "
+    "The broker, the processor (or the ceiling), the drainer and librdkafka's threads compete for the "
+    "same two cores, as does anything else the machine runs meanwhile (the load averages above say how "
+    "busy it was). The machine's speed also drifts: the same code's CPU per item can differ by half "
+    "between runs an hour apart, with no steal time reported inside the VM (/proc/stat), so the cause "
+    "is not visible from here. Absolute rates move by tens of percent from one repetition to the next. "
+    "That is why the two sides alternate and the ratio is taken per pair, why each "
     "figure is a median with its range, and why CPU microseconds per item (steadier than wall time "
     "under load) are shown beside the rates. Single figures without a range are single runs."
 )
