@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.consumer_app import ConsumerApp, ConsumerAppError, retire
     from processor.contract import CONSUMER_ID
     from processor.engines import make_engine
+    from processor.exits import TransientFailure
     from processor.health import ServingHealth, start_http
     from processor.kafka_config import ConfigError, describe
     from processor.metrics import ConsumerMetrics
@@ -211,12 +212,8 @@ def run(args: argparse.Namespace) -> int:
     _install_stop_handlers(stop)
     try:
         stats = app.run(stop)
-    except (KafkaException, ConsumerAppError) as exc:
-        code = _failure_code(exc)
-        print(
-            f"{PROG}: error: {exc}" + (" (exit 75: a restart recovers)" if code != 1 else ""), file=sys.stderr
-        )
-        return code
+    except (KafkaException, ConsumerAppError, TransientFailure) as exc:
+        return _failed(exc)
     except KeyboardInterrupt:
         print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
         return 130
@@ -227,23 +224,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _failure_code(exc: Exception) -> int:
-    """75 when the failure left nothing committed and is not the app's own fault, else 1."""
-    from confluent_kafka import KafkaError
+def _failed(exc: BaseException) -> int:
+    """One line on stderr, and the exit code that says whether a restart recovers (processor.exits)."""
+    from processor.exits import EXIT_TEMPFAIL, exit_code
 
-    from processor.consumer_app import ConsumerAppError
-    from processor.watchdog import EXIT_STUCK
-
-    if isinstance(exc, ConsumerAppError):
-        return EXIT_STUCK if exc.restart_recovers else 1
-    error = exc.args[0] if exc.args else None
-    if (
-        isinstance(error, KafkaError)
-        and not error.fatal()
-        and (error.retriable() or error.txn_requires_abort())
-    ):
-        return EXIT_STUCK
-    return 1
+    code = exit_code(exc)
+    hint = f" (exit {EXIT_TEMPFAIL}: a restart recovers)" if code == EXIT_TEMPFAIL else ""
+    print(f"{PROG}: error: {exc}{hint}", file=sys.stderr)
+    return code
 
 
 def _install_stop_handlers(stop: threading.Event) -> None:

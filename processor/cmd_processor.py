@@ -1,5 +1,10 @@
 """``tokenfabric processor``: run the stream processor until SIGTERM or SIGINT.
 
+Exit status: 0 after a clean stop; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when
+a run-time failure left nothing committed past the last commit and a restart recovers (a produce not
+delivered, a retriable or abortable Kafka error, a stuck commit: processor.watchdog); 1 otherwise (a
+fatal Kafka error such as being fenced, a ledger that does not balance: a bug, logged with its trace).
+
 It also serves ``/metrics``, ``/healthz`` and ``/readyz`` (processor.metrics, processor.health) on
 127.0.0.1:9464 unless ``--metrics-port 0``; the server lives exactly as long as the service.
 """
@@ -65,6 +70,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from .exits import EXIT_TEMPFAIL, TransientFailure, exit_code
     from .health import ProcessorHealth, start_http
     from .kafka_config import ConfigError, describe
     from .metrics import processor_registry
@@ -115,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         service.run(stop)
+    except (KafkaException, TransientFailure) as exc:
+        code = exit_code(exc)
+        if code != EXIT_TEMPFAIL:
+            raise
+        log.error("%s: exiting with %d, a restart recovers from the last commit", exc, code)
+        return code
     finally:
         if server is not None:
             server.close()

@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from . import changelog
+from .exits import DeliveryFailed
 from .fastpath import ItemHead
 from .item import Batch, Item
 from .offsets import DeadMark, OffsetTracker
@@ -61,7 +62,9 @@ class Placement:
 
 
 class Committer(Protocol):
-    fatal: BaseException | None
+    fatal: KafkaError | None
+
+    def check_delivered(self) -> None: ...
 
     def produce(
         self,
@@ -99,7 +102,7 @@ class _Base:
         self.topics = topics
         self.instance = instance
         self.interval_ms = interval_ms
-        self.fatal: BaseException | None = None
+        self.fatal: KafkaError | None = None  # the first failed delivery
         self._last_ms = -1 << 62
 
     def due(self, now_ms: int) -> bool:
@@ -110,7 +113,14 @@ class _Base:
 
     def _failed(self, err: Any, _msg: Any) -> None:
         if err is not None and self.fatal is None:
-            self.fatal = KafkaException(err)
+            self.fatal = err
+
+    def check_delivered(self) -> None:
+        """Raise if a produce failed: what it carried is lost, so nothing more may be committed."""
+        if self.fatal is not None:
+            raise DeliveryFailed(
+                f"processor {self.instance}: a produce failed: {self.fatal.str()}", self.fatal
+            )
 
     def produce(
         self,
@@ -362,10 +372,14 @@ class TransactionalCommitter(_Base):
                 self.producer.send_offsets_to_transaction(
                     positions, self.ingest.consumer_group_metadata(), 30
                 )
-        self.producer.commit_transaction(60)
+        try:
+            self.producer.commit_transaction(60)
+        except KafkaException:
+            self.producer.poll(0)  # the delivery reports that explain it, if a produce failed
+            self.check_delivered()  # the cause, classified (processor.exits), rather than its effect
+            raise
         self.in_transaction = False
-        if self.fatal is not None:
-            raise RuntimeError(f"processor {self.instance}: a produce failed: {self.fatal}") from self.fatal
+        self.check_delivered()
         self._begin()
         return time.monotonic() - started
 

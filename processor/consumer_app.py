@@ -62,6 +62,7 @@ from processor.codec import (
 )
 from processor.contract import Contract
 from processor.engines import Engine, ItemResult
+from processor.exits import DeliveryFailed
 from processor.fastpath import BatchHead
 from processor.producer import with_kafka_logger
 from processor.topics import TopicNames, create_topics, topic_specs
@@ -77,17 +78,8 @@ MAX_COMPLETION_BYTES = 900_000
 
 
 class ConsumerAppError(RuntimeError):
-    """The app cannot go on (a completion was not delivered, a fatal Kafka error).
-
-    ``restart_recovers`` marks failures that left nothing half-done: the batch's offset was not
-    committed (nor, with exactly-once, its transaction), so a restarted app runs the batch again and
-    the processor counts its completions once. A broker restart causes these; the command exits 75
-    for them so a supervisor restarts it, and 1 for the rest.
-    """
-
-    def __init__(self, message: str, *, restart_recovers: bool = False) -> None:
-        super().__init__(message)
-        self.restart_recovers = restart_recovers
+    """The app cannot go on (the broker cannot be reached, a contract cannot be published). A
+    completion that was not delivered raises :class:`processor.exits.DeliveryFailed` instead."""
 
 
 @dataclass(slots=True)
@@ -205,7 +197,7 @@ class ConsumerApp:
         self.batch_topic = topics.batches(contract.consumer)
         self.stats = ConsumerStats()
         self._producer: Producer | None = None
-        self._delivery_errors: list[str] = []
+        self._delivery_errors: list[tuple[str, KafkaError]] = []
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -507,22 +499,21 @@ class ConsumerApp:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            self._delivery_errors.append(f"{msg.topic()}: {err.str()}")
+            self._delivery_errors.append((f"{msg.topic()}: {err.str()}", err))
 
     def _flush(self, what: str, timeout_s: float = 60.0) -> None:
-        """Wait for every queued message; raise (so nothing is committed) if any was not delivered."""
+        """Wait for every queued message; raise (so nothing is committed) if any was not delivered.
+
+        Nothing was committed for the batch then, so a restarted app runs it again and the processor
+        counts its completions once: the command exits 75 for this (processor.exits)."""
         assert self._producer is not None
         remaining = self._producer.flush(timeout_s)
         if self._delivery_errors:
             errors, self._delivery_errors = self._delivery_errors, []
-            raise ConsumerAppError(
-                f"{what}: {len(errors)} messages not delivered; first: {errors[0]}", restart_recovers=True
-            )
+            text, first = errors[0]
+            raise DeliveryFailed(f"{what}: {len(errors)} messages not delivered; first: {text}", first)
         if remaining:
-            raise ConsumerAppError(
-                f"{what}: {remaining} messages still unacknowledged after {timeout_s:g} s",
-                restart_recovers=True,
-            )
+            raise DeliveryFailed(f"{what}: {remaining} messages still unacknowledged after {timeout_s:g} s")
 
 
 def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:

@@ -318,7 +318,7 @@ class ProcessorService(PartitionHandover):
         for batch in self.core.dispatch(now):
             self._send_batch(batch)
         self.producer.poll(0)
-        self._raise_fatal()
+        self.committer.check_delivered()
         if now - self._last_tick >= s.tick_interval_ms:
             self.core.tick(now)
             self._last_tick = now
@@ -472,11 +472,6 @@ class ProcessorService(PartitionHandover):
 
     def _done_items(self, batch_id: str) -> list[str]:
         return self.core.done_items(batch_id)
-
-    def _raise_fatal(self) -> None:
-        fatal = self.committer.fatal
-        if fatal is not None:
-            raise RuntimeError(f"processor {self.settings.instance}: a produce failed: {fatal}") from fatal
 
     # -- commits and checkpoints ---------------------------------------------------------------
 

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-#: ``EX_TEMPFAIL``: the process ended on a failure that a restart recovers from (a stuck commit here;
-#: an undelivered completion or a retriable Kafka error in consumer apps, processor.cmd_consumer).
-EXIT_STUCK = 75
+from .exits import EXIT_TEMPFAIL
+
+EXIT_STUCK = EXIT_TEMPFAIL  # a stuck commit is one of the failures a restart cures (processor.exits)
 
 log = logging.getLogger("tokenfabric.watchdog")
 

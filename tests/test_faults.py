@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from processor import codec
 from processor.audit import audit
@@ -64,9 +65,45 @@ def test_a_zombie_processor_is_fenced_and_emits_nothing(rig: Rig) -> None:
     old.send_signal(signal.SIGCONT)
     rig.wait_completed(len(ids), timeout_s=240)
     old_code = old.wait(60)
-    assert old_code != 0, "the zombie should have stopped on being fenced"
+    assert old_code == 1, "the zombie should stop on being fenced, and not ask for a restart (75)"
     codes = rig.pipeline.stop()
     assert codes["new"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+def test_a_processor_that_cannot_deliver_exits_75_and_its_restart_loses_nothing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A consumer's batch topic is missing (a deploy not finished), so the processor's batches time
+    out: it exits 75, having committed nothing past its last commit. Once the topic exists, a
+    restarted processor dispatches every item exactly once."""
+    from confluent_kafka.admin import AdminClient
+
+    small = CARDS[0]
+    with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
+        admin = AdminClient(rig.conf)
+        for future in admin.delete_topics([rig.topics.batches(small.consumer)]).values():
+            future.result(30)
+        announce = codec.encode_contract(codec.ContractRecord(small, int(time.time() * 1000)))
+        producer = Producer(rig.conf)
+        producer.produce(rig.topics.contracts, announce, small.consumer.encode())
+        assert producer.flush(30) == 0
+        ids, tokens = produce(rig, 2_000, seed=29)
+        quick = tmp_path / "quick.properties"
+        quick.write_text("message.timeout.ms=3000\n")
+        rig.spawn_processor("impatient", extra=("--kafka-config", str(quick)))
+        code = rig.pipeline.procs["impatient"].wait(120)
+        log = (rig.pipeline.log_dir / "impatient.log").read_text()
+        assert code == 75, log
+        assert "a produce failed" in log and "a restart recovers" in log
+        assert gather(rig.conf, rig.topics, group=rig.group).total("routed_items") == 0  # nothing committed
+        create_topics(rig.conf, topic_specs(rig.topics, consumers=[c.consumer for c in CARDS]))
+        for contract in CARDS:
+            rig.spawn_consumer(contract.consumer, contract, overhead_ms=1)
+        rig.spawn_processor("restarted")
+        rig.wait_completed(len(ids), timeout_s=180)
+        codes = rig.pipeline.stop()
+    assert codes["restarted"] == 0
     assert_exactly_once(rig, ids, tokens)
 
 
