@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import pytest
@@ -656,15 +657,17 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
     assert sorted(done) == ["first", "second"] and all(len(v) == 1 for v in done.values())
 
 
+@contextmanager
 def _consumer_command(
     bootstrap: str, names: TopicNames, consumer: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    """``tokenfabric consumer`` in its own process, instant sim engine."""
+) -> Iterator[subprocess.Popen[str]]:
+    """``tokenfabric consumer`` in its own process, instant sim engine; killed on the way out if the
+    test left it running."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = [sys.executable, "-m", "processor.cli", "consumer", "--id", consumer, "--model", MODEL]
     argv += ["--budget", "1024", "--items", "8", "--time-scale", "0", "--metrics-port", "0"]
     argv += ["--bootstrap", bootstrap, "--topic-prefix", names.prefix]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         argv,
         cwd=root,
         stdout=subprocess.PIPE,
@@ -672,6 +675,12 @@ def _consumer_command(
         text=True,
         env={**os.environ, **(env or {})},
     )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _send_batch(bootstrap: str, names: TopicNames, consumer: str, batch_id: str, items: list[str]) -> None:
@@ -687,17 +696,12 @@ def _send_batch(bootstrap: str, names: TopicNames, consumer: str, batch_id: str,
 
 @pytest.mark.kafka
 def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, names: TopicNames) -> None:
-    proc = _consumer_command(kafka_bootstrap, names, "card-d")
-    try:
+    with _consumer_command(kafka_bootstrap, names, "card-d") as proc:
         _read(kafka_bootstrap, names.contracts, 1)  # announced: its batch topic exists now
         _send_batch(kafka_bootstrap, names, "card-d", "b1", ["d1", "d2"])
         assert len(_completions(kafka_bootstrap, names, 1)["b1"]) == 2  # one CompletionBatch message
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert out.startswith("consumer card-d: 1 batches, 2 items (ok 2, failed 0, rejected 0), 0 dead-lettered")
     assert "SIGTERM: finishing the current batch" in err
@@ -713,29 +717,19 @@ def test_consumer_command_exits_75_when_completions_cannot_be_delivered(
 
     admin = AdminClient(_conf(kafka_bootstrap))
     quick = {"TOKENFABRIC_KAFKA_MESSAGE_TIMEOUT_MS": "2000"}
-    proc = _consumer_command(kafka_bootstrap, names, "card-e", env=quick)
-    try:
+    with _consumer_command(kafka_bootstrap, names, "card-e", env=quick) as proc:
         _read(kafka_bootstrap, names.contracts, 1)  # announced: its batch topic exists now
         for future in admin.delete_topics([names.results]).values():
             future.result(TIMEOUT_S)
         _send_batch(kafka_bootstrap, names, "card-e", "b1", ["e1", "e2"])
         _out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 75, err
     assert "messages not delivered" in err and "exit 75: a restart recovers" in err
     _create_all(kafka_bootstrap, names)  # the results topic is back (the others exist: refused, kept)
-    again = _consumer_command(kafka_bootstrap, names, "card-e")
-    try:
+    with _consumer_command(kafka_bootstrap, names, "card-e") as again:
         done = _completions(kafka_bootstrap, names, 1)
         again.send_signal(signal.SIGTERM)
         out, err = again.communicate(timeout=TIMEOUT_S)
-    finally:
-        if again.poll() is None:
-            again.kill()
-            again.wait()
     assert again.returncode == 0, err
     assert sorted(done) == ["b1"] and sorted(c.item_id for c in done["b1"]) == ["e1", "e2"]
     assert out.startswith("consumer card-e: 1 batches, 2 items (ok 2,")
