@@ -62,7 +62,7 @@ class Placement:
 
 
 class Committer(Protocol):
-    fatal: KafkaError | None
+    undelivered: KafkaError | None
 
     def check_delivered(self) -> None: ...
 
@@ -102,7 +102,7 @@ class _Base:
         self.topics = topics
         self.instance = instance
         self.interval_ms = interval_ms
-        self.fatal: KafkaError | None = None  # the first failed delivery
+        self.undelivered: KafkaError | None = None  # the first failed delivery
         self._last_ms = -1 << 62
 
     def due(self, now_ms: int) -> bool:
@@ -112,14 +112,14 @@ class _Base:
         return False
 
     def _failed(self, err: Any, _msg: Any) -> None:
-        if err is not None and self.fatal is None:
-            self.fatal = err
+        if err is not None and self.undelivered is None:
+            self.undelivered = err
 
     def check_delivered(self) -> None:
         """Raise if a produce failed: what it carried is lost, so nothing more may be committed."""
-        if self.fatal is not None:
+        if self.undelivered is not None:
             raise DeliveryFailed(
-                f"processor {self.instance}: a produce failed: {self.fatal.str()}", self.fatal
+                f"processor {self.instance}: a produce failed: {self.undelivered.str()}", self.undelivered
             )
 
     def produce(

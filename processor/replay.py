@@ -22,21 +22,25 @@ LARGE_FETCH_QUEUE: Mapping[str, str] = {
     "fetch.queue.backoff.ms": "20",
 }
 
-#: Errors that say a partition's leader or a group's coordinator is moving or still loading (a
-#: broker restarting, a topic just created): the same call succeeds a moment later.
-_MOVING = (
+#: Errors that the same call gets past a moment later: a partition's leader or a group's coordinator
+#: moving or still loading (a broker restarting, a topic just created), and a group's offsets held
+#: back by an open transaction (a processor that died mid-transaction: the coordinator aborts it
+#: within ``transaction.timeout.ms``; librdkafka retries until its own timeout, then says _TIMED_OUT).
+_PASSING = (
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.UNSTABLE_OFFSET_COMMIT,
+    KafkaError._TIMED_OUT,
 )
 
 
 def passing(exc: KafkaException) -> bool:
     """True for an error that a retry a moment later can get past (retriable, or something moving)."""
     error = exc.args[0]
-    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _MOVING)
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _PASSING)
 
 
 def position(msg: Any) -> tuple[int, int]:

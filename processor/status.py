@@ -57,7 +57,7 @@ def ingest_lag(
         except KafkaException as exc:
             if not passing(exc):
                 raise
-            committed = None  # the group's coordinator is loading or moving: the lag is unknown for now
+            committed = None  # coordinator moving, or offsets held by an open transaction: unknown for now
         lag = end = 0
         for tp in committed if committed is not None else tps:
             low, high = watermarks(consumer, TopicPartition(topic, tp.partition), timeout_s)
