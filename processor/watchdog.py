@@ -22,17 +22,15 @@ from contextlib import contextmanager
 
 from .exits import EXIT_TEMPFAIL
 
-EXIT_STUCK = EXIT_TEMPFAIL  # a stuck commit is one of the failures a restart cures (processor.exits)
-
 log = logging.getLogger("tokenfabric.watchdog")
 
 
 def _exit(what: str, stuck_s: float) -> None:
     log.critical(
-        "%s has not returned for %.0f s: exiting with %d so a restart recovers", what, stuck_s, EXIT_STUCK
+        "%s has not returned for %.0f s: exiting with %d so a restart recovers", what, stuck_s, EXIT_TEMPFAIL
     )
     logging.shutdown()
-    os._exit(EXIT_STUCK)
+    os._exit(EXIT_TEMPFAIL)
 
 
 class CallWatchdog:

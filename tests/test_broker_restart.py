@@ -4,7 +4,8 @@ The processor and two consumers run as real processes under a tiny supervisor (t
 would under Kubernetes. librdkafka reconnects by itself, except that ``send_offsets_to_transaction``
 can block forever after the coordinator's broker restarts (librdkafka#5456/#5511): the watchdog then
 ends the process with exit code 75 and the supervisor starts it again, which exactly-once makes safe
-(processor/watchdog.py). The test records which processes needed that.
+(processor/watchdog.py). A process whose messages timed out while the broker was away exits 75 too
+(processor/exits.py). The test records which processes needed a restart.
 
 This test restarts a broker, so it starts its own (on loopback, from the cached jars) even when
 ``KAFKA_BOOTSTRAP`` names a shared one.
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from processor import kafka_local
-from processor.watchdog import EXIT_STUCK
+from processor.exits import EXIT_TEMPFAIL
 from tests.faultrig import CARDS, Rig, assert_exactly_once, running_rig
 from tests.test_scaleout import produce_paced
 
@@ -45,10 +46,10 @@ def supervise_until_done(rig: Rig, n: int, timeout_s: float) -> list[str]:
     restarted: list[str] = []
     deadline = time.monotonic() + timeout_s
     while rig.completed() < n:
-        restarted += rig.respawn_exited(EXIT_STUCK)
+        restarted += rig.respawn_exited(EXIT_TEMPFAIL)
         for name, proc in rig.pipeline.procs.items():
             code = proc.poll()
-            assert code in (None, EXIT_STUCK), (
+            assert code in (None, EXIT_TEMPFAIL), (
                 f"{name} exited with {code}; see its log in {rig.pipeline.log_dir}"
             )
         if time.monotonic() > deadline:
@@ -75,7 +76,7 @@ def test_the_pipeline_rides_out_a_broker_restart(
         restarted = supervise_until_done(rig, len(ids), timeout_s=300)
         log.warning("broker away %.1f s; restarted by the watchdog: %s", outage_s, restarted or "none")
         codes = rig.pipeline.stop()
-    live = [name for name, code in codes.items() if code != EXIT_STUCK]
+    live = [name for name, code in codes.items() if code != EXIT_TEMPFAIL]
     assert all(codes[name] == 0 for name in live), codes
     assert outage_s > 1.0  # the broker really was away for a while
     assert_exactly_once(rig, ids, tokens)
