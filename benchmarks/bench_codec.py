@@ -5,11 +5,11 @@
 
 For 100, 1000 and 8000-token items it prints items/s for:
 
-* ``hand``: ``codec.decode_token_item``, the hand-written decoder of a whole record;
-* ``fastavro``: ``codec.decode_token_item_fastavro``, fastavro's schemaless_reader + the same checks;
+* ``hand``: ``decode_token_item``, the hand-written decoder of a whole record;
+* ``fastavro``: ``decode_token_item_fastavro``, fastavro's schemaless_reader + the same checks;
 * the processor's ingest head, ``fastpath.decode_item_head`` (the usual encoding read in one pass),
   against ``fastpath.general_item_head`` (a call per field, what any other encoding takes);
-* a batch read by ``codec.decode_batch`` and by ``fastpath.decode_batch_head`` (no token copied);
+* a batch read by ``decode_batch`` and by ``fastpath.decode_batch_head`` (no token copied);
 * ``fastavro array<int>``: the same TokenItem schema with ``tokens`` as ``array<int>`` instead of
   packed ``bytes``, read by fastavro (the design question: why tokens travel as bytes);
 
@@ -33,9 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import fastavro
 from fastavro.schema import parse_schema
 
-from processor import codec, fastpath
-from processor.item import Batch, Item
-from processor.signature import shape_signature, to_signed
+from processor.core.item import Batch, Item
+from processor.core.signature import shape_signature, to_signed
+from processor.wire import heads as fastpath
+from processor.wire.fastavro_io import decode_token_item_fastavro
+from processor.wire.items import decode_batch, decode_token_item, encode_batch, encode_token_item
+from processor.wire.records import TokenItemRecord, new_token_item
+from processor.wire.schemas import HEADER_SIZE, parsed_schema, schema_dir
 
 SIZES = (100, 1000, 8000)
 BATCH_SHAPES = ((32, 100), (8, 1000), (1, 8000))
@@ -50,9 +54,9 @@ def rate(fn: Any, arg: Any, seconds: float) -> float:
     return loops / best
 
 
-def sample_item(n: int, rng: random.Random) -> codec.TokenItemRecord:
+def sample_item(n: int, rng: random.Random) -> TokenItemRecord:
     components = ["You are a helpful assistant.", "tools: search, calculator"]
-    return codec.new_token_item(
+    return new_token_item(
         f"item-{rng.randrange(10**9):09d}",
         "llama-3-8b-instruct",
         [rng.randrange(VOCAB) for _ in range(n)],
@@ -80,7 +84,7 @@ def sample_batch(n_items: int, n: int, rng: random.Random) -> Batch:
 
 
 def array_int_schema() -> Any:
-    raw = json.loads((codec.schema_dir() / "TokenItem.avsc").read_text(encoding="utf-8"))
+    raw = json.loads((schema_dir() / "TokenItem.avsc").read_text(encoding="utf-8"))
     raw["name"] = "TokenItemArrayInt"
     for field in raw["fields"]:
         if field["name"] == "tokens":
@@ -104,10 +108,10 @@ def main() -> None:
     bodies: list[tuple[int, bytes, bytes]] = []
     for n in SIZES:
         rec = sample_item(n, rng)
-        value = codec.encode_token_item(rec)
-        assert codec.decode_token_item(value) == codec.decode_token_item_fastavro(value) == rec
-        hand = rate(codec.decode_token_item, value, seconds)
-        fa = rate(codec.decode_token_item_fastavro, value, seconds)
+        value = encode_token_item(rec)
+        assert decode_token_item(value) == decode_token_item_fastavro(value) == rec
+        hand = rate(decode_token_item, value, seconds)
+        fa = rate(decode_token_item_fastavro, value, seconds)
         print(f"{n:>7} {len(value):>9} {hand:>10,.0f} {fa:>10,.0f} {hand / fa:>7.2f}x")
         as_ints = {
             "item_id": rec.item_id,
@@ -123,12 +127,12 @@ def main() -> None:
         }
         out = io.BytesIO()
         fastavro.schemaless_writer(out, schema_ints, as_ints)
-        bodies.append((n, value[codec.HEADER_SIZE :], out.getvalue()))
+        bodies.append((n, value[HEADER_SIZE :], out.getvalue()))
 
-    print("\nthe processor's ingest head (processor/fastpath.py), items/s")
+    print("\nthe processor's ingest head (processor/wire/heads.py), items/s")
     print(f"{'tokens':>7} {'one pass':>10} {'general':>10} {'ratio':>7}")
     for n in SIZES:
-        value = codec.encode_token_item(sample_item(n, rng))
+        value = encode_token_item(sample_item(n, rng))
         assert fastpath._usual_head(value) == fastpath.general_item_head(value)
         usual = rate(fastpath.decode_item_head, value, seconds)
         general = rate(fastpath.general_item_head, value, seconds)
@@ -136,8 +140,8 @@ def main() -> None:
 
     print("\nreading a batch: decode_batch vs fastpath.decode_batch_head (no token copied), items/s")
     for n_items, n in BATCH_SHAPES:
-        value = codec.encode_batch(sample_batch(n_items, n, rng))
-        full = rate(codec.decode_batch, value, seconds) * n_items
+        value = encode_batch(sample_batch(n_items, n, rng))
+        full = rate(decode_batch, value, seconds) * n_items
         head = rate(fastpath.decode_batch_head, value, seconds) * n_items
         print(
             f"{n_items:>3} x {n:>5} tokens: decode_batch {full:>10,.0f}, "
@@ -149,7 +153,7 @@ def main() -> None:
         f"{'tokens':>7} {'bytes':>10} {'array<int>':>10} {'ratio':>7}"
         f" {'body B (bytes)':>15} {'body B (ints)':>14}"
     )
-    schema_bytes = codec.parsed_schema("TokenItem")
+    schema_bytes = parsed_schema("TokenItem")
     for n, body_bytes, body_ints in bodies:
         as_bytes = rate(
             lambda b: fastavro.schemaless_reader(io.BytesIO(b), schema_bytes, None, False),
@@ -167,10 +171,10 @@ def main() -> None:
     print("\nencode, messages/s")
     for n in SIZES:
         rec = sample_item(n, rng)
-        print(f"{n:>7} tokens: encode_token_item {rate(codec.encode_token_item, rec, seconds):>10,.0f}")
+        print(f"{n:>7} tokens: encode_token_item {rate(encode_token_item, rec, seconds):>10,.0f}")
     for n_items, n in BATCH_SHAPES:
         batch = sample_batch(n_items, n, rng)
-        batches = rate(codec.encode_batch, batch, seconds)
+        batches = rate(encode_batch, batch, seconds)
         print(
             f"{n_items:>3} x {n:>5} tokens: encode_batch {batches:>10,.0f} batches/s"
             f" = {batches * n_items:,.0f} items/s"

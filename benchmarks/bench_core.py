@@ -31,11 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processor.contract import Contract
-from processor.dispatch import Scheduler
-from processor.item import Item
-from processor.tracegen import synthetic_records
-from processor.traces import TraceRecord
+from processor.core.contract import Contract
+from processor.core.item import Item
+from processor.core.scheduler import Scheduler
+from processor.sim.tracegen import synthetic_records
+from processor.sim.traces import TraceRecord
 
 CONTRACTS = (
     Contract("card16", "default", budget_tokens=16_384, max_items=64, pad_multiple=8, max_inflight=2),

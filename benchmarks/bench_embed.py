@@ -9,9 +9,9 @@ Prompt lengths are those of a shipped trace (``azure_code`` by default), keeping
 model can take (<= 512 tokens) in arrival order. Each prompt becomes ``[CLS]`` + random word-piece
 ids + ``[SEP]`` of exactly that length (seeded, so both policies embed the same token sequences).
 
-Batches are formed once per policy by the simulator (:func:`processor.simulator.simulate`) from a
-backlog: ``lanes`` is the real :class:`~processor.dispatch.Scheduler`, ``fifo`` the
-:class:`~processor.baselines.FifoPolicy`, both under the same contract (one consumer, budget 4,096
+Batches are formed once per policy by the simulator (:func:`processor.sim.simulator.simulate`) from a
+backlog: ``lanes`` is the real :class:`~processor.core.scheduler.Scheduler`, ``fifo`` the
+:class:`~processor.sim.baselines.FifoPolicy`, both under the same contract (one consumer, budget 4,096
 padded tokens, at most 32 items, pad multiple 8, one batch in flight). Then the embed engine runs
 every batch of each policy, policies alternating, ``--reps`` times; only the engine's ``run`` calls
 are timed. Reported: real prompt tokens per second of forward-pass wall time (median and range over
@@ -43,12 +43,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
-from processor.cardmodel import CardSpec
-from processor.codec import BatchRecord, TokenItemRecord, tokens_from_ids
-from processor.contract import Contract
+from processor.core.contract import Contract
 from processor.engines.embed import EmbedEngine, from_options
-from processor.simulator import ConsumerSpec, simulate
-from processor.traces import SHIPPED, TraceRecord, read_shipped
+from processor.sim.cardmodel import CardSpec
+from processor.sim.simulator import ConsumerSpec, simulate
+from processor.sim.traces import SHIPPED, TraceRecord, read_shipped
+from processor.wire.records import BatchRecord, TokenItemRecord, tokens_from_ids
 
 POLICIES = ("lanes", "fifo")
 MODEL = "default"

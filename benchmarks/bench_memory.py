@@ -29,13 +29,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processor import codec
-from processor.commit import IngestItem
-from processor.dispatch import Scheduler
-from processor.fastpath import decode_item_head
-from processor.producer import synthetic_tokens
-from processor.service import ProcessorSettings
-from processor.signature import shape_signature
+from processor.apps.observe import ProcessorSettings
+from processor.apps.producer import synthetic_tokens
+from processor.core.scheduler import Scheduler
+from processor.core.signature import shape_signature
+from processor.state.ingest import IngestItem
+from processor.wire.heads import decode_item_head
+from processor.wire.items import encode_token_item
+from processor.wire.records import TokenItemRecord
 
 FULL_ITEMS = 1_000_000
 SMOKE_ITEMS = 20_000
@@ -57,7 +58,7 @@ def message(i: int, tokens: int, rng: random.Random, shapes: list[int]) -> bytes
     """One ingest message as a producer sends it (lengths +-10% around ``tokens``)."""
     item_id = f"req-{i:010d}"
     length = rng.randint(round(tokens * 0.9), round(tokens * 1.1))
-    rec = codec.TokenItemRecord(
+    rec = TokenItemRecord(
         item_id=item_id,
         model=MODEL,
         shape=rng.choice(shapes),
@@ -65,7 +66,7 @@ def message(i: int, tokens: int, rng: random.Random, shapes: list[int]) -> bytes
         tokens=synthetic_tokens(item_id, length),
         produced_ms=1_764_000_000_000 + i,
     )
-    return codec.encode_token_item(rec)
+    return encode_token_item(rec)
 
 
 def measure(items: int, tokens: int, shapes: int = 8, seed: int = 1) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from common import (
     write_json,
 )
 
-from processor.topics import RETAINED
+from processor.kafka.topics import RETAINED
 
 MODEL = "bench-model"
 DRAINER = "drain"
@@ -376,9 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="cProfile the processor's loop into this file (every processor run)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    from processor.kafka_config import client_config
+    from processor.kafka.config import client_config
+    from processor.local.broker import local_bootstrap
 
-    conf = client_config(args.bootstrap)
+    conf = client_config(args.bootstrap, fallback=local_bootstrap)
     sizes = parse_sizes(args.sizes, SMOKE_ITEMS if args.smoke else FULL_ITEMS)
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - MODES.keys():

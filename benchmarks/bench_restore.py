@@ -44,7 +44,7 @@ from common import (
     write_json,
 )
 
-from processor.topics import topic_specs
+from processor.kafka.topics import topic_specs
 
 MODEL = "bench-unserved"
 FULL_ITEMS = 1_000_000
@@ -151,11 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one step may take")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    from processor.kafka_config import client_config
+    from processor.kafka.config import client_config
+    from processor.local.broker import local_bootstrap
 
     items = args.items or (SMOKE_ITEMS if args.smoke else FULL_ITEMS)
     reps = args.reps or (1 if args.smoke else 3)
-    result = bench(client_config(args.bootstrap), items, args.tokens, reps, args.shapes, args.timeout)
+    conf = client_config(args.bootstrap, fallback=local_bootstrap)
+    result = bench(conf, items, args.tokens, reps, args.shapes, args.timeout)
     print()
     print(table(result))
     write_json(args.json, result)

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from processor.topics import RETAINED, TopicNames, TopicSpec, create_topics, topic_specs  # noqa: E402
+from processor.kafka.topics import RETAINED, TopicNames, TopicSpec, create_topics, topic_specs  # noqa: E402
 
 WORKERS = Path(__file__).resolve().with_name("workers.py")
 #: Where ``run_all.py --own-broker`` starts its broker.
@@ -223,7 +223,7 @@ def mem_total_gib() -> float:
 
 
 class BrokerCpu:
-    """CPU seconds of a broker this machine runs (``processor.kafka_local``), read from /proc.
+    """CPU seconds of a broker this machine runs (``processor.local.broker``), read from /proc.
 
     Why: broker, processor, drainer and librdkafka share two cores, and the processor's side makes
     the broker do more (it also serves the drainer and the changelog) than the ceiling's does. The
@@ -237,7 +237,7 @@ class BrokerCpu:
     @classmethod
     def find(cls, bootstrap: str) -> BrokerCpu | None:
         """The process listening on ``bootstrap``'s port if it is on this machine and readable (a
-        broker ``processor.kafka_local`` or anything else of ours started), else None."""
+        broker ``processor.local.broker`` or anything else of ours started), else None."""
         host, _, port = bootstrap.split(",")[0].rpartition(":")
         if host not in ("127.0.0.1", "localhost", "::1", "[::1]") or not port.isdigit():
             return None
@@ -347,8 +347,8 @@ def produce_items(
     """
     import random
 
-    from processor.producer import TokenProducer, synthetic_tokens
-    from processor.signature import shape_signature
+    from processor.apps.producer import TokenProducer, synthetic_tokens
+    from processor.core.signature import shape_signature
 
     rng = random.Random(seed)
     signatures = [shape_signature([f"bench-shape-{k}"]) for k in range(shapes)]

@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         "invocation": " ".join(["python", "benchmarks/run_all.py", *_invocation(argv)]),
     }
     if args.own_broker:
-        from processor.kafka_local import KAFKA_VERSION
+        from processor.local.broker import KAFKA_VERSION
 
         meta["versions"]["broker"] = f"Apache Kafka {KAFKA_VERSION}"
     args.out.write_text(render(results, meta, preserved_sections(args.out)))
@@ -432,17 +432,17 @@ def _broker(args: argparse.Namespace, needed: bool) -> tuple[str | None, str, Ca
     if not needed:
         return None, "not used", lambda: None
     if args.own_broker:
-        from processor.kafka_local import start_broker, stop_broker
+        from processor.local.broker import start_broker, stop_broker
 
         info = start_broker(OWN_BROKER_DIR)
 
         def stop() -> None:
             stop_broker(OWN_BROKER_DIR)
 
-        return info.bootstrap, f"started for this run by `processor.kafka_local` in {OWN_BROKER_DIR}", stop
-    from processor.kafka_config import client_config
-
-    bootstrap = client_config(args.bootstrap)["bootstrap.servers"]
+        return info.bootstrap, f"started for this run by `processor.local.broker` in {OWN_BROKER_DIR}", stop
+    from processor.kafka.config import client_config
+    from processor.local.broker import local_bootstrap
+    bootstrap = client_config(args.bootstrap, fallback=local_bootstrap)["bootstrap.servers"]
     return bootstrap, f"an already running broker at {bootstrap}, shared with other work", lambda: None
 
 

@@ -6,9 +6,9 @@ measurement behind LaneSettings' defaults (docs/lanes.md). Run: python benchmark
 
 from __future__ import annotations
 
-from processor.lanes import LaneSettings
-from processor.simulator import DEFAULT_CONSUMERS, parse_consumer_spec, simulate
-from processor.traces import read_shipped
+from processor.core.lanes import LaneSettings
+from processor.sim.simulator import DEFAULT_CONSUMERS, parse_consumer_spec, simulate
+from processor.sim.traces import read_shipped
 
 TRACES = ("mooncake_conversation", "mooncake_synthetic", "azure_code", "azure_conv")
 SETTINGS = [  # floor_tokens, start_ratio, full_ratio, cap_tokens

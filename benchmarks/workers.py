@@ -41,14 +41,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import READY_LINE, RESULT_PREFIX, BrokerCpu, RunTopics
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from processor import codec
-from processor.consumer_app import MAX_COMPLETION_BYTES, PRODUCER_SETTINGS, contract_violation
-from processor.contract import Contract
-from processor.fastpath import decode_batch_head
-from processor.replay import read_topic_chunks
-from processor.service import ProcessorService, ProcessorSettings
+from processor.apps.consumer import MAX_COMPLETION_BYTES, PRODUCER_SETTINGS, contract_violation
+from processor.apps.observe import ProcessorSettings
+from processor.apps.service import ProcessorService
+from processor.core.contract import Contract
+from processor.kafka.reader import read_topic_chunks
+from processor.wire.completions import encode_completion_batches
+from processor.wire.control import encode_contract
+from processor.wire.heads import decode_batch_head
+from processor.wire.records import CompletionBatchRecord, ContractRecord, ItemOutcomeRecord
 
-# The processor's client settings (processor/service.py, ProcessorService.__init__), repeated here so
+# The processor's client settings (processor/apps/service.py, ProcessorService.__init__), repeated here so
 # that the ceiling moves the same bytes the same way. Keep them in step.
 INGEST_CONSUMER = {
     "enable.auto.commit": "false",
@@ -368,7 +371,7 @@ def drainer(a: dict[str, Any]) -> None:
     topics = RunTopics(a["prefix"], source=a["source"])
     contract = Contract(**a["contract"])
     producer = Producer({**conf, **PRODUCER_SETTINGS})
-    announce = codec.encode_contract(codec.ContractRecord(contract, int(time.time() * 1000)))
+    announce = encode_contract(ContractRecord(contract, int(time.time() * 1000)))
     producer.produce(topics.contracts, announce, contract.consumer.encode())
     if producer.flush(30):
         raise RuntimeError("drainer: contract not delivered")
@@ -398,18 +401,18 @@ def drainer(a: dict[str, Any]) -> None:
             items += len(batch.items)
             tokens += sum(item.token_count for item in batch.items)
             seen.update(item.item_id for item in batch.items)
-            done = codec.CompletionBatchRecord(
+            done = CompletionBatchRecord(
                 batch_id=batch.batch_id,
                 consumer=contract.consumer,
                 model=batch.model,
                 padded_tokens=batch.padded_length,
                 completed_ms=int(time.time() * 1000),
                 items=[
-                    codec.ItemOutcomeRecord(item_id=item.item_id, status="ok", input_tokens=item.token_count)
+                    ItemOutcomeRecord(item_id=item.item_id, status="ok", input_tokens=item.token_count)
                     for item in batch.items
                 ],
             )
-            for value in codec.encode_completion_batches(done, MAX_COMPLETION_BYTES):
+            for value in encode_completion_batches(done, MAX_COMPLETION_BYTES):
                 _produce(producer, topics.results, value, batch.batch_id.encode())
         producer.poll(0)
     producer.flush(30)

@@ -4,11 +4,11 @@
 Where it comes from, in order:
 
 1. ``$KAFKA_BOOTSTRAP`` (e.g. ``127.0.0.1:9092``): a broker someone else runs, such as the one from
-   ``python -m processor.kafka_local start`` or a CI service. Nothing is started or stopped.
+   ``python -m processor.local.broker start`` or a CI service. Nothing is started or stopped.
 2. Docker, if ``docker info`` succeeds and testcontainers is installed: a throwaway KRaft container.
    This path is not exercised on the project's build machines, which have no Docker. The image is
    Confluent's (Kafka 3.9), not the 4.1 broker that kafka_local runs.
-3. Otherwise ``processor.kafka_local.start_broker`` in a temp dir: Apache Kafka from the Maven Central
+3. Otherwise ``processor.local.broker.start_broker`` in a temp dir: Apache Kafka from the Maven Central
    jars on Java 17. The first run downloads them into ``~/.cache/tokenfabric``, after that it needs no
    network. The broker is stopped when the session ends.
 
@@ -38,7 +38,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     elif _docker_usable():
         yield from _container_bootstrap()
     else:
-        from processor.kafka_local import start_broker, stop_broker
+        from processor.local.broker import start_broker, stop_broker
 
         state_dir = tmp_path_factory.mktemp("kafka")
         info = start_broker(state_dir, heap_mb=512)

@@ -12,19 +12,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from processor import codec
-from processor.audit import audit
-from processor.cardmodel import CardSpec
-from processor.codec import CompletionForm
-from processor.consumer_app import ConsumerApp
-from processor.contract import Contract
-from processor.demo import Pipeline, child_env
+from processor.apps.consumer import ConsumerApp
+from processor.apps.producer import TokenProducer, synthetic_tokens
+from processor.core.contract import Contract
 from processor.engines.sim import SimEngine
-from processor.producer import TokenProducer, synthetic_tokens
-from processor.replay import read_topic
-from processor.status import gather
-from processor.topics import TopicNames, create_topics, topic_specs
-from processor.tracegen import synthetic_records
+from processor.kafka.reader import read_topic
+from processor.kafka.topics import TopicNames, create_topics, topic_specs
+from processor.local.pipeline import Pipeline, child_env
+from processor.ops.audit import audit
+from processor.ops.status import gather
+from processor.sim.cardmodel import CardSpec
+from processor.sim.tracegen import synthetic_records
+from processor.wire.completions import decode_completions
+from processor.wire.items import decode_batch
+from processor.wire.records import CompletionForm
 
 CARDS = (
     Contract("small", "default", budget_tokens=4096, max_items=16, pad_multiple=8, max_inflight=2),
@@ -160,12 +161,12 @@ def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:
     dispatched: Counter[str] = Counter()
     for contract in CARDS:
         for msg in read_topic(rig.conf, rig.topics.batches(contract.consumer)):
-            batch = codec.decode_batch(msg.value())
+            batch = decode_batch(msg.value())
             assert len({it.shape for it in batch.items}) == 1
             dispatched.update(it.item_id for it in batch.items)
     completed: Counter[str] = Counter()
     for msg in read_topic(rig.conf, rig.topics.results):
-        completed.update(c.item_id for c in codec.decode_completions(msg.value()))
+        completed.update(c.item_id for c in decode_completions(msg.value()))
     assert set(dispatched) == ids, f"{len(ids - set(dispatched))} never dispatched"
     assert max(dispatched.values()) == 1, (
         f"dispatched twice: {[k for k, v in dispatched.items() if v > 1][:5]}"

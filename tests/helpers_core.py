@@ -10,11 +10,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from processor.contract import Contract, round_up
-from processor.dispatch import DispatchSettings, Scheduler
-from processor.item import Batch, Item
-from processor.lanes import LaneSettings, LaneTable, ShapeLanes
-from processor.traces import TraceRecord
+from processor.core.contract import Contract, round_up
+from processor.core.item import Batch, Item
+from processor.core.lanes import LaneSettings, LaneTable, ShapeLanes
+from processor.core.scheduler import DispatchSettings, Scheduler
+from processor.sim.traces import TraceRecord
 
 MODEL = "m"
 SHAPE_A, SHAPE_B, SHAPE_C = 0xA, 0xB, 0xC

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.accounting import Ledger, LedgerImbalance, Tally, sum_tallies
+from processor.core.accounting import Ledger, LedgerImbalance, Tally, sum_tallies
 
 
 def busy_ledger() -> Ledger:

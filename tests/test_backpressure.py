@@ -8,14 +8,15 @@ import uuid
 
 import pytest
 
-from processor.cardmodel import CardSpec
-from processor.consumer_app import ConsumerApp
-from processor.contract import Contract
+from processor.apps.consumer import ConsumerApp
+from processor.apps.observe import ProcessorSettings
+from processor.apps.producer import TokenProducer, synthetic_tokens
+from processor.apps.service import ProcessorService
+from processor.core.contract import Contract
 from processor.engines.sim import SimEngine
-from processor.producer import TokenProducer, synthetic_tokens
-from processor.service import ProcessorService, ProcessorSettings
-from processor.topics import TopicNames, create_topics, topic_specs
-from processor.tracegen import synthetic_records
+from processor.kafka.topics import TopicNames, create_topics, topic_specs
+from processor.sim.cardmodel import CardSpec
+from processor.sim.tracegen import synthetic_records
 
 pytestmark = pytest.mark.kafka
 

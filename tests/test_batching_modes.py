@@ -16,16 +16,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor import cli, codec
-from processor.baselines import pack_prefix
-from processor.codec import BatchRecord, ContractRecord, DecodeError, TokenItemRecord
-from processor.consumer_app import contract_violation
-from processor.contract import BATCHING_MODES, Contract, round_up
-from processor.dispatch import InvariantViolation, check_batch
-from processor.item import Batch, Item
-from processor.lanes import LaneSettings, LaneTable
-from processor.simulator import parse_consumer_spec, simulate
-from processor.traces import TraceRecord
+from processor import cli
+from processor.apps.consumer import contract_violation
+from processor.core.contract import BATCHING_MODES, Contract, round_up
+from processor.core.item import Batch, Item
+from processor.core.lanes import LaneSettings, LaneTable
+from processor.core.scheduler import InvariantViolation, check_batch
+from processor.sim.baselines import pack_prefix
+from processor.sim.simulator import parse_consumer_spec, simulate
+from processor.sim.traces import TraceRecord
+from processor.wire.completions import decode_completion
+from processor.wire.control import PREVIOUS_CONTRACT_HEADER, decode_any, decode_contract, encode_contract
+from processor.wire.errors import DecodeError
+from processor.wire.records import BatchRecord, ContractRecord, TokenItemRecord, tokens_from_ids
+from processor.wire.schemas import HEADERS, parsed_schema, schema_of
 from tests.helpers_core import MODEL, SHAPE_A, SHAPE_B, drain, make_scheduler, submit_all
 
 AZURE_CONV = Path(__file__).resolve().parents[1] / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv.gz"
@@ -362,7 +366,7 @@ def record(item_id: str, length: int, output: int | None = None) -> TokenItemRec
         model=MODEL,
         shape=SHAPE_A,
         token_count=length,
-        tokens=codec.tokens_from_ids([1] * length),
+        tokens=tokens_from_ids([1] * length),
         produced_ms=0,
         output_budget=output,
     )
@@ -419,24 +423,24 @@ OLD_CONTRACT = bytes.fromhex(
 
 
 def test_an_announcement_in_the_previous_schema_decodes_as_tokens_batching() -> None:
-    assert OLD_CONTRACT[:10] == codec.PREVIOUS_CONTRACT_HEADER != codec.HEADERS["ConsumerContract"]
-    rec = codec.decode_contract(OLD_CONTRACT)
+    assert OLD_CONTRACT[:10] == PREVIOUS_CONTRACT_HEADER != HEADERS["ConsumerContract"]
+    rec = decode_contract(OLD_CONTRACT)
     assert rec == ContractRecord(Contract("gpu-old", "llama-3-8b", 16384, 64, 16, 3), 1_732_000_000_123)
     assert rec.contract.batching == "tokens" and rec.contract.memory_bytes == 0
-    assert codec.schema_of(OLD_CONTRACT) == "ConsumerContract"
-    assert codec.decode_any(OLD_CONTRACT) == rec
+    assert schema_of(OLD_CONTRACT) == "ConsumerContract"
+    assert decode_any(OLD_CONTRACT) == rec
     with pytest.raises(DecodeError) as info:
-        codec.decode_contract(OLD_CONTRACT + b"\x00")
+        decode_contract(OLD_CONTRACT + b"\x00")
     assert info.value.reason == "trailing-bytes"
     with pytest.raises(DecodeError) as info:
-        codec.decode_completion(OLD_CONTRACT)
+        decode_completion(OLD_CONTRACT)
     assert info.value.reason == "unknown-schema" and "ConsumerContract" in str(info.value)
 
 
 def test_the_previous_header_is_the_one_the_wire_format_documented() -> None:
     # docs/wire-format.md listed c3 01 37 13 30 c0 5e e8 87 30 for ConsumerContract before the change.
-    assert codec.PREVIOUS_CONTRACT_HEADER.hex(" ") == "c3 01 37 13 30 c0 5e e8 87 30"
-    assert codec.HEADERS["ConsumerContract"].hex(" ") == "c3 01 56 4c ca 77 af db 35 1c"
+    assert PREVIOUS_CONTRACT_HEADER.hex(" ") == "c3 01 37 13 30 c0 5e e8 87 30"
+    assert HEADERS["ConsumerContract"].hex(" ") == "c3 01 56 4c ca 77 af db 35 1c"
 
 
 @pytest.mark.parametrize(
@@ -459,10 +463,10 @@ def test_the_previous_header_is_the_one_the_wire_format_documented() -> None:
 )
 def test_contracts_of_every_mode_round_trip(c: Contract) -> None:
     rec = ContractRecord(c, 1234)
-    value = codec.encode_contract(rec)
-    assert value[:10] == codec.HEADERS["ConsumerContract"]
-    assert codec.decode_contract(value) == rec
-    assert codec.decode_contract(value).contract.rule == c.rule
+    value = encode_contract(rec)
+    assert value[:10] == HEADERS["ConsumerContract"]
+    assert decode_contract(value) == rec
+    assert decode_contract(value).contract.rule == c.rule
 
 
 def test_a_memory_announcement_without_its_numbers_is_an_invalid_contract() -> None:
@@ -477,9 +481,9 @@ def test_a_memory_announcement_without_its_numbers_is_an_invalid_contract() -> N
         "batching": "memory",
         "memory_bytes": 0,
     }
-    value = codec.HEADERS["ConsumerContract"] + _avro_body(fields)
+    value = HEADERS["ConsumerContract"] + _avro_body(fields)
     with pytest.raises(DecodeError) as info:
-        codec.decode_contract(value)
+        decode_contract(value)
     assert info.value.reason == "invalid-contract" and "memory_bytes" in str(info.value)
 
 
@@ -489,7 +493,7 @@ def _avro_body(record: dict[str, Any]) -> bytes:
     import fastavro
 
     out = io.BytesIO()
-    fastavro.schemaless_writer(out, codec.parsed_schema("ConsumerContract"), record)
+    fastavro.schemaless_writer(out, parsed_schema("ConsumerContract"), record)
     return out.getvalue()
 
 

@@ -4,8 +4,8 @@ The processor and two consumers run as real processes under a tiny supervisor (t
 would under Kubernetes. librdkafka reconnects by itself, except that ``send_offsets_to_transaction``
 can block forever after the coordinator's broker restarts (librdkafka#5456/#5511): the watchdog then
 ends the process with exit code 75 and the supervisor starts it again, which exactly-once makes safe
-(processor/watchdog.py). A process whose messages timed out while the broker was away exits 75 too
-(processor/exits.py). The test records which processes needed a restart.
+(processor/kafka/watchdog.py). A process whose messages timed out while the broker was away exits 75 too
+(processor/kafka/exits.py). The test records which processes needed a restart.
 
 This test restarts a broker, so it starts its own (on loopback, from the cached jars) even when
 ``KAFKA_BOOTSTRAP`` names a shared one.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from processor import kafka_local
-from processor.exits import EXIT_TEMPFAIL
+from processor.kafka.exits import EXIT_TEMPFAIL
+from processor.local import broker as kafka_local
 from tests.faultrig import CARDS, Rig, assert_exactly_once, running_rig
 from tests.test_scaleout import produce_paced
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from processor.cli import main
-from processor.tracegen import synthetic_records, write_jsonl
+from processor.cli.tokenfabric import main
+from processor.sim.tracegen import synthetic_records, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_the_module_entry_point_runs_as_a_program(trace: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "processor.cli",
+        "processor",
         "simulate",
         "--trace",
         str(trace),

@@ -19,21 +19,63 @@ from fastavro.schema import parse_schema, to_parsing_canonical_form
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processor import codec, jobs_codec
-from processor.codec import (
+from processor.core.contract import Contract
+from processor.core.item import Batch, Item
+from processor.core.signature import shape_signature, to_signed
+from processor.jobs import codec as jobs_codec
+from processor.wire.completions import (
+    decode_completion,
+    decode_completion_batch,
+    decode_completions,
+    encode_completion,
+    encode_completion_batch,
+    encode_completion_batches,
+)
+from processor.wire.control import (
+    decode_any,
+    decode_contract,
+    decode_dead_letter,
+    decode_ledger_snapshot,
+    encode_contract,
+    encode_dead_letter,
+    encode_ledger_snapshot,
+)
+from processor.wire.errors import DecodeError
+from processor.wire.fastavro_io import decode_token_item_fastavro
+from processor.wire.items import (
+    decode_batch,
+    decode_token_item,
+    encode_batch,
+    encode_batch_record,
+    encode_token_item,
+)
+from processor.wire.records import (
+    STATUSES,
     BatchRecord,
     CompletionBatchRecord,
     CompletionRecord,
     ContractRecord,
     DeadLetterRecord,
-    DecodeError,
     ItemOutcomeRecord,
     LedgerSnapshotRecord,
     TokenItemRecord,
+    ids_from_tokens,
+    new_token_item,
+    tokens_from_ids,
+    verify_shape,
 )
-from processor.contract import Contract
-from processor.item import Batch, Item
-from processor.signature import shape_signature, to_signed
+from processor.wire.schemas import (
+    CANONICAL_FORMS,
+    FINGERPRINTS,
+    HEADER_SIZE,
+    HEADERS,
+    RECORD_NAMES,
+    fastavro_fingerprint,
+    parsed_schema,
+    rabin_fingerprint,
+    schema_dir,
+    schema_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 U64 = (1 << 64) - 1
@@ -50,7 +92,7 @@ def item(**changes: Any) -> TokenItemRecord:
         "model": "llama-3-8b",
         "shape": shape_signature(["system: be brief", "tools: none"]),
         "token_count": 3,
-        "tokens": codec.tokens_from_ids([1, 70000, 2**32 - 1]),
+        "tokens": tokens_from_ids([1, 70000, 2**32 - 1]),
         "shape_components": ("system: be brief", "tools: none"),
         "produced_ms": 1_732_000_000_123,
         "output_budget": 256,
@@ -79,8 +121,8 @@ def item_dict(rec: TokenItemRecord) -> dict[str, Any]:
 def fastavro_message(name: str, record: dict[str, Any]) -> bytes:
     """Header + fastavro's schemaless encoding, bypassing the codec's own checks."""
     out = io.BytesIO()
-    out.write(codec.HEADERS[name])
-    fastavro.schemaless_writer(out, codec.parsed_schema(name), record)
+    out.write(HEADERS[name])
+    fastavro.schemaless_writer(out, parsed_schema(name), record)
     return out.getvalue()
 
 
@@ -91,7 +133,7 @@ def raw_item(**changes: Any) -> bytes:
     return fastavro_message("TokenItem", d)
 
 
-ITEM_DECODERS = [codec.decode_token_item, codec.decode_token_item_fastavro]
+ITEM_DECODERS = [decode_token_item, decode_token_item_fastavro]
 ITEM_DECODER_IDS = ["hand", "fastavro"]
 
 
@@ -107,8 +149,8 @@ def reason_of(decoder: Any, value: Any) -> str:
 
 def test_every_schema_file_is_a_documented_record_in_our_namespace() -> None:
     files = sorted(p.stem for p in (ROOT / "schemas").glob("*.avsc"))
-    # Job is not on the hot path: processor/jobs_codec.py reads it with fastavro
-    assert files == sorted((*codec.RECORD_NAMES, jobs_codec.SCHEMA_NAME))
+    # Job is not on the hot path: processor/jobs/codec.py reads it with fastavro
+    assert files == sorted((*RECORD_NAMES, jobs_codec.SCHEMA_NAME))
     for name in files:
         schema = json.loads((ROOT / "schemas" / f"{name}.avsc").read_text(encoding="utf-8"))
         assert schema["type"] == "record"
@@ -121,14 +163,14 @@ def test_every_schema_file_is_a_documented_record_in_our_namespace() -> None:
 
 def test_packaged_schema_copies_are_byte_identical() -> None:
     source = ROOT / "schemas"
-    packaged = ROOT / "processor" / "data" / "schemas"
+    packaged = ROOT / "processor" / "wire" / "avsc"
     assert sorted(p.name for p in packaged.glob("*.avsc")) == sorted(p.name for p in source.glob("*.avsc"))
     for path in source.glob("*.avsc"):
         assert (packaged / path.name).read_bytes() == path.read_bytes(), path.name
 
 
 def test_codec_reads_the_packaged_copy_first() -> None:
-    assert codec.schema_dir() == ROOT / "processor" / "data" / "schemas"
+    assert schema_dir() == ROOT / "processor" / "wire" / "avsc"
 
 
 def test_batch_reuses_token_item_by_name() -> None:
@@ -136,7 +178,7 @@ def test_batch_reuses_token_item_by_name() -> None:
     items = next(f for f in raw["fields"] if f["name"] == "items")
     assert items["type"] == {"type": "array", "items": "tokenfabric.TokenItem"}
     # ... and the canonical form (hence the fingerprint) inlines the full TokenItem definition.
-    assert codec.CANONICAL_FORMS["TokenItem"] in codec.CANONICAL_FORMS["Batch"]
+    assert CANONICAL_FORMS["TokenItem"] in CANONICAL_FORMS["Batch"]
 
 
 def test_completion_batch_defines_the_same_status_enum_and_documents_its_item_fields() -> None:
@@ -194,7 +236,7 @@ AVRO_SPEC_CANONICAL = [
 
 @pytest.mark.parametrize(("canonical", "java_long"), AVRO_SPEC_FINGERPRINTS)
 def test_rabin_fingerprint_matches_the_avro_spec_vectors(canonical: str, java_long: int) -> None:
-    assert codec.rabin_fingerprint(canonical.encode()) == java_long & U64
+    assert rabin_fingerprint(canonical.encode()) == java_long & U64
 
 
 @pytest.mark.parametrize(("schema", "canonical"), AVRO_SPEC_CANONICAL)
@@ -202,29 +244,29 @@ def test_fastavro_canonical_form_matches_the_avro_spec(schema: str, canonical: s
     assert to_parsing_canonical_form(parse_schema(json.loads(schema))) == canonical
 
 
-@pytest.mark.parametrize("name", codec.RECORD_NAMES)
+@pytest.mark.parametrize("name", RECORD_NAMES)
 def test_header_is_magic_plus_fastavros_rabin_fingerprint_little_endian(name: str) -> None:
-    header = codec.HEADERS[name]
+    header = HEADERS[name]
     assert header[:2] == b"\xc3\x01"
-    assert len(header) == codec.HEADER_SIZE == 10
-    assert codec.FINGERPRINTS[name] == codec.fastavro_fingerprint(name)
-    hex_le = fastavro.schema.fingerprint(codec.CANONICAL_FORMS[name], "CRC-64-AVRO")
+    assert len(header) == HEADER_SIZE == 10
+    assert FINGERPRINTS[name] == fastavro_fingerprint(name)
+    hex_le = fastavro.schema.fingerprint(CANONICAL_FORMS[name], "CRC-64-AVRO")
     assert header[2:] == bytes.fromhex(hex_le)
-    assert header[2:] == codec.FINGERPRINTS[name].to_bytes(8, "little")
+    assert header[2:] == FINGERPRINTS[name].to_bytes(8, "little")
 
 
 def test_fingerprints_are_distinct_and_docs_do_not_change_them() -> None:
-    assert len(set(codec.FINGERPRINTS.values())) == len(codec.RECORD_NAMES)
+    assert len(set(FINGERPRINTS.values())) == len(RECORD_NAMES)
     raw = json.loads((ROOT / "schemas" / "TokenItem.avsc").read_text(encoding="utf-8"))
     for field in raw["fields"]:
         field["doc"] = "changed"
-    assert to_parsing_canonical_form(parse_schema(raw)) == codec.CANONICAL_FORMS["TokenItem"]
+    assert to_parsing_canonical_form(parse_schema(raw)) == CANONICAL_FORMS["TokenItem"]
 
 
 def test_schema_of_names_the_record() -> None:
-    assert codec.schema_of(codec.encode_token_item(item())) == "TokenItem"
-    assert reason_of(codec.schema_of, b"\xc3\x01" + bytes(8)) == "unknown-schema"
-    assert reason_of(codec.schema_of, b"{}") == "bad-magic"
+    assert schema_of(encode_token_item(item())) == "TokenItem"
+    assert reason_of(schema_of, b"\xc3\x01" + bytes(8)) == "unknown-schema"
+    assert reason_of(schema_of, b"{}") == "bad-magic"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,21 +274,21 @@ def test_schema_of_names_the_record() -> None:
 
 
 def test_tokens_are_little_endian_uint32() -> None:
-    assert codec.tokens_from_ids([1, 0x01020304]) == b"\x01\x00\x00\x00\x04\x03\x02\x01"
-    assert list(codec.ids_from_tokens(b"\x01\x00\x00\x00\x04\x03\x02\x01")) == [1, 0x01020304]
-    ids = codec.ids_from_tokens(codec.tokens_from_ids(range(1000)))
+    assert tokens_from_ids([1, 0x01020304]) == b"\x01\x00\x00\x00\x04\x03\x02\x01"
+    assert list(ids_from_tokens(b"\x01\x00\x00\x00\x04\x03\x02\x01")) == [1, 0x01020304]
+    ids = ids_from_tokens(tokens_from_ids(range(1000)))
     assert ids.itemsize == 4 and list(ids) == list(range(1000))
 
 
 @pytest.mark.parametrize("bad", [-1, 2**32])
 def test_tokens_from_ids_refuses_ids_outside_uint32(bad: int) -> None:
     with pytest.raises(ValueError, match="uint32"):
-        codec.tokens_from_ids([1, bad])
+        tokens_from_ids([1, bad])
 
 
 def test_ids_from_tokens_refuses_a_partial_id() -> None:
     with pytest.raises(ValueError):
-        codec.ids_from_tokens(b"\x00\x00\x00")
+        ids_from_tokens(b"\x00\x00\x00")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,42 +304,42 @@ def test_ids_from_tokens_refuses_a_partial_id() -> None:
         item(shape=0, produced_ms=0, output_budget=0),
         item(shape=U64, produced_ms=-1),
         item(shape=1 << 63, produced_ms=(1 << 63) - 1, output_budget=(1 << 31) - 1),
-        item(token_count=8000, tokens=codec.tokens_from_ids(range(8000))),
+        item(token_count=8000, tokens=tokens_from_ids(range(8000))),
     ],
 )
 @pytest.mark.parametrize("decoder", ITEM_DECODERS, ids=ITEM_DECODER_IDS)
 def test_token_item_round_trip(rec: TokenItemRecord, decoder: Any) -> None:
-    value = codec.encode_token_item(rec)
-    assert value[:10] == codec.HEADERS["TokenItem"]
+    value = encode_token_item(rec)
+    assert value[:10] == HEADERS["TokenItem"]
     assert value == fastavro_message("TokenItem", item_dict(rec))
     assert decoder(value) == rec
 
 
 def test_decode_accepts_bytearray_and_memoryview() -> None:
-    value = codec.encode_token_item(item())
-    assert codec.decode_token_item(bytearray(value)) == item()
-    assert codec.decode_token_item(memoryview(value)) == item()
+    value = encode_token_item(item())
+    assert decode_token_item(bytearray(value)) == item()
+    assert decode_token_item(memoryview(value)) == item()
 
 
 def test_new_token_item_computes_the_shape_from_components() -> None:
-    rec = codec.new_token_item("a", "m", [5, 6], 10, shape_components=["sys", "few-shot"])
+    rec = new_token_item("a", "m", [5, 6], 10, shape_components=["sys", "few-shot"])
     assert rec.shape == shape_signature(["sys", "few-shot"])
     assert rec.token_count == 2 and list(rec.token_ids()) == [5, 6]
-    assert codec.verify_shape(rec) is True
-    assert codec.verify_shape(item(shape=1)) is False
-    assert codec.verify_shape(item(shape_components=None)) is None
-    assert codec.new_token_item("a", "m", [1], 0).shape == shape_signature([])
+    assert verify_shape(rec) is True
+    assert verify_shape(item(shape=1)) is False
+    assert verify_shape(item(shape_components=None)) is None
+    assert new_token_item("a", "m", [1], 0).shape == shape_signature([])
 
 
 def test_shape_travels_as_the_signed_long_with_the_same_bits() -> None:
-    value = codec.encode_token_item(item(shape=U64))
-    raw = fastavro.schemaless_reader(io.BytesIO(value[10:]), codec.parsed_schema("TokenItem"))
+    value = encode_token_item(item(shape=U64))
+    raw = fastavro.schemaless_reader(io.BytesIO(value[10:]), parsed_schema("TokenItem"))
     assert isinstance(raw, dict) and raw["shape"] == -1
 
 
 def test_negative_block_counts_are_accepted() -> None:
     """The spec lets a writer send -count then the block's byte size (Java's blocking encoder does)."""
-    plain = codec.encode_token_item(item(shape_components=("ab", "c"), metadata=None))
+    plain = encode_token_item(item(shape_components=("ab", "c"), metadata=None))
     # shape_components: branch 1 (\x02), count 2 (\x04), "ab", "c", end (\x00)
     assert b"\x02\x04\x04ab\x02c\x00" in plain
     blocked = plain.replace(b"\x02\x04\x04ab\x02c\x00", b"\x02\x03\x0a\x04ab\x02c\x00")
@@ -307,7 +349,7 @@ def test_negative_block_counts_are_accepted() -> None:
 
 def test_non_minimal_varints_are_accepted() -> None:
     """Avro readers accept padded varints; a null branch written as 0x80 0x00 is still null."""
-    plain = codec.encode_token_item(item(output_budget=None, metadata=None))
+    plain = encode_token_item(item(output_budget=None, metadata=None))
     assert plain.endswith(b"\x00\x00")
     padded = plain[:-1] + b"\x80\x00"
     for decoder in ITEM_DECODERS:
@@ -323,19 +365,19 @@ REJECTIONS: list[tuple[str, Any]] = [
     ("bad-magic", b"\xc3"),
     ("bad-magic", b"\xc3\x01\x00"),
     ("bad-magic", b'{"item_id": "x"}'),
-    ("bad-magic", b"\xc3\x02" + codec.encode_token_item(item())[2:]),
-    ("bad-magic", codec.encode_token_item(item())[10:]),
-    ("unknown-schema", b"\xc3\x01" + bytes(8) + codec.encode_token_item(item())[10:]),
-    ("unknown-schema", codec.HEADERS["Batch"] + codec.encode_token_item(item())[10:]),
-    ("avro-decode", codec.HEADERS["TokenItem"]),
-    ("avro-decode", codec.encode_token_item(item())[:-1]),
-    ("avro-decode", codec.encode_token_item(item())[:40]),
-    ("avro-decode", codec.HEADERS["TokenItem"] + b"\x04\xff\xfe" + bytes(40)),  # item_id not UTF-8
-    ("avro-decode", codec.HEADERS["TokenItem"] + b"\x01" + bytes(40)),  # negative string length
-    ("avro-decode", codec.HEADERS["TokenItem"] + b"\x7e" + bytes(40)),  # string past the end
-    ("avro-decode", codec.encode_token_item(item(metadata=None))[:-1] + b"\x04"),  # union branch 2
-    ("trailing-bytes", codec.encode_token_item(item()) + b"\x00"),
-    ("trailing-bytes", codec.encode_token_item(item()) * 2),
+    ("bad-magic", b"\xc3\x02" + encode_token_item(item())[2:]),
+    ("bad-magic", encode_token_item(item())[10:]),
+    ("unknown-schema", b"\xc3\x01" + bytes(8) + encode_token_item(item())[10:]),
+    ("unknown-schema", HEADERS["Batch"] + encode_token_item(item())[10:]),
+    ("avro-decode", HEADERS["TokenItem"]),
+    ("avro-decode", encode_token_item(item())[:-1]),
+    ("avro-decode", encode_token_item(item())[:40]),
+    ("avro-decode", HEADERS["TokenItem"] + b"\x04\xff\xfe" + bytes(40)),  # item_id not UTF-8
+    ("avro-decode", HEADERS["TokenItem"] + b"\x01" + bytes(40)),  # negative string length
+    ("avro-decode", HEADERS["TokenItem"] + b"\x7e" + bytes(40)),  # string past the end
+    ("avro-decode", encode_token_item(item(metadata=None))[:-1] + b"\x04"),  # union branch 2
+    ("trailing-bytes", encode_token_item(item()) + b"\x00"),
+    ("trailing-bytes", encode_token_item(item()) * 2),
     ("negative-token-count", raw_item(token_count=0, tokens=b"")),
     ("negative-token-count", raw_item(token_count=-3, tokens=b"")),
     ("token-count-mismatch", raw_item(token_count=2)),
@@ -352,9 +394,9 @@ def test_token_item_rejections(reason: str, value: Any, decoder: Any) -> None:
 
 
 def test_other_schema_is_named_in_the_message() -> None:
-    completion = codec.encode_completion(completion_rec())
+    completion = encode_completion(completion_rec())
     with pytest.raises(DecodeError, match=r"tokenfabric\.Completion, expected tokenfabric\.TokenItem"):
-        codec.decode_token_item(completion)
+        decode_token_item(completion)
 
 
 @pytest.mark.parametrize(
@@ -366,17 +408,17 @@ def test_other_schema_is_named_in_the_message() -> None:
     ],
 )
 def test_overlong_varints_are_rejected(varint: bytes, decodes: bool) -> None:
-    value = codec.encode_token_item(item(produced_ms=-(1 << 63)))
+    value = encode_token_item(item(produced_ms=-(1 << 63)))
     assert b"\xff" * 9 + b"\x01" in value
     changed = value.replace(b"\xff" * 9 + b"\x01", varint)
     if decodes:
-        assert codec.decode_token_item(changed).produced_ms == -(1 << 63)
+        assert decode_token_item(changed).produced_ms == -(1 << 63)
     else:
-        assert reason_of(codec.decode_token_item, changed) == "avro-decode"
+        assert reason_of(decode_token_item, changed) == "avro-decode"
 
 
 def test_int_fields_out_of_32_bit_range_are_rejected() -> None:
-    plain = codec.encode_token_item(item(output_budget=None, metadata=None))
+    plain = encode_token_item(item(output_budget=None, metadata=None))
     assert plain.endswith(b"\x00\x00")
     budget_2_31 = plain[:-2] + b"\x02" + b"\x80\x80\x80\x80\x10" + b"\x00"  # zigzag(2**31) = 2**32
     budget_max = plain[:-2] + b"\x02" + b"\xfe\xff\xff\xff\x0f" + b"\x00"  # zigzag(2**31 - 1)
@@ -407,7 +449,7 @@ def test_decode_error_carries_reason_and_pickles() -> None:
 )
 def test_encoder_refuses_what_the_decoder_rejects(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        codec.encode_token_item(item(**changes))
+        encode_token_item(item(**changes))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -467,7 +509,7 @@ def fastavro_batch(rec: BatchRecord) -> bytes:
 BATCH_ITEMS = [
     item(),
     item(item_id="item-2", job_id="", shape_components=None, output_budget=None, metadata=None),
-    item(item_id="item-3", token_count=1, tokens=codec.tokens_from_ids([7]), metadata={}),
+    item(item_id="item-3", token_count=1, tokens=tokens_from_ids([7]), metadata={}),
 ]
 
 
@@ -475,16 +517,16 @@ BATCH_ITEMS = [
 @pytest.mark.parametrize("oversized", [False, True])
 def test_batch_round_trip(records: list[TokenItemRecord], oversized: bool) -> None:
     batch = make_batch(records, oversized=oversized, shape=U64)
-    value = codec.encode_batch(batch)
+    value = encode_batch(batch)
     expected = batch_records(batch)
     assert value == fastavro_batch(expected)
-    assert codec.decode_batch(value) == expected
-    assert codec.encode_batch_record(expected) == value
+    assert decode_batch(value) == expected
+    assert encode_batch_record(expected) == value
 
 
 def test_items_inside_a_batch_are_their_messages_without_the_header() -> None:
-    value = codec.encode_batch(make_batch(BATCH_ITEMS))
-    bodies = b"".join(codec.encode_token_item(r)[10:] for r in BATCH_ITEMS)
+    value = encode_batch(make_batch(BATCH_ITEMS))
+    bodies = b"".join(encode_token_item(r)[10:] for r in BATCH_ITEMS)
     assert bodies in value
     assert value.endswith(bodies + b"\x00")
 
@@ -493,17 +535,17 @@ def test_encode_batch_needs_token_item_payloads() -> None:
     batch = make_batch(BATCH_ITEMS)
     batch.items[1].payload = {"item_id": "item-2"}
     with pytest.raises(TypeError, match="item-2"):
-        codec.encode_batch(batch)
+        encode_batch(batch)
 
 
 def test_decode_batch_rejections() -> None:
-    good = codec.encode_batch(make_batch(BATCH_ITEMS))
-    assert reason_of(codec.decode_batch, codec.encode_token_item(item())) == "unknown-schema"
-    assert reason_of(codec.decode_batch, good[:-1]) == "avro-decode"
-    assert reason_of(codec.decode_batch, good + b"\x00") == "trailing-bytes"
-    assert reason_of(codec.decode_batch, b"") == "bad-magic"
+    good = encode_batch(make_batch(BATCH_ITEMS))
+    assert reason_of(decode_batch, encode_token_item(item())) == "unknown-schema"
+    assert reason_of(decode_batch, good[:-1]) == "avro-decode"
+    assert reason_of(decode_batch, good + b"\x00") == "trailing-bytes"
+    assert reason_of(decode_batch, b"") == "bad-magic"
     bad_item = batch_message([{**item_dict(item()), "token_count": 2}])
-    assert reason_of(codec.decode_batch, bad_item) == "token-count-mismatch"
+    assert reason_of(decode_batch, bad_item) == "token-count-mismatch"
 
 
 def batch_message(items: list[dict[str, Any]]) -> bytes:
@@ -558,17 +600,17 @@ def completion_rec(**changes: Any) -> CompletionRecord:
     ],
 )
 def test_completion_round_trip(rec: CompletionRecord) -> None:
-    value = codec.encode_completion(rec)
-    assert codec.schema_of(value) == "Completion"
-    assert codec.decode_completion(value) == rec
-    assert codec.decode_any(value) == rec
+    value = encode_completion(rec)
+    assert schema_of(value) == "Completion"
+    assert decode_completion(value) == rec
+    assert decode_any(value) == rec
 
 
 def test_completion_refuses_unknown_status_and_int_overflow() -> None:
     with pytest.raises(ValueError, match="status"):
-        codec.encode_completion(completion_rec(status="maybe"))
+        encode_completion(completion_rec(status="maybe"))
     with pytest.raises(ValueError, match="input_tokens"):
-        codec.encode_completion(completion_rec(input_tokens=1 << 31))
+        encode_completion(completion_rec(input_tokens=1 << 31))
 
 
 def batch_of(*records: CompletionRecord) -> CompletionBatchRecord:
@@ -592,30 +634,30 @@ def completion_batch_dict(rec: CompletionBatchRecord) -> dict[str, Any]:
 def test_completion_batch_round_trip(records: list[CompletionRecord]) -> None:
     rec = batch_of(*records)
     assert [o.item_id for o in rec.items] == [r.item_id for r in records]
-    value = codec.encode_completion_batch(rec)
-    assert codec.schema_of(value) == "CompletionBatch"
+    value = encode_completion_batch(rec)
+    assert schema_of(value) == "CompletionBatch"
     assert value == fastavro_message("CompletionBatch", completion_batch_dict(rec))
-    assert codec.decode_completion_batch(value) == rec
-    assert codec.decode_any(value) == rec
-    assert codec.decode_completions(value) == records
+    assert decode_completion_batch(value) == rec
+    assert decode_any(value) == rec
+    assert decode_completions(value) == records
     assert rec.completions() == records
 
 
 def test_an_empty_completion_batch_round_trips() -> None:
     rec = CompletionBatchRecord(batch_id="b", consumer="c", model="m", completed_ms=1, items=[])
-    assert codec.decode_completions(codec.encode_completion_batch(rec)) == []
+    assert decode_completions(encode_completion_batch(rec)) == []
 
 
 def test_decode_completions_reads_either_form_and_refuses_the_rest() -> None:
     single = completion_rec()
-    assert codec.decode_completions(codec.encode_completion(single)) == [single]
-    assert codec.decode_completions(codec.encode_completion_batch(batch_of(single))) == [single]
-    assert reason_of(codec.decode_completions, codec.encode_token_item(item())) == "unknown-schema"
-    assert reason_of(codec.decode_completions, b"{}") == "bad-magic"
-    assert reason_of(codec.decode_completions, None) == "bad-magic"
-    value = codec.encode_completion_batch(batch_of(*BATCH_COMPLETIONS))
-    assert reason_of(codec.decode_completions, value[:-1]) == "avro-decode"
-    assert reason_of(codec.decode_completions, value + b"\x00") == "trailing-bytes"
+    assert decode_completions(encode_completion(single)) == [single]
+    assert decode_completions(encode_completion_batch(batch_of(single))) == [single]
+    assert reason_of(decode_completions, encode_token_item(item())) == "unknown-schema"
+    assert reason_of(decode_completions, b"{}") == "bad-magic"
+    assert reason_of(decode_completions, None) == "bad-magic"
+    value = encode_completion_batch(batch_of(*BATCH_COMPLETIONS))
+    assert reason_of(decode_completions, value[:-1]) == "avro-decode"
+    assert reason_of(decode_completions, value + b"\x00") == "trailing-bytes"
 
 
 def test_completion_batch_takes_its_fields_from_completions_of_one_batch() -> None:
@@ -642,11 +684,11 @@ def test_completion_batch_refuses_unknown_status_and_int_overflow(
     rec = batch_of(*BATCH_COMPLETIONS)
     items = [dataclasses.replace(rec.items[0], **changes), *rec.items[1:]]
     with pytest.raises(ValueError, match=match):
-        codec.encode_completion_batch(dataclasses.replace(rec, items=items))
+        encode_completion_batch(dataclasses.replace(rec, items=items))
     with pytest.raises(ValueError, match="padded_tokens"):
-        codec.encode_completion_batch(dataclasses.replace(rec, padded_tokens=1 << 31))
+        encode_completion_batch(dataclasses.replace(rec, padded_tokens=1 << 31))
     with pytest.raises(ValueError, match="completed_ms"):
-        codec.encode_completion_batch(dataclasses.replace(rec, completed_ms=-(1 << 63) - 1))
+        encode_completion_batch(dataclasses.replace(rec, completed_ms=-(1 << 63) - 1))
 
 
 def test_decode_completion_batch_refuses_an_item_int_out_of_range() -> None:
@@ -654,22 +696,22 @@ def test_decode_completion_batch_refuses_an_item_int_out_of_range() -> None:
     d["items"][0]["input_tokens"] = 1 << 40  # fastavro writes any int as a varint
     value = fastavro_message("CompletionBatch", d)
     with pytest.raises(DecodeError, match=r"ItemOutcome\.input_tokens") as info:
-        codec.decode_completions(value)
+        decode_completions(value)
     assert info.value.reason == "avro-decode"
 
 
 def split_sizes(rec: CompletionBatchRecord, max_bytes: int) -> list[bytes]:
     """The split messages, each checked: under the limit (or one item alone), same batch fields, and
     as full as the limit allows (the next message's first item would not have fitted)."""
-    messages = codec.encode_completion_batches(rec, max_bytes)
-    parts = [codec.decode_completion_batch(value) for value in messages]
+    messages = encode_completion_batches(rec, max_bytes)
+    parts = [decode_completion_batch(value) for value in messages]
     for value, part, after in zip(messages, parts, [*parts[1:], None], strict=True):
         assert len(value) <= max_bytes or len(part.items) <= 1, (len(value), max_bytes)
         assert dataclasses.replace(part, items=[]) == dataclasses.replace(rec, items=[])
         if after is not None:
             fuller = dataclasses.replace(part, items=[*part.items, after.items[0]])
-            assert len(codec.encode_completion_batch(fuller)) > max_bytes
-    assert [c for value in messages for c in codec.decode_completions(value)] == rec.completions()
+            assert len(encode_completion_batch(fuller)) > max_bytes
+    assert [c for value in messages for c in decode_completions(value)] == rec.completions()
     return messages
 
 
@@ -677,11 +719,11 @@ def test_a_batch_too_large_for_one_message_is_split_in_item_order() -> None:
     outputs = [bytes([n]) * size for n, size in enumerate([400, 300, 300, 920, 10, 10, 500])]
     records = [completion_rec(item_id=f"item-{n}", output=out) for n, out in enumerate(outputs)]
     rec = batch_of(*records)
-    whole = codec.encode_completion_batch(rec)
-    assert codec.encode_completion_batches(rec, len(whole)) == [whole]  # fits: one message, the same bytes
+    whole = encode_completion_batch(rec)
+    assert encode_completion_batches(rec, len(whole)) == [whole]  # fits: one message, the same bytes
     messages = split_sizes(rec, 1000)
     # in order, as full as fits: 400+300 | 300 | 920 | 10+10+500 (an item is its output and ~25 bytes)
-    assert [len(codec.decode_completion_batch(v).items) for v in messages] == [2, 1, 1, 3]
+    assert [len(decode_completion_batch(v).items) for v in messages] == [2, 1, 1, 3]
     alone = split_sizes(rec, 600)  # the 920-byte output cannot fit: it travels alone, over the limit
     assert any(len(v) > 600 for v in alone)
     assert len(split_sizes(rec, 1)) == len(records)  # a limit below any item: one message per item
@@ -689,9 +731,9 @@ def test_a_batch_too_large_for_one_message_is_split_in_item_order() -> None:
 
 def test_contract_round_trip() -> None:
     rec = ContractRecord(Contract("gpu-0", "llama-3-8b", 8192, 64, pad_multiple=16, max_inflight=3), 1234)
-    value = codec.encode_contract(rec)
-    assert codec.schema_of(value) == "ConsumerContract"
-    assert codec.decode_contract(value) == rec
+    value = encode_contract(rec)
+    assert schema_of(value) == "ConsumerContract"
+    assert decode_contract(value) == rec
 
 
 def test_contract_that_contract_refuses_is_invalid_contract() -> None:
@@ -707,7 +749,7 @@ def test_contract_that_contract_refuses_is_invalid_contract() -> None:
             "announced_ms": 0,
         },
     )
-    assert reason_of(codec.decode_contract, value) == "invalid-contract"
+    assert reason_of(decode_contract, value) == "invalid-contract"
 
 
 def test_ledger_snapshot_round_trip() -> None:
@@ -719,12 +761,12 @@ def test_ledger_snapshot_round_trip() -> None:
         per_model={"llama-3-8b": {"received_tokens": 12345}, "empty": {}},
         per_consumer={"gpu-0": {"padded_tokens": 15000, "real_tokens": -1}},
     )
-    value = codec.encode_ledger_snapshot(rec)
-    assert codec.decode_ledger_snapshot(value) == rec
+    value = encode_ledger_snapshot(rec)
+    assert decode_ledger_snapshot(value) == rec
     empty = LedgerSnapshotRecord(
         instance="p", taken_ms=0, sequence=0, counters={}, per_model={}, per_consumer={}
     )
-    assert codec.decode_ledger_snapshot(codec.encode_ledger_snapshot(empty)) == empty
+    assert decode_ledger_snapshot(encode_ledger_snapshot(empty)) == empty
 
 
 @pytest.mark.parametrize("key", [None, b"", b"\xffkey"])
@@ -739,41 +781,41 @@ def test_dead_letter_round_trip(key: bytes | None) -> None:
         original_key=key,
         dead_ms=99,
     )
-    value = codec.encode_dead_letter(rec)
-    assert codec.decode_dead_letter(value) == rec
+    value = encode_dead_letter(rec)
+    assert decode_dead_letter(value) == rec
     assert original in value
 
 
 OTHER_DECODERS = [
-    codec.decode_completion,
-    codec.decode_completion_batch,
-    codec.decode_completions,
-    codec.decode_contract,
-    codec.decode_ledger_snapshot,
-    codec.decode_dead_letter,
+    decode_completion,
+    decode_completion_batch,
+    decode_completions,
+    decode_contract,
+    decode_ledger_snapshot,
+    decode_dead_letter,
 ]
 
 
 @pytest.mark.parametrize("decoder", OTHER_DECODERS)
 def test_other_records_reject_like_token_items(decoder: Any) -> None:
     name = {
-        codec.decode_completion: "Completion",
-        codec.decode_completion_batch: "CompletionBatch",
-        codec.decode_completions: "CompletionBatch",
-        codec.decode_contract: "ConsumerContract",
-        codec.decode_ledger_snapshot: "LedgerSnapshot",
-        codec.decode_dead_letter: "DeadLetter",
+        decode_completion: "Completion",
+        decode_completion_batch: "CompletionBatch",
+        decode_completions: "CompletionBatch",
+        decode_contract: "ConsumerContract",
+        decode_ledger_snapshot: "LedgerSnapshot",
+        decode_dead_letter: "DeadLetter",
     }[decoder]
     assert reason_of(decoder, b"nope") == "bad-magic"
-    assert reason_of(decoder, codec.encode_token_item(item())) == "unknown-schema"
-    assert reason_of(decoder, codec.HEADERS[name]) == "avro-decode"
-    assert reason_of(decoder, codec.HEADERS[name] + b"\x7f") == "avro-decode"
+    assert reason_of(decoder, encode_token_item(item())) == "unknown-schema"
+    assert reason_of(decoder, HEADERS[name]) == "avro-decode"
+    assert reason_of(decoder, HEADERS[name] + b"\x7f") == "avro-decode"
 
 
 def test_decode_any_dispatches_on_the_header() -> None:
-    assert codec.decode_any(codec.encode_token_item(item())) == item()
-    assert isinstance(codec.decode_any(codec.encode_batch(make_batch(BATCH_ITEMS))), BatchRecord)
-    assert reason_of(codec.decode_any, b"\xc3\x01" + bytes(8)) == "unknown-schema"
+    assert decode_any(encode_token_item(item())) == item()
+    assert isinstance(decode_any(encode_batch(make_batch(BATCH_ITEMS))), BatchRecord)
+    assert reason_of(decode_any, b"\xc3\x01" + bytes(8)) == "unknown-schema"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -794,7 +836,7 @@ def token_items(draw: st.DrawFn) -> TokenItemRecord:
         model=draw(names),
         shape=draw(st.integers(0, U64)),
         token_count=len(ids),
-        tokens=codec.tokens_from_ids(ids),
+        tokens=tokens_from_ids(ids),
         shape_components=draw(st.none() | st.lists(text, max_size=4).map(tuple)),
         produced_ms=draw(int64),
         output_budget=draw(st.none() | int32),
@@ -809,7 +851,7 @@ completions = st.builds(
     batch_id=text,
     consumer=text,
     model=text,
-    status=st.sampled_from(codec.STATUSES),
+    status=st.sampled_from(STATUSES),
     reason=st.none() | text,
     input_tokens=int32,
     output_tokens=int32,
@@ -823,7 +865,7 @@ completions = st.builds(
 outcomes = st.builds(
     ItemOutcomeRecord,
     item_id=text,
-    status=st.sampled_from(codec.STATUSES),
+    status=st.sampled_from(STATUSES),
     cache_hit=st.booleans(),
     job_id=text,
     reason=st.none() | text,
@@ -873,26 +915,26 @@ contracts = st.builds(
 
 @given(token_items())
 def test_valid_token_items_round_trip(rec: TokenItemRecord) -> None:
-    value = codec.encode_token_item(rec)
+    value = encode_token_item(rec)
     assert value == fastavro_message("TokenItem", item_dict(rec))
-    assert codec.decode_token_item(value) == rec
-    assert codec.decode_token_item_fastavro(value) == rec
+    assert decode_token_item(value) == rec
+    assert decode_token_item_fastavro(value) == rec
 
 
 @given(st.lists(token_items(), max_size=4), st.integers(0, U64), int32, st.booleans())
 def test_valid_batches_round_trip(records: list[TokenItemRecord], shape: int, lane: int, big: bool) -> None:
     batch = make_batch(records, shape=shape, lane=lane, oversized=big)
-    value = codec.encode_batch(batch)
+    value = encode_batch(batch)
     assert value == fastavro_batch(batch_records(batch))
-    assert codec.decode_batch(value) == batch_records(batch)
+    assert decode_batch(value) == batch_records(batch)
 
 
 @given(completion_batches)
 def test_valid_completion_batches_round_trip_and_match_fastavros_bytes(rec: CompletionBatchRecord) -> None:
-    value = codec.encode_completion_batch(rec)
+    value = encode_completion_batch(rec)
     assert value == fastavro_message("CompletionBatch", completion_batch_dict(rec))
-    assert codec.decode_completion_batch(value) == rec
-    assert codec.decode_completions(value) == rec.completions()
+    assert decode_completion_batch(value) == rec
+    assert decode_completions(value) == rec.completions()
 
 
 @given(completion_batches, st.integers(1, 400))
@@ -903,22 +945,22 @@ def test_any_split_keeps_every_item_once_in_order(rec: CompletionBatchRecord, ma
 @given(st.one_of(completions, completion_batches, snapshots, dead_letters, contracts))
 def test_other_valid_records_round_trip(rec: Any) -> None:
     encode: Any = {
-        CompletionRecord: codec.encode_completion,
-        CompletionBatchRecord: codec.encode_completion_batch,
-        LedgerSnapshotRecord: codec.encode_ledger_snapshot,
-        DeadLetterRecord: codec.encode_dead_letter,
-        ContractRecord: codec.encode_contract,
+        CompletionRecord: encode_completion,
+        CompletionBatchRecord: encode_completion_batch,
+        LedgerSnapshotRecord: encode_ledger_snapshot,
+        DeadLetterRecord: encode_dead_letter,
+        ContractRecord: encode_contract,
     }[type(rec)]
-    assert codec.decode_any(encode(rec)) == rec
+    assert decode_any(encode(rec)) == rec
 
 
 ALL_DECODERS = [
-    codec.decode_token_item,
-    codec.decode_token_item_fastavro,
-    codec.decode_batch,
+    decode_token_item,
+    decode_token_item_fastavro,
+    decode_batch,
     *OTHER_DECODERS,
-    codec.decode_any,
-    codec.schema_of,
+    decode_any,
+    schema_of,
 ]
 
 
@@ -937,9 +979,9 @@ def test_random_bytes_raise_only_decode_error(value: bytes) -> None:
 
 
 @settings(max_examples=500)
-@given(st.sampled_from(codec.RECORD_NAMES), st.binary(max_size=200))
+@given(st.sampled_from(RECORD_NAMES), st.binary(max_size=200))
 def test_random_bodies_raise_only_decode_error(name: str, body: bytes) -> None:
-    only_decode_errors(codec.HEADERS[name] + body)
+    only_decode_errors(HEADERS[name] + body)
 
 
 def outcome(decoder: Any, value: bytes) -> Any:
@@ -952,7 +994,7 @@ def outcome(decoder: Any, value: bytes) -> Any:
 @st.composite
 def mutated_items(draw: st.DrawFn) -> bytes:
     """A valid TokenItem message with a few bytes changed, cut, or added after the header."""
-    return damage(draw, codec.encode_token_item(draw(token_items())))
+    return damage(draw, encode_token_item(draw(token_items())))
 
 
 def damage(draw: st.DrawFn, message: bytes) -> bytes:
@@ -960,7 +1002,7 @@ def damage(draw: st.DrawFn, message: bytes) -> bytes:
     value = bytearray(message)
     for _ in range(draw(st.integers(1, 3))):
         action = draw(st.sampled_from(["flip", "cut", "insert", "delete"]))
-        at = draw(st.integers(codec.HEADER_SIZE, len(value)))
+        at = draw(st.integers(HEADER_SIZE, len(value)))
         if action == "flip" and at < len(value):
             value[at] = draw(st.integers(0, 255))
         elif action == "cut":
@@ -983,8 +1025,8 @@ def test_hand_written_decoder_agrees_with_fastavro(value: bytes) -> None:
     along). So the one allowed difference is the hand-written decoder saying avro-decode: it never
     accepts anything fastavro does not decode to the same record, nor finds any other fault.
     """
-    hand = outcome(codec.decode_token_item, value)
-    reference = outcome(codec.decode_token_item_fastavro, value)
+    hand = outcome(decode_token_item, value)
+    reference = outcome(decode_token_item_fastavro, value)
     if hand != reference:
         assert hand == "avro-decode", (hand, reference)
     only_decode_errors(value)
@@ -992,6 +1034,6 @@ def test_hand_written_decoder_agrees_with_fastavro(value: bytes) -> None:
 
 def test_negative_union_index_is_rejected() -> None:
     """fastavro reads union index -1 as the last branch; the spec (and this codec) says malformed."""
-    plain = codec.encode_token_item(item(metadata=None))
+    plain = encode_token_item(item(metadata=None))
     assert plain.endswith(b"\x00")
-    assert reason_of(codec.decode_token_item, plain[:-1] + b"\x01\x00") == "avro-decode"
+    assert reason_of(decode_token_item, plain[:-1] + b"\x01\x00") == "avro-decode"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.contract import Contract, round_up
+from processor.core.contract import Contract, round_up
 from tests.helpers_core import make_contract
 
 

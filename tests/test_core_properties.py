@@ -20,10 +20,10 @@ from hypothesis import given, settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from processor.contract import Contract
-from processor.dispatch import DispatchSettings, Scheduler
-from processor.item import Batch, Item
-from processor.lanes import Lane, LaneSettings
+from processor.core.contract import Contract
+from processor.core.item import Batch, Item
+from processor.core.lanes import Lane, LaneSettings
+from processor.core.scheduler import DispatchSettings, Scheduler
 from tests.helpers_core import assert_batch_ok, complete_all, make_contract, make_item
 
 MODELS = ("m0", "m1")

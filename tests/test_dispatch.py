@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.accounting import LedgerImbalance
-from processor.dispatch import DispatchSettings, InvariantViolation, Scheduler, check_batch
-from processor.item import Batch, Item
-from processor.lanes import LaneSettings
+from processor.core.accounting import LedgerImbalance
+from processor.core.item import Batch, Item
+from processor.core.lanes import LaneSettings
+from processor.core.scheduler import DispatchSettings, InvariantViolation, Scheduler, check_batch
 from tests.helpers_core import (
     MODEL,
     SHAPE_A,

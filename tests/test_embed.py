@@ -1,6 +1,6 @@
 """The ``embed`` engine: all-MiniLM-L6-v2 in numpy gives the model's embeddings, whatever the padding.
 
-No Kafka: batches are built as :class:`~processor.codec.BatchRecord` values and handed to the engine,
+No Kafka: batches are built as :class:`~processor.wire.records.BatchRecord` values and handed to the engine,
 as the consumer app would after decoding them. Texts are short so the file runs in seconds.
 """
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from processor.codec import BatchRecord, TokenItemRecord, tokens_from_ids
-from processor.engines import ItemResult, make_engine
+from processor.engines.base import ItemResult, make_engine
 from processor.engines.embed import EmbedEngine, from_options
-from processor.minilm import MiniLM, tokenize
+from processor.engines.minilm import MiniLM, tokenize
+from processor.wire.records import BatchRecord, TokenItemRecord, tokens_from_ids
 
 PARAPHRASES = [
     ("The new movie is awesome", "The new movie is so great"),

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from processor.codec import BatchRecord, TokenItemRecord, tokens_from_ids
-from processor.engines import make_engine
+from processor.engines.base import make_engine
 from processor.engines.openai_http import OpenAICompletionsEngine, from_options, parse_options
+from processor.wire.records import BatchRecord, TokenItemRecord, tokens_from_ids
 
 
 @dataclass

@@ -9,9 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processor import codec
-from processor.codec import DecodeError, TokenItemRecord
-from processor.fastpath import (
+from processor.core.item import Batch, Item
+from processor.wire.completions import (
+    decode_completion,
+    decode_completions,
+    encode_completion,
+    encode_completion_batch,
+)
+from processor.wire.errors import DecodeError
+from processor.wire.heads import (
     _usual_head,
     decode_batch_head,
     decode_completion_head,
@@ -19,7 +25,15 @@ from processor.fastpath import (
     decode_completions_head,
     decode_item_head,
 )
-from processor.item import Batch, Item
+from processor.wire.items import decode_batch, decode_token_item, encode_batch, encode_token_item
+from processor.wire.records import (
+    BatchRecord,
+    CompletionBatchRecord,
+    CompletionRecord,
+    TokenItemRecord,
+    tokens_from_ids,
+)
+from processor.wire.schemas import HEADER_SIZE, HEADERS
 from tests.test_codec import (
     U64,
     batch_message,
@@ -54,8 +68,8 @@ def same_as_full(head: Any, rec: TokenItemRecord, value: bytes) -> bool:
 
 @given(token_items())
 def test_the_head_of_a_valid_item_is_the_full_records_fields_and_body(rec: TokenItemRecord) -> None:
-    value = codec.encode_token_item(rec)
-    assert same_as_full(decode_item_head(value), codec.decode_token_item(value), value)
+    value = encode_token_item(rec)
+    assert same_as_full(decode_item_head(value), decode_token_item(value), value)
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
@@ -66,7 +80,7 @@ def test_damaged_items_are_refused_for_the_same_reason(value: bytes) -> None:
 
 def assert_same_outcome(
     value: bytes,
-    full_decoder: Any = codec.decode_token_item,
+    full_decoder: Any = decode_token_item,
     head_decoder: Any = decode_item_head,
     same: Any = lambda head, full, value: same_as_full(head, full, value),
 ) -> None:
@@ -84,9 +98,9 @@ def assert_same_outcome(
 @given(st.binary(max_size=120))
 def test_random_bodies_raise_only_decode_error(body: bytes) -> None:
     for header in (
-        codec.HEADERS["TokenItem"],
-        codec.HEADERS["Completion"],
-        codec.HEADERS["CompletionBatch"],
+        HEADERS["TokenItem"],
+        HEADERS["Completion"],
+        HEADERS["CompletionBatch"],
         b"",
     ):
         outcome(decode_item_head, header + body)
@@ -106,7 +120,7 @@ def usual_items(draw: st.DrawFn) -> TokenItemRecord:
         model=draw(short),
         shape=draw(st.integers(0, U64)),
         token_count=len(ids),
-        tokens=codec.tokens_from_ids(ids),
+        tokens=tokens_from_ids(ids),
         shape_components=None,
         produced_ms=draw(st.integers(1 << 34, (1 << 41) - 1)),  # mid-1970 to 2039: six varint bytes
         output_budget=draw(st.none() | st.integers(-8191, 8191)),
@@ -117,16 +131,16 @@ def usual_items(draw: st.DrawFn) -> TokenItemRecord:
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(usual_items())
 def test_usual_items_are_read_in_one_pass_to_the_full_records_fields(rec: TokenItemRecord) -> None:
-    value = codec.encode_token_item(rec)
+    value = encode_token_item(rec)
     head = _usual_head(value)
     assert head is not None  # the general path would give the same head, only slower
-    assert same_as_full(head, codec.decode_token_item(value), value)
+    assert same_as_full(head, decode_token_item(value), value)
     assert outcome(decode_item_head, value + b"\0") == "trailing-bytes"
 
 
 @st.composite
 def damaged_usual_items(draw: st.DrawFn) -> bytes:
-    return damage(draw, codec.encode_token_item(draw(usual_items())))
+    return damage(draw, encode_token_item(draw(usual_items())))
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
@@ -146,13 +160,13 @@ def test_a_batch_of_spliced_messages_is_byte_identical_to_one_of_records(
         ]
         return Batch("b-1", "card", records[0].model, records[0].shape, 3, 8, 64, items, 1234, oversized)
 
-    messages = [codec.encode_token_item(r) for r in records]
-    assert codec.encode_batch(batch(messages)) == codec.encode_batch(batch(records))
+    messages = [encode_token_item(r) for r in records]
+    assert encode_batch(batch(messages)) == encode_batch(batch(records))
 
 
 @given(completions)
-def test_the_completion_head_matches_the_full_decoder(rec: codec.CompletionRecord) -> None:
-    value = codec.encode_completion(rec)
+def test_the_completion_head_matches_the_full_decoder(rec: CompletionRecord) -> None:
+    value = encode_completion(rec)
     expected = (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit)
     assert decode_completion_head(value) == expected
     assert decode_completion_head_strict(value) == expected
@@ -161,14 +175,14 @@ def test_the_completion_head_matches_the_full_decoder(rec: codec.CompletionRecor
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(completions, st.data())
 def test_a_damaged_completion_is_refused_whenever_the_full_decoder_refuses_it(
-    rec: codec.CompletionRecord, data: st.DataObject
+    rec: CompletionRecord, data: st.DataObject
 ) -> None:
-    value = bytearray(codec.encode_completion(rec))
-    at = data.draw(st.integers(codec.HEADER_SIZE, len(value) - 1))
+    value = bytearray(encode_completion(rec))
+    at = data.draw(st.integers(HEADER_SIZE, len(value) - 1))
     value[at] = data.draw(st.integers(0, 255))
     if data.draw(st.booleans()):
-        del value[data.draw(st.integers(codec.HEADER_SIZE, len(value))) :]
-    full = outcome(codec.decode_completion, bytes(value))
+        del value[data.draw(st.integers(HEADER_SIZE, len(value))) :]
+    full = outcome(decode_completion, bytes(value))
     head = outcome(decode_completion_head_strict, bytes(value))
     quick = outcome(decode_completion_head, bytes(value))
     # the quick reader parses only the leading fields: whatever it accepts, it reads as the full one
@@ -184,7 +198,7 @@ def test_a_damaged_completion_is_refused_whenever_the_full_decoder_refuses_it(
         assert head == "avro-decode"
 
 
-def heads_of(records: list[codec.CompletionRecord]) -> tuple[str, str, list[tuple[str, bool, bool]]]:
+def heads_of(records: list[CompletionRecord]) -> tuple[str, str, list[tuple[str, bool, bool]]]:
     """What :func:`decode_completions_head` should say of a message holding ``records``."""
     first = records[0] if records else None
     return (
@@ -195,14 +209,14 @@ def heads_of(records: list[codec.CompletionRecord]) -> tuple[str, str, list[tupl
 
 
 @given(completions)
-def test_the_completions_head_of_one_completion_is_a_list_of_one(rec: codec.CompletionRecord) -> None:
-    value = codec.encode_completion(rec)
-    assert decode_completions_head(value) == heads_of(codec.decode_completions(value))
+def test_the_completions_head_of_one_completion_is_a_list_of_one(rec: CompletionRecord) -> None:
+    value = encode_completion(rec)
+    assert decode_completions_head(value) == heads_of(decode_completions(value))
 
 
 @given(completion_batches)
-def test_the_completions_head_of_a_batch_matches_the_full_decoder(rec: codec.CompletionBatchRecord) -> None:
-    value = codec.encode_completion_batch(rec)
+def test_the_completions_head_of_a_batch_matches_the_full_decoder(rec: CompletionBatchRecord) -> None:
+    value = encode_completion_batch(rec)
     head = decode_completions_head(value)
     assert head == (
         rec.batch_id,
@@ -210,23 +224,23 @@ def test_the_completions_head_of_a_batch_matches_the_full_decoder(rec: codec.Com
         [(o.item_id, o.status == "ok", o.cache_hit) for o in rec.items],
     )
     if rec.items:
-        assert head == heads_of(codec.decode_completions(value))
+        assert head == heads_of(decode_completions(value))
 
 
 @st.composite
 def damaged_completion_batches(draw: st.DrawFn) -> bytes:
     """A valid CompletionBatch (at least one item) with a few bytes changed, cut or added after the header."""
     rec = draw(completion_batches.filter(lambda r: bool(r.items)))
-    return damage(draw, codec.encode_completion_batch(rec))
+    return damage(draw, encode_completion_batch(rec))
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(damaged_completion_batches())
 def test_a_damaged_completion_batch_is_refused_whenever_the_full_decoder_refuses_it(value: bytes) -> None:
-    """The batch head walks every field, so it refuses what :func:`codec.decode_completions` refuses,
+    """The batch head walks every field, so it refuses what :func:`decode_completions` refuses,
     and what it accepts it reads the same. It may refuse more, with avro-decode, where fastavro is
     laxer than the spec (over-long varints, negative union or enum indexes, boolean bytes over 1)."""
-    full = outcome(codec.decode_completions, value)
+    full = outcome(decode_completions, value)
     head = outcome(decode_completions_head, value)
     if isinstance(full, str):
         assert isinstance(head, str), (full, head)
@@ -239,7 +253,7 @@ def test_a_damaged_completion_batch_is_refused_whenever_the_full_decoder_refuses
         assert head.items == []
 
 
-def same_batch(head: Any, rec: codec.BatchRecord) -> bool:
+def same_batch(head: Any, rec: BatchRecord) -> bool:
     fields = ("batch_id", "consumer", "model", "shape", "lane", "padded_length", "pad_multiple", "created_ms")
     return [getattr(head, f) for f in (*fields, "oversized")] == [
         getattr(rec, f) for f in (*fields, "oversized")
@@ -249,14 +263,14 @@ def same_batch(head: Any, rec: codec.BatchRecord) -> bool:
 @st.composite
 def batch_messages(draw: st.DrawFn) -> bytes:
     records = draw(st.lists(token_items(), max_size=4))
-    return codec.encode_batch(
+    return encode_batch(
         make_batch(records, oversized=draw(st.booleans()), shape=draw(st.integers(0, U64)))
     )
 
 
 @given(batch_messages())
 def test_the_head_of_a_batch_is_the_full_decoders_fields(value: bytes) -> None:
-    assert same_batch(decode_batch_head(value), codec.decode_batch(value))
+    assert same_batch(decode_batch_head(value), decode_batch(value))
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
@@ -264,7 +278,7 @@ def test_the_head_of_a_batch_is_the_full_decoders_fields(value: bytes) -> None:
 def test_a_damaged_batch_is_refused_for_the_same_reason(value: bytes, data: st.DataObject) -> None:
     assert_same_outcome(
         damage(data.draw, value),
-        codec.decode_batch,
+        decode_batch,
         decode_batch_head,
         lambda head, full, _v: same_batch(head, full),
     )
@@ -283,12 +297,12 @@ def test_a_batch_item_breaking_a_rule_is_refused_with_the_rules_reason(
     change: dict[str, Any], reason: str
 ) -> None:
     value = batch_message([item_dict(item()), {**item_dict(item()), **change}])
-    assert outcome(codec.decode_batch, value) == outcome(decode_batch_head, value) == reason
+    assert outcome(decode_batch, value) == outcome(decode_batch_head, value) == reason
 
 
 @pytest.mark.parametrize("field", [b"job-1", b"item-1", b"llama-3-8b"])
 def test_a_batch_with_invalid_utf8_in_an_items_string_is_malformed(field: bytes) -> None:
-    value = codec.encode_batch(make_batch([item()]))
+    value = encode_batch(make_batch([item()]))
     broken = value.replace(field, b"\xff" + field[1:])
     assert broken != value
-    assert outcome(codec.decode_batch, broken) == outcome(decode_batch_head, broken) == "avro-decode"
+    assert outcome(decode_batch, broken) == outcome(decode_batch_head, broken) == "avro-decode"

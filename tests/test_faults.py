@@ -17,14 +17,16 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from processor import codec
-from processor.audit import audit
-from processor.cli import main
-from processor.contract import Contract
-from processor.demo import Pipeline
-from processor.replay import read_topic
-from processor.status import gather
-from processor.topics import TopicNames, create_topics, topic_specs
+from processor.cli.tokenfabric import main
+from processor.core.contract import Contract
+from processor.kafka.reader import read_topic
+from processor.kafka.topics import TopicNames, create_topics, topic_specs
+from processor.local.pipeline import Pipeline
+from processor.ops.audit import audit
+from processor.ops.status import gather
+from processor.wire.control import encode_contract, encode_ledger_snapshot
+from processor.wire.records import ContractRecord, LedgerSnapshotRecord
+from processor.wire.schemas import schema_of
 from tests.faultrig import CARDS, Rig, assert_exactly_once, produce, running_rig
 
 pytestmark = pytest.mark.kafka
@@ -84,7 +86,7 @@ def test_a_processor_that_cannot_deliver_exits_75_and_its_restart_loses_nothing(
         admin = AdminClient(rig.conf)
         for future in admin.delete_topics([rig.topics.batches(small.consumer)]).values():
             future.result(30)
-        announce = codec.encode_contract(codec.ContractRecord(small, int(time.time() * 1000)))
+        announce = encode_contract(ContractRecord(small, int(time.time() * 1000)))
         producer = Producer(rig.conf)
         producer.produce(rig.topics.contracts, announce, small.consumer.encode())
         assert producer.flush(30) == 0
@@ -117,7 +119,7 @@ def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig, form: str) -> N
     rig.spawn_processor("processor")
     rig.wait_completed(len(ids), timeout_s=120)
     assert rig.pipeline.stop()["processor"] == 0
-    assert {codec.schema_of(m.value()) for m in read_topic(rig.conf, rig.topics.results)} == {form}
+    assert {schema_of(m.value()) for m in read_topic(rig.conf, rig.topics.results)} == {form}
     assert_exactly_once(rig, ids, tokens)
     audit_cli = [
         "audit",
@@ -131,7 +133,7 @@ def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig, form: str) -> N
     assert main(audit_cli) == 0
     latest = gather(rig.conf, rig.topics, group=rig.group).checkpoints["p0"]
     phantom = dict(latest.counters, queued_items=latest.counters["queued_items"] + 1_000_000)
-    forged = codec.LedgerSnapshotRecord(
+    forged = LedgerSnapshotRecord(
         instance="p0",
         taken_ms=latest.taken_ms + 1,
         sequence=latest.sequence + 1,
@@ -142,7 +144,7 @@ def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig, form: str) -> N
     from confluent_kafka import Producer
 
     producer = Producer(rig.conf)
-    producer.produce(rig.topics.accounting, key=b"p0", value=codec.encode_ledger_snapshot(forged))
+    producer.produce(rig.topics.accounting, key=b"p0", value=encode_ledger_snapshot(forged))
     producer.flush(30)
     assert main(audit_cli) == 1
     report = audit(rig.conf, rig.topics, rig.group)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor import changelog
-from processor.credits import CreditBook, slot_partition
-from processor.dispatch import Scheduler
-from processor.item import Batch
+from processor.core.item import Batch
+from processor.core.scheduler import Scheduler
+from processor.state import changelog
+from processor.state.credits import CreditBook, slot_partition
 from tests.helpers_core import MODEL, make_contract, make_items, make_scheduler, submit_all
 
 # -- credits -----------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def test_adopting_a_batch_of_a_retired_consumer_puts_its_outstanding_items_back(
 def test_the_watchdog_reports_a_call_stuck_past_its_limit_once_and_ignores_quick_ones() -> None:
     import time
 
-    from processor.watchdog import CallWatchdog
+    from processor.kafka.watchdog import CallWatchdog
 
     stuck: list[str] = []
     dog = CallWatchdog(0.2, on_stuck=lambda what, _s: stuck.append(what))
@@ -273,9 +273,9 @@ def test_the_watchdog_reports_a_call_stuck_past_its_limit_once_and_ignores_quick
 def test_status_counts_adopted_state_once_while_the_old_owner_is_down() -> None:
     """a crashed holding 10 waiting items; b adopted them. Until a restarts and releases, both
     checkpoints claim the 10; the view (and the audit) must count them once."""
-    from processor.cmd_status import render
-    from processor.codec import LedgerSnapshotRecord
-    from processor.status import StatusView
+    from processor.cli.status import render
+    from processor.ops.status import StatusView
+    from processor.wire.records import LedgerSnapshotRecord
 
     def checkpoint(name: str, counters: dict[str, int], slots: int) -> LedgerSnapshotRecord:
         per_consumer = {"c": {"slots": slots, "in_flight_batches": 0}}

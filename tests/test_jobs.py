@@ -14,18 +14,27 @@ from typing import Any
 
 import pytest
 
-from processor import codec
-from processor.cli import main
-from processor.cmd_submit import Aborted, SubmitPlan, submit
-from processor.codec import CompletionRecord, DecodeError, encode_completion
-from processor.collect import JobCollector, journal_path
-from processor.datasets import Dataset, DatasetError, file_sha256, read_output, write_output
-from processor.jobs import BadRow, JobRecord, RowResult, check_job_name, item_id, row_of, summarize
-from processor.jobs_codec import decode_job, encode_job
-from processor.journal import Journal, JournalError
-from processor.signature import shape_signature
-from processor.templates import RowError, TemplateError, load_template, parse_template
-from processor.textprep import TextTokenizer, TokenizerError
+from processor.cli.submit import Aborted, SubmitPlan, submit
+from processor.cli.tokenfabric import main
+from processor.core.signature import shape_signature
+from processor.jobs.codec import decode_job, encode_job
+from processor.jobs.collect import JobCollector, journal_path
+from processor.jobs.datasets import Dataset, DatasetError, file_sha256, read_output, write_output
+from processor.jobs.journal import Journal, JournalError
+from processor.jobs.model import (
+    BadRow,
+    JobRecord,
+    RowResult,
+    check_job_name,
+    item_id,
+    row_of,
+    summarize,
+)
+from processor.jobs.templates import RowError, TemplateError, load_template, parse_template
+from processor.jobs.textprep import TextTokenizer, TokenizerError
+from processor.wire.completions import encode_completion
+from processor.wire.errors import DecodeError
+from processor.wire.records import CompletionRecord, ids_from_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "jobs"
@@ -237,7 +246,7 @@ def test_job_records_round_trip_through_the_wire_format(tmp_path: Path) -> None:
     assert decode_job(encode_job(rec)) == rec
     with pytest.raises(DecodeError) as exc:
         decode_job(
-            codec.encode_completion(
+            encode_completion(
                 CompletionRecord(item_id="x", model="m", status="ok", input_tokens=1, completed_ms=0)
             )
         )
@@ -247,7 +256,7 @@ def test_job_records_round_trip_through_the_wire_format(tmp_path: Path) -> None:
 
 
 def test_the_job_schema_is_documented_and_packaged_identically() -> None:
-    source, packaged = ROOT / "schemas" / "Job.avsc", ROOT / "processor" / "data" / "schemas" / "Job.avsc"
+    source, packaged = ROOT / "schemas" / "Job.avsc", ROOT / "processor" / "wire" / "avsc" / "Job.avsc"
     assert source.read_bytes() == packaged.read_bytes()
     schema = json.loads(source.read_text())
     assert (schema["name"], schema["namespace"]) == ("Job", "tokenfabric") and schema["doc"]
@@ -442,7 +451,7 @@ def test_submit_produces_good_rows_reports_bad_ones_and_records_the_job(tmp_path
     assert {(s["model"], s["shape"], s["job_id"], s["output_budget"]) for s in producer.sent} == {
         ("m", p.template.shape, "job-1", 16)
     }
-    ids = codec.ids_from_tokens(producer.sent[0]["tokens"])
+    ids = ids_from_tokens(producer.sent[0]["tokens"])
     assert list(ids) == list(p.tokenizer.encode_many([p.template.render({"question": "a"})])[0].ids)
     assert [r.state for r in writer.records] == ["submitting", "submitted"]
     assert [b.row for b in reported] == [1, 2, 3] and [b.row for b in final.bad_rows] == [1, 2, 3]

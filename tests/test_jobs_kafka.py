@@ -24,18 +24,20 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from processor import codec
-from processor.cardmodel import CardSpec
-from processor.cli import main
-from processor.collect import journal_path
-from processor.consumer_app import ConsumerApp
-from processor.contract import Contract
-from processor.datasets import read_output
+from processor.apps.consumer import ConsumerApp
+from processor.apps.observe import ProcessorSettings
+from processor.apps.service import ProcessorService
+from processor.cli.tokenfabric import main
+from processor.core.contract import Contract
 from processor.engines.sim import SimEngine
-from processor.jobs_topic import read_jobs
-from processor.replay import read_topic
-from processor.service import ProcessorService, ProcessorSettings
-from processor.topics import TopicNames, create_topics, topic_specs
+from processor.jobs.collect import journal_path
+from processor.jobs.datasets import read_output
+from processor.jobs.topic import read_jobs
+from processor.kafka.reader import read_topic
+from processor.kafka.topics import TopicNames, create_topics, topic_specs
+from processor.sim.cardmodel import CardSpec
+from processor.wire.completions import decode_completions, encode_completion
+from processor.wire.records import CompletionRecord
 
 pytestmark = pytest.mark.kafka
 
@@ -107,7 +109,7 @@ def _results_for(conf: dict[str, str], topics: TopicNames, job: str) -> list[tup
     """Results messages holding completions of ``job``'s items (either form), with those item ids."""
     found = []
     for m in read_topic(conf, topics.results):
-        ids = {c.item_id for c in codec.decode_completions(m.value()) if c.item_id.startswith(f"{job}:")}
+        ids = {c.item_id for c in decode_completions(m.value()) if c.item_id.startswith(f"{job}:")}
         if ids:
             found.append((m.key(), m.value(), ids))
     return found
@@ -139,8 +141,8 @@ def test_a_job_is_submitted_run_and_collected_once_per_row_across_restarts(
         assert time.monotonic() < deadline, "items did not all complete within 60 s"
         time.sleep(0.5)
     replayed = [(key, value) for key, value, _ in _results_for(conf, topics, job)[:10]]
-    stray = codec.encode_completion(
-        codec.CompletionRecord(
+    stray = encode_completion(
+        CompletionRecord(
             item_id=f"{job}:{ROWS + 5}",
             job_id=job,
             model="default",

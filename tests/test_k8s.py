@@ -22,9 +22,9 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from processor.cli import COMMANDS, build_parser
-from processor.health import CONSUMER_PORT, PROCESSOR_PORT
-from processor.kafka_config import ENV_PREFIX, RESERVED_ENV, client_config, read_properties
+from processor.cli.tokenfabric import COMMANDS, build_parser
+from processor.kafka.config import ENV_PREFIX, RESERVED_ENV, client_config, read_properties
+from processor.ops.health import CONSUMER_PORT, PROCESSOR_PORT
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"

@@ -11,15 +11,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from processor.cli import COMMANDS, build_parser
-from processor.kafka_config import (
-    ConfigError,
-    client_config,
-    describe,
-    from_env,
-    read_properties,
-    redacted,
-)
+from processor.cli.tokenfabric import COMMANDS, build_parser
+from processor.kafka.config import ConfigError, client_config, describe, from_env, read_properties, redacted
 
 SECRET = "s3cr3t-Pa55word"
 
@@ -137,7 +130,7 @@ def test_every_kafka_command_takes_the_shared_settings(command: str, tmp_path: P
     flags = {s for a in sub._actions for s in a.option_strings}
     assert {"--bootstrap", "--kafka-config", "--topic-prefix"} <= flags
 
-    from processor.cli_options import kafka_settings
+    from processor.cli.options import kafka_settings
 
     path = _props(tmp_path, "security.protocol=SASL_SSL\n")
     required = {

@@ -1,4 +1,4 @@
-"""The local single-node broker (processor/kafka_local.py) serves what the processor needs.
+"""The local single-node broker (processor/local/broker.py) serves what the processor needs.
 
 The ``kafka`` tests run against the session broker from ``conftest.kafka_bootstrap``. They cover
 metadata, topic creation, produce/consume in a consumer group, and transactions: commit, abort,
@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from processor import kafka_local
+from processor.local import broker as kafka_local
 
 TIMEOUT_S = 30.0
 

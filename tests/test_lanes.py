@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from processor.item import Item
-from processor.lanes import LaneSettings, LaneTable, ShapeLanes
+from processor.core.item import Item
+from processor.core.lanes import LaneSettings, LaneTable, ShapeLanes
 from tests.helpers_core import MODEL, SHAPE_A, SHAPE_B, lane_of, make_item, reps
 
 

@@ -24,12 +24,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from processor.accounting import Ledger
-from processor.cardmodel import CardSpec
-from processor.consumer_app import ConsumerApp
-from processor.contract import Contract
-from processor.dispatch import Scheduler
-from processor.health import (
+from processor.apps.consumer import ConsumerApp
+from processor.apps.observe import ServiceCounters, ServiceObserver
+from processor.core.accounting import Ledger
+from processor.core.contract import Contract
+from processor.core.item import Item
+from processor.core.scheduler import Scheduler
+from processor.ops.health import (
     HttpSettings,
     ObservabilityServer,
     ProcessorHealth,
@@ -37,9 +38,8 @@ from processor.health import (
     http_settings,
     start_http,
 )
-from processor.item import Item
-from processor.metrics import ConsumerMetrics, processor_registry
-from processor.service import ServiceCounters, ServiceObserver
+from processor.ops.metrics import ConsumerMetrics, processor_registry
+from processor.sim.cardmodel import CardSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -50,7 +50,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 @dataclass
 class FakeService:
-    """The attributes processor.metrics and processor.health read, around a real Scheduler."""
+    """The attributes processor.ops.metrics and processor.ops.health read, around a real Scheduler."""
 
     core: Scheduler = field(default_factory=lambda: Scheduler(ledger=Ledger()))
     counters: ServiceCounters = field(default_factory=ServiceCounters)
@@ -188,7 +188,7 @@ def test_oldest_waiting_age_skips_dispatched_items() -> None:
 
 def test_consumer_app_metrics_read_the_apps_stats() -> None:
     from processor.engines.sim import SimEngine
-    from processor.topics import TopicNames
+    from processor.kafka.topics import TopicNames
 
     contract = Contract("card", "m", budget_tokens=4096, max_items=8)
     metrics = ConsumerMetrics("card")
@@ -235,7 +235,7 @@ def test_docs_metrics_lists_every_metric_and_no_other() -> None:
 
 
 def _names():  # type: ignore[no-untyped-def]
-    from processor.topics import TopicNames
+    from processor.kafka.topics import TopicNames
 
     return TopicNames()
 
@@ -321,7 +321,7 @@ def test_a_taken_default_port_warns_but_an_explicit_one_fails(caplog: pytest.Log
 
 
 def test_metrics_flags() -> None:
-    from processor.cli import build_parser
+    from processor.cli.tokenfabric import build_parser
 
     parser = build_parser("processor")
     args = parser.parse_args(["processor"])
@@ -341,10 +341,11 @@ def test_metrics_flags() -> None:
 
 @pytest.mark.kafka
 def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
+    from processor.apps.observe import ProcessorSettings
+    from processor.apps.producer import TokenProducer, synthetic_tokens
+    from processor.apps.service import ProcessorService
     from processor.engines.sim import SimEngine
-    from processor.producer import TokenProducer, synthetic_tokens
-    from processor.service import ProcessorService, ProcessorSettings
-    from processor.topics import TopicNames, create_topics, topic_specs
+    from processor.kafka.topics import TopicNames, create_topics, topic_specs
 
     conf = {"bootstrap.servers": kafka_bootstrap}
     topics = TopicNames(f"m{uuid.uuid4().hex[:8]}")
@@ -463,8 +464,9 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
 
 @pytest.mark.kafka
 def test_a_processor_that_stops_stepping_fails_healthz(kafka_bootstrap: str) -> None:
-    from processor.service import ProcessorService, ProcessorSettings
-    from processor.topics import TopicNames
+    from processor.apps.observe import ProcessorSettings
+    from processor.apps.service import ProcessorService
+    from processor.kafka.topics import TopicNames
 
     topics = TopicNames(f"s{uuid.uuid4().hex[:8]}")
     service = ProcessorService(

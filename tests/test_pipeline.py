@@ -19,18 +19,22 @@ from dataclasses import dataclass
 import fastavro
 import pytest
 
-from processor import codec
-from processor.cardmodel import CardSpec
-from processor.consumer_app import ConsumerApp
-from processor.contract import Contract
-from processor.demo import read_back
+from processor.apps.consumer import ConsumerApp
+from processor.apps.observe import ProcessorSettings
+from processor.apps.producer import TokenProducer, synthetic_tokens
+from processor.apps.service import ProcessorService
+from processor.core.contract import Contract
 from processor.engines.sim import SimEngine
-from processor.producer import TokenProducer, synthetic_tokens
-from processor.replay import read_topic
-from processor.service import ProcessorService, ProcessorSettings
-from processor.status import gather
-from processor.topics import TopicNames, create_topics, topic_specs
-from processor.traces import read_shipped
+from processor.kafka.reader import read_topic
+from processor.kafka.topics import TopicNames, create_topics, topic_specs
+from processor.local.pipeline import read_back
+from processor.ops.status import gather
+from processor.sim.cardmodel import CardSpec
+from processor.sim.traces import read_shipped
+from processor.wire.control import decode_dead_letter
+from processor.wire.items import decode_batch, encode_token_item
+from processor.wire.records import DeadLetterRecord, new_token_item
+from processor.wire.schemas import CANONICAL_FORMS, HEADERS, MAGIC, parsed_schema, rabin_fingerprint
 
 pytestmark = pytest.mark.kafka
 
@@ -139,8 +143,8 @@ def test_a_real_trace_goes_from_producer_to_results_exactly_once(pipeline: Runni
 
 
 def test_malformed_messages_are_dead_lettered_and_the_processor_keeps_going(pipeline: Running) -> None:
-    good = codec.new_token_item("good-1", "default", [1, 2, 3], 0, shape_components=["x"])
-    body = codec.encode_token_item(good)
+    good = new_token_item("good-1", "default", [1, 2, 3], 0, shape_components=["x"])
+    body = encode_token_item(good)
     bad = {
         b"not avro at all": "bad-magic",
         _raw_item(token_count=-5, tokens=b"\x01\x00\x00\x00" * 3): "negative-token-count",
@@ -157,9 +161,9 @@ def test_malformed_messages_are_dead_lettered_and_the_processor_keeps_going(pipe
     producer.produce(pipeline.topics.ingest, value=body, key=b"k")
     producer.flush(30)
 
-    def dead_letters() -> list[codec.DeadLetterRecord]:
+    def dead_letters() -> list[DeadLetterRecord]:
         return [
-            codec.decode_dead_letter(m.value())
+            decode_dead_letter(m.value())
             for m in read_topic(pipeline.conf, pipeline.topics.dead_letter)
         ]
 
@@ -195,22 +199,22 @@ def _item_fields(**overrides: object) -> dict[str, object]:
 def _raw_item(**overrides: object) -> bytes:
     """A TokenItem written by a producer that skips validation (any language's plain Avro writer)."""
     out = io.BytesIO()
-    fastavro.schemaless_writer(out, codec.parsed_schema("TokenItem"), _item_fields(**overrides))
-    return codec.HEADERS["TokenItem"] + out.getvalue()
+    fastavro.schemaless_writer(out, parsed_schema("TokenItem"), _item_fields(**overrides))
+    return HEADERS["TokenItem"] + out.getvalue()
 
 
 def _with_unknown_field() -> bytes:
     """A record from a schema with an extra field: its fingerprint is not one the processor knows."""
-    schema = json.loads(codec.CANONICAL_FORMS["TokenItem"])
+    schema = json.loads(CANONICAL_FORMS["TokenItem"])
     schema["fields"].append({"name": "surprise", "type": "string"})
     out = io.BytesIO()
     fastavro.schemaless_writer(out, fastavro.parse_schema(schema), {**_item_fields(), "surprise": "!"})
-    header = codec.MAGIC + codec.rabin_fingerprint(json.dumps(schema).encode()).to_bytes(8, "little")
+    header = MAGIC + rabin_fingerprint(json.dumps(schema).encode()).to_bytes(8, "little")
     return header + out.getvalue()
 
 
 def _card(contract: Contract):  # type: ignore[no-untyped-def]
-    from processor.demo import Card
+    from processor.local.pipeline import Card
 
     return Card(
         contract.consumer, contract.budget_tokens, contract.max_items, tps=1, pad=contract.pad_multiple
@@ -221,7 +225,7 @@ def _assert_batches_within_contracts(pipeline: Running) -> None:
     for contract in (SMALL, LARGE):
         sizes: Counter[int] = Counter()
         for msg in read_topic(pipeline.conf, pipeline.topics.batches(contract.consumer)):
-            batch = codec.decode_batch(msg.value())
+            batch = decode_batch(msg.value())
             assert batch.consumer == contract.consumer
             assert len(batch.items) <= contract.max_items
             assert batch.padded_length % contract.pad_multiple == 0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from processor.cli import main
-from processor.cmd_demo import _plot
-from processor.demo import DEFAULT_CARDS
-from processor.traces import read_shipped, shipped_trace
+from processor.cli.demo import _plot
+from processor.cli.tokenfabric import main
+from processor.local.pipeline import DEFAULT_CARDS
+from processor.sim.traces import read_shipped, shipped_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -21,17 +21,29 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Message
 
-from processor import cli, codec
-from processor.cardmodel import CardSpec
-from processor.codec import BatchRecord, CompletionForm, CompletionRecord, TokenItemRecord
-from processor.consumer_app import ConsumerApp, contract_violation, group_id
-from processor.contract import Contract
-from processor.engines import Engine, ItemResult, make_engine
+from processor import cli
+from processor.apps.consumer import ConsumerApp, contract_violation, group_id
+from processor.apps.producer import SYNTHETIC_VOCAB, shape_key, synthetic_tokens
+from processor.core.contract import Contract
+from processor.core.item import Batch, Item
+from processor.core.signature import shape_signature
+from processor.engines.base import Engine, ItemResult, make_engine
 from processor.engines.sim import SimEngine
-from processor.item import Batch, Item
-from processor.producer import SYNTHETIC_VOCAB, shape_key, synthetic_tokens
-from processor.signature import shape_signature
-from processor.topics import TopicNames
+from processor.kafka.topics import TopicNames
+from processor.sim.cardmodel import CardSpec
+from processor.wire.completions import decode_completions
+from processor.wire.control import decode_contract, decode_dead_letter
+from processor.wire.items import decode_batch, decode_token_item, encode_batch
+from processor.wire.records import (
+    BatchRecord,
+    CompletionForm,
+    CompletionRecord,
+    TokenItemRecord,
+    ids_from_tokens,
+    tokens_from_ids,
+    verify_shape,
+)
+from processor.wire.schemas import HEADERS, schema_of
 
 TIMEOUT_S = 30.0
 MODEL = "llama-test"
@@ -71,7 +83,7 @@ def _batch(
     model: str = MODEL,
     created_ms: int = 1_500,
 ) -> Batch:
-    """A processor-style Batch whose items carry TokenItemRecords (what codec.encode_batch wants)."""
+    """A processor-style Batch whose items carry TokenItemRecords (what encode_batch wants)."""
     items = [Item(r.item_id, r.model, r.shape, r.token_count, r.produced_ms, payload=r) for r in records]
     return Batch(
         batch_id=batch_id,
@@ -87,7 +99,7 @@ def _batch(
 
 
 def _batch_record(batch: Batch) -> BatchRecord:
-    return codec.decode_batch(codec.encode_batch(batch))
+    return decode_batch(encode_batch(batch))
 
 
 def _contract(consumer: str = "card-a", budget: int = 4096, items: int = 8) -> Contract:
@@ -104,7 +116,7 @@ def test_synthetic_tokens_are_deterministic_distinct_and_in_vocab() -> None:
     assert a == synthetic_tokens("job:1", 5000)
     assert a != synthetic_tokens("job:2", 5000)
     assert synthetic_tokens("job:1", 10) == a[:40]  # a prefix of the same window
-    assert max(codec.ids_from_tokens(a)) < SYNTHETIC_VOCAB
+    assert max(ids_from_tokens(a)) < SYNTHETIC_VOCAB
     assert synthetic_tokens("x", 0) == b""
     longer = synthetic_tokens("x", 3_000_000)  # longer than the precomputed block
     assert len(longer) == 12_000_000
@@ -269,7 +281,7 @@ def test_bad_arguments_get_one_line(argv: list[str], needle: str, capsys: pytest
 def test_a_kafka_error_exits_75_only_when_a_restart_recovers(flags: dict[str, bool], code: int) -> None:
     from confluent_kafka import KafkaError, KafkaException
 
-    from processor.exits import exit_code
+    from processor.kafka.exits import exit_code
 
     assert exit_code(KafkaException(KafkaError(KafkaError._TIMED_OUT, "x", **flags))) == code
 
@@ -277,8 +289,8 @@ def test_a_kafka_error_exits_75_only_when_a_restart_recovers(flags: dict[str, bo
 def test_a_delivery_failure_exits_75_unless_no_restart_can_deliver() -> None:
     from confluent_kafka import KafkaError
 
-    from processor.consumer_app import ConsumerAppError
-    from processor.exits import DeliveryFailed, exit_code
+    from processor.apps.consumer import ConsumerAppError
+    from processor.kafka.exits import DeliveryFailed, exit_code
 
     assert exit_code(DeliveryFailed("broker away", KafkaError(KafkaError._MSG_TIMED_OUT))) == 75
     assert exit_code(DeliveryFailed("topic not there yet", KafkaError(KafkaError._UNKNOWN_TOPIC))) == 75
@@ -334,7 +346,7 @@ def _read(bootstrap: str, topic: str, expected: int, timeout_s: float = TIMEOUT_
 
 
 def _create_all(bootstrap: str, names: TopicNames, consumers: tuple[str, ...] = ()) -> None:
-    from processor.topics import create_topics, topic_specs
+    from processor.kafka.topics import create_topics, topic_specs
 
     create_topics(_conf(bootstrap), topic_specs(names, consumers=consumers))
 
@@ -352,7 +364,7 @@ def names(kafka_bootstrap: str) -> Iterator[TopicNames]:
 
 @pytest.mark.kafka
 def test_producer_sends_items_keyed_by_shape(kafka_bootstrap: str, names: TopicNames) -> None:
-    from processor.producer import TokenProducer
+    from processor.apps.producer import TokenProducer
 
     components = [["system: be brief"], ["system: be verbose", "tools: none"], []]
     sent: dict[str, tuple[int, bytes]] = {}
@@ -371,14 +383,14 @@ def test_producer_sends_items_keyed_by_shape(kafka_bootstrap: str, names: TopicN
                 metadata={"i": str(i)},
             )
             sent[item_id] = (shape, tokens)
-        producer.send("explicit", MODEL, codec.tokens_from_ids([1, 2, 3]), shape=42)
+        producer.send("explicit", MODEL, tokens_from_ids([1, 2, 3]), shape=42)
         assert producer.flush(TIMEOUT_S) == 0
         assert producer.sent == 61 and producer.failed == 0
     messages = _read(kafka_bootstrap, names.ingest, 61)
     assert len(messages) == 61
     partitions_of_shape: dict[int, set[int | None]] = {}
     for msg in messages:
-        rec = codec.decode_token_item(msg.value())
+        rec = decode_token_item(msg.value())
         assert msg.key() == shape_key(rec.shape)
         assert rec.shape.to_bytes(8, "big") == msg.key()
         partitions_of_shape.setdefault(rec.shape, set()).add(msg.partition())
@@ -388,7 +400,7 @@ def test_producer_sends_items_keyed_by_shape(kafka_bootstrap: str, names: TopicN
         shape, tokens = sent[rec.item_id]
         i = int(rec.item_id.split(":")[1])
         assert rec.shape == shape == shape_signature(components[i % 3])
-        assert codec.verify_shape(rec) is True
+        assert verify_shape(rec) is True
         assert rec.tokens == tokens and rec.token_count == 10 + i
         assert (rec.job_id, rec.model, rec.output_budget, rec.metadata) == ("job", MODEL, i, {"i": str(i)})
     assert all(len(p) == 1 for p in partitions_of_shape.values())  # a shape lives in one partition
@@ -396,7 +408,7 @@ def test_producer_sends_items_keyed_by_shape(kafka_bootstrap: str, names: TopicN
 
 @pytest.mark.kafka
 def test_producer_reports_missing_topic_and_failed_delivery(kafka_bootstrap: str) -> None:
-    from processor.producer import MissingTopicError, ProduceError, TokenProducer
+    from processor.apps.producer import MissingTopicError, ProduceError, TokenProducer
 
     missing = _prefix()  # no topics created
     producer = TokenProducer({**_conf(kafka_bootstrap), "message.timeout.ms": "1500"}, missing)
@@ -440,8 +452,8 @@ def _completions(bootstrap: str, names: TopicNames, messages: int) -> dict[str, 
     Completion keyed by its item id or a CompletionBatch keyed by its batch id."""
     by_batch: dict[str, list[CompletionRecord]] = {}
     for msg in _read(bootstrap, names.results, messages):
-        records = codec.decode_completions(msg.value())
-        single = codec.schema_of(msg.value()) == "Completion"
+        records = decode_completions(msg.value())
+        single = schema_of(msg.value()) == "Completion"
         assert msg.key() == (records[0].item_id if single else records[0].batch_id).encode()
         for rec in records:
             by_batch.setdefault(rec.batch_id, []).append(rec)
@@ -489,18 +501,18 @@ def test_the_consumer_app_writes_a_batchs_completions_in_its_form(
     kept = _KeptProducer()
     app._producer = cast(Any, kept)
     records = [_record(f"item-{n}", 8 + n, shape_signature(["s"])) for n in range(5)]
-    batch = codec.encode_batch(_batch("b-1", "card-a", records, padded_length=16))
+    batch = encode_batch(_batch("b-1", "card-a", records, padded_length=16))
     app.handle(cast(Message, _BatchMessage(batch)))
     assert len(kept.sent) == messages
-    done = [c for _topic, _key, value in kept.sent for c in codec.decode_completions(value)]
+    done = [c for _topic, _key, value in kept.sent for c in decode_completions(value)]
     assert [c.item_id for c in done] == [r.item_id for r in records]  # every item once, in order
     assert {(c.batch_id, c.consumer, c.padded_tokens, c.status) for c in done} == {
         ("b-1", "card-a", 16, "ok")
     }
     form = "Completion" if completions == "item" else "CompletionBatch"
     for topic, key, value in kept.sent:
-        first = codec.decode_completions(value)[0]
-        assert (topic, codec.schema_of(value)) == (names.results, form)
+        first = decode_completions(value)[0]
+        assert (topic, schema_of(value)) == (names.results, form)
         assert len(value) <= max_bytes
         assert key == (first.item_id if completions == "item" else first.batch_id).encode()
     assert (app.stats.items, app.stats.ok) == (5, 5)
@@ -535,19 +547,19 @@ def test_consumer_app_answers_every_item_then_commits(
     shape, other_shape = shape_signature(["sys"]), shape_signature(["other"])
     good = [_record("g1", 100, shape, output_budget=5), _record("g2", 60, shape, produced_ms=0)]
     batches = [
-        codec.encode_batch(_batch("good", "card-a", good, padded_length=104)),
-        codec.encode_batch(
+        encode_batch(_batch("good", "card-a", good, padded_length=104)),
+        encode_batch(
             _batch(
                 "too-big", "card-a", [_record("r1", 200, shape), _record("r2", 200, shape)], padded_length=200
             )
         ),
-        codec.HEADERS["Batch"] + b"not avro",  # a Batch header on a body that does not decode
-        codec.encode_batch(_batch("boom", "card-a", [_record("x1", 8, shape)], padded_length=8)),
-        codec.encode_batch(
+        HEADERS["Batch"] + b"not avro",  # a Batch header on a body that does not decode
+        encode_batch(_batch("boom", "card-a", [_record("x1", 8, shape)], padded_length=8)),
+        encode_batch(
             _batch("short", "card-a", [_record("s1", 8, shape), _record("s2", 8, shape)], padded_length=8)
         ),
-        codec.encode_batch(_batch("again", "card-a", [_record("a1", 16, shape)], padded_length=16)),
-        codec.encode_batch(_batch("new-shape", "card-a", [_record("n1", 16, other_shape)], padded_length=16)),
+        encode_batch(_batch("again", "card-a", [_record("a1", 16, shape)], padded_length=16)),
+        encode_batch(_batch("new-shape", "card-a", [_record("n1", 16, other_shape)], padded_length=16)),
     ]
     producer = Producer(_conf(kafka_bootstrap))
     for i, value in enumerate(batches):
@@ -587,13 +599,13 @@ def test_consumer_app_answers_every_item_then_commits(
     assert not done["new-shape"][0].cache_hit
 
     (dead,) = _read(kafka_bootstrap, names.dead_letter, 1)
-    letter = codec.decode_dead_letter(dead.value())
+    letter = decode_dead_letter(dead.value())
     assert (letter.reason, letter.source_topic, letter.offset) == ("avro-decode", names.batches("card-a"), 2)
     assert letter.original == batches[2] and letter.original_key == b"k2"
 
     (announced,) = _read(kafka_bootstrap, names.contracts, 1)
     assert announced.key() == b"card-a"
-    assert codec.decode_contract(announced.value()).contract == contract
+    assert decode_contract(announced.value()).contract == contract
 
     reader = Consumer({**_conf(kafka_bootstrap), "group.id": group_id("card-a")})
     try:
@@ -615,7 +627,7 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
     producer = Producer(_conf(kafka_bootstrap))
     shape = shape_signature(["s"])
     producer.produce(
-        topic, codec.encode_batch(_batch("first", "card-b", [_record("f1", 8, shape)], padded_length=8))
+        topic, encode_batch(_batch("first", "card-b", [_record("f1", 8, shape)], padded_length=8))
     )
     assert producer.flush(TIMEOUT_S) == 0
 
@@ -640,7 +652,7 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
     assert not thread.is_alive() and seen == [1]
 
     producer.produce(
-        topic, codec.encode_batch(_batch("second", "card-b", [_record("s1", 8, shape)], padded_length=8))
+        topic, encode_batch(_batch("second", "card-b", [_record("s1", 8, shape)], padded_length=8))
     )
     assert producer.flush(TIMEOUT_S) == 0
     again = ConsumerApp(
@@ -664,7 +676,7 @@ def _consumer_command(
     """``tokenfabric consumer`` in its own process, instant sim engine; killed on the way out if the
     test left it running."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    argv = [sys.executable, "-m", "processor.cli", "consumer", "--id", consumer, "--model", MODEL]
+    argv = [sys.executable, "-m", "processor", "consumer", "--id", consumer, "--model", MODEL]
     argv += ["--budget", "1024", "--items", "8", "--time-scale", "0", "--metrics-port", "0"]
     argv += ["--bootstrap", bootstrap, "--topic-prefix", names.prefix]
     proc = subprocess.Popen(
@@ -689,7 +701,7 @@ def _send_batch(bootstrap: str, names: TopicNames, consumer: str, batch_id: str,
     producer = Producer(_conf(bootstrap))
     records = [_record(item, 8, 7) for item in items]
     producer.produce(
-        names.batches(consumer), codec.encode_batch(_batch(batch_id, consumer, records, padded_length=8))
+        names.batches(consumer), encode_batch(_batch(batch_id, consumer, records, padded_length=8))
     )
     assert producer.flush(TIMEOUT_S) == 0
 
@@ -785,7 +797,7 @@ def test_produce_command_replays_a_trace(
     assert cli.main(argv) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("produced 20 items, 290 tokens in ") and out.endswith(f"to {names.ingest}, job j1")
-    records = [codec.decode_token_item(m.value()) for m in _read(kafka_bootstrap, names.ingest, 20)]
+    records = [decode_token_item(m.value()) for m in _read(kafka_bootstrap, names.ingest, 20)]
     assert sorted(r.item_id for r in records) == sorted(f"j1:r{i}" for i in range(20))
     assert {r.job_id for r in records} == {"j1"} and {r.output_budget for r in records} == {3}
     assert {r.shape for r in records} == {shape_signature(["c0"]), shape_signature(["c1"])}

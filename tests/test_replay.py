@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from processor.replay import passing
+from processor.kafka.reader import passing
 
 
 @pytest.mark.parametrize(

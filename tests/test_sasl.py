@@ -3,7 +3,7 @@
 This file starts its **own** broker (``kafka_local.start_broker(..., sasl_users=...)``: a
 SASL_PLAINTEXT listener with the PLAIN mechanism) in a temp dir and stops it at the end, whatever
 the session broker is. Every tokenfabric process here gets its credentials only from the
-``TOKENFABRIC_KAFKA_*`` environment variables (processor.kafka_config.client_config), the way a
+``TOKENFABRIC_KAFKA_*`` environment variables (processor.kafka.config.client_config), the way a
 Kubernetes Secret reaches it, and no output may contain the password.
 """
 
@@ -27,10 +27,10 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from processor import codec
-from processor.cli import main as cli_main
-from processor.kafka_config import client_config, describe, redacted
-from processor.kafka_local import BrokerInfo, start_broker, stop_broker
+from processor.cli.tokenfabric import main as cli_main
+from processor.kafka.config import client_config, describe, redacted
+from processor.local.broker import BrokerInfo, start_broker, stop_broker
+from processor.wire.items import decode_token_item
 
 pytestmark = pytest.mark.kafka
 
@@ -128,7 +128,7 @@ def test_env_credentials_create_topics_produce_consume_and_status(
         while len(items) < 25 and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                items.append(codec.decode_token_item(msg.value()))
+                items.append(decode_token_item(msg.value()))
     finally:
         consumer.close()
     assert len(items) == 25
@@ -155,7 +155,7 @@ def _get(url: str) -> tuple[int, str]:
 def _spawn(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "processor.cli", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
+            [sys.executable, "-m", "processor", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
         )
     try:
         yield proc
@@ -191,7 +191,7 @@ def test_processor_and_consumer_commands_run_on_env_credentials(
             assert time.monotonic() < deadline, _get(base + "/readyz")
             time.sleep(0.3)
         assert cli_main(["produce", "--trace", "azure_conv", "--limit", "40", "--no-progress", *common]) == 0
-        from processor.traces import read_shipped
+        from processor.sim.traces import read_shipped
 
         total = sum(r.length for r in read_shipped("azure_conv", limit=40))
         needle = f'tokenfabric_tokens_completed_total{{model="default"}} {float(total)}'

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from processor.producer import TokenProducer, synthetic_tokens
-from processor.status import gather
-from processor.tracegen import synthetic_records
+from processor.apps.producer import TokenProducer, synthetic_tokens
+from processor.ops.status import gather
+from processor.sim.tracegen import synthetic_records
 from tests.faultrig import Rig, assert_exactly_once, running_rig
 
 pytestmark = pytest.mark.kafka

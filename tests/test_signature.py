@@ -1,7 +1,7 @@
 """Shape signatures against the published test vectors (schemas/signature-test-vectors.json).
 
 The vectors are what a producer in another language checks its implementation against, so this
-test recomputes every one of them with processor.signature, and, where Debian's ``xxhsum`` is
+test recomputes every one of them with processor.core.signature, and, where Debian's ``xxhsum`` is
 installed (``apt-get install xxhash``), with that independent XXH3 implementation too.
 
 Regenerate the file (only when deliberately changing or adding vectors):
@@ -30,7 +30,7 @@ VECTORS = ROOT / "schemas" / "signature-test-vectors.json"
 if __name__ == "__main__":  # run as a script: make the repo importable without an install
     sys.path.insert(0, str(ROOT))
 
-from processor.signature import (  # noqa: E402
+from processor.core.signature import (  # noqa: E402
     blocks_signature,
     component_digest,
     shape_signature,

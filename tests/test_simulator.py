@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from processor.contract import round_up
-from processor.simulator import (
+from processor.core.contract import round_up
+from processor.sim.simulator import (
     DEFAULT_CONSUMERS,
     POLICIES,
     ConsumerSpec,
@@ -18,8 +18,8 @@ from processor.simulator import (
     render_table,
     simulate,
 )
-from processor.tracegen import synthetic_records
-from processor.traces import TraceRecord, read_shipped
+from processor.sim.tracegen import synthetic_records
+from processor.sim.traces import TraceRecord, read_shipped
 
 CARDS = [parse_consumer_spec(s) for s in DEFAULT_CONSUMERS]
 

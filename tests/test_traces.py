@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from processor.signature import blocks_signature, shape_signature
-from processor.tracegen import synthetic_records, synthetic_shape, write_jsonl
-from processor.traces import (
+from processor.core.signature import blocks_signature, shape_signature
+from processor.sim.tracegen import synthetic_records, synthetic_shape, write_jsonl
+from processor.sim.traces import (
     SHIPPED,
     TraceError,
     TraceRecord,

@@ -1,6 +1,6 @@
 """``embed``: sentence embeddings with all-MiniLM-L6-v2 on the CPU, one forward pass per batch.
 
-A real engine with real cost: each batch goes through the numpy encoder of :mod:`processor.minilm`
+A real engine with real cost: each batch goes through the numpy encoder of :mod:`processor.engines.minilm`
 exactly as the processor padded it, every item right-padded with id 0 to ``batch.padded_length``
 and masked there, so a padded token costs the same matrix rows as a real one. That is what makes it
 a fair test bed for batching policies on a machine without a GPU (``benchmarks/bench_embed.py``).
@@ -30,13 +30,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from processor.codec import BatchRecord, TokenItemRecord
-from processor.engines import Engine, ItemResult
-from processor.minilm import MiniLM
+from processor.engines.base import Engine, ItemResult
+from processor.engines.minilm import MiniLM
+from processor.wire.records import BatchRecord, TokenItemRecord
 
 
 class EmbedEngine(Engine):
-    """Runs each batch through one :class:`~processor.minilm.MiniLM` forward pass."""
+    """Runs each batch through one :class:`~processor.engines.minilm.MiniLM` forward pass."""
 
     name = "embed"
 

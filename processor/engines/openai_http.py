@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from processor.codec import BatchRecord, TokenItemRecord
-from processor.engines import Engine, ItemResult
+from processor.engines.base import Engine, ItemResult
+from processor.wire.records import BatchRecord, TokenItemRecord
 
 #: ``finish_reason`` values that mean the server gave up on the sequence (vLLM: ``abort``).
 FAILED_FINISH_REASONS = frozenset({"abort", "error"})

@@ -1,4 +1,4 @@
-"""``sim``: an engine that costs what :class:`~processor.cardmodel.CardModel` says and computes nothing.
+"""``sim``: an engine that costs what :class:`~processor.sim.cardmodel.CardModel` says and computes nothing.
 
 It lets the whole pipeline run, end to end on real Kafka, on a machine with no GPU: the consumer app
 sleeps for the modelled forward-pass time of each batch, so the processor sees a consumer with the
@@ -16,9 +16,9 @@ import time
 
 import xxhash
 
-from processor.cardmodel import CardModel, CardSpec
-from processor.codec import BatchRecord, TokenItemRecord
-from processor.engines import Engine, ItemResult
+from processor.engines.base import Engine, ItemResult
+from processor.sim.cardmodel import CardModel, CardSpec
+from processor.wire.records import BatchRecord, TokenItemRecord
 
 
 class SimEngine(Engine):

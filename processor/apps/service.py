@@ -1,0 +1,501 @@
+"""The processor: one owner thread drives the scheduling core from Kafka and back.
+
+Each step of the loop, in order:
+
+1. consume up to ``consume_batch`` ingest messages; decode each into an item (or dead-letter it with
+   its reason and original bytes) and submit it to the core;
+2. read contracts (compacted, from the beginning) and completions, which tell the core who may take
+   work and which in-flight slots are free;
+3. ask the core for batches and produce each to its consumer's topic;
+4. every ``commit_interval_ms``: make all of that durable through the committer
+   (``processor/state/commit.py``: one Kafka transaction in exactly-once mode) with a ledger checkpoint.
+
+At start-up in exactly-once mode the processor first fences any older process with its transactional
+id and loads its last ledger checkpoint. Lane state belongs to ingest partitions, not to instances:
+whenever the group assigns partitions (at start, or when instances join or leave) the processor
+commits, releases everything it held, and restores the changelog of the partitions it now owns
+(``processor/state/handover.py``, ``processor/state/restore.py``); consumer in-flight slots move with them
+(``processor/state/credits.py``).
+
+librdkafka's own threads do the network I/O; everything that touches lanes or the ledger runs here,
+so nothing on the hot path takes a lock. The core is unaware of Kafka; this module is the adapter.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from processor.apps.observe import ProcessorSettings, ServiceCounters, ServiceObserver
+from processor.core.accounting import Ledger, LedgerImbalance
+from processor.core.contract import Contract
+from processor.core.item import Batch
+from processor.core.scheduler import Scheduler
+from processor.kafka.reader import LARGE_FETCH_QUEUE, watermarks
+from processor.kafka.topics import TopicNames
+from processor.kafka.watchdog import CallWatchdog, guarded
+from processor.state.commit import AtLeastOnceCommitter, Committer, Placement, TransactionalCommitter
+from processor.state.credits import CreditBook
+from processor.state.handover import PartitionHandover
+from processor.state.ingest import IngestItem
+from processor.state.restore import latest_checkpoint, transactional_id
+from processor.wire.control import decode_contract, encode_dead_letter, encode_ledger_snapshot
+from processor.wire.errors import DecodeError
+from processor.wire.heads import decode_completions_head, decode_item_head
+from processor.wire.items import encode_batch
+from processor.wire.records import DeadLetterRecord, LedgerSnapshotRecord
+
+log = logging.getLogger("tokenfabric.processor")
+
+
+__all__ = ["IngestItem", "ProcessorService", "ProcessorSettings", "ServiceCounters", "ServiceObserver"]
+
+
+class ProcessorService(PartitionHandover):
+    """The processor's owner thread and its Kafka clients.
+
+    Read-only views for metrics and health (safe to read from another thread, values may be a step
+    old): ``core`` (the scheduler, its ``ledger`` and lane ``table``), ``counters``, ``lag`` (ingest
+    messages not yet consumed, per partition), ``last_step_s`` (monotonic time the loop last completed
+    a step), ``last_broker_ok_s`` (last time the broker answered), ``ledger_error`` (why the last
+    ledger check failed, or None).
+    """
+
+    def __init__(
+        self,
+        conf: dict[str, str],
+        topics: TopicNames,
+        settings: ProcessorSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.conf = dict(conf)
+        self.topics = topics
+        self.settings = s = settings or ProcessorSettings()
+        self._clock = clock
+        self._t0 = clock()
+        self.core = Scheduler(
+            s.lanes, s.dispatch, ledger=Ledger(), batch_prefix=f"{s.instance}-{int(time.time() * 1000)}"
+        )
+        self.counters = ServiceCounters()
+        self.observer = ServiceObserver()
+        self.lag: dict[int, int] = {}
+        self.last_step_s = clock()
+        self.last_broker_ok_s = clock()
+        self.ledger_error: str | None = None
+        self._checkpoint_seq = 0
+        self._cache_hit: dict[str, bool] = {}
+        self._last_tick = -1 << 62
+        self._closing = False
+        self._uncommitted_batches = 0  # exactly-once: produced in the open transaction
+        self.ingest_paused = False
+        self.credits = CreditBook(0)
+        self.owned: frozenset[int] = frozenset()
+        self._results_pos: dict[int, int] = {}  # next completion to apply, per results partition
+        self._results_seen: dict[int, int] = {}  # highest offset applied + 1 (below it: a replay)
+        self._handover_at_start: dict[str, tuple[int, int]] | None = None
+        self._owned_at_checkpoint = -1
+        self.restoring_since_s: float | None = None
+        """Set while assigned partitions are being restored (health: live, not ready)."""
+        self.watchdog: CallWatchdog | None = None
+        """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
+
+        self.ingest = Consumer(
+            {
+                **self.conf,
+                "group.id": s.group_id,
+                "enable.auto.commit": "false",
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "session.timeout.ms": str(s.session_timeout_ms),
+                "fetch.max.bytes": str(64 * 1024 * 1024),
+                **LARGE_FETCH_QUEUE,
+            }
+        )
+        self.control = Consumer(
+            {
+                **self.conf,
+                "group.id": f"{s.group_id}-control-{s.instance}",
+                "enable.auto.commit": "false",
+                # at-least-once without a committed position: from the beginning, or completions
+                # written while the processor starts would be missed and their slots never freed
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+        )
+        producer_conf: dict[str, str | bool] = {
+            **self.conf,
+            "enable.idempotence": "true",
+            "linger.ms": "5",
+            "batch.size": str(1024 * 1024),
+            "message.max.bytes": str(64 * 1024 * 1024),
+        }
+        args = (self.ingest, self.control, topics, s.instance, s.commit_interval_ms)
+        self.committer: Committer
+        if s.exactly_once:
+            producer_conf["transactional.id"] = transactional_id(s.instance, s.group_id)
+            producer_conf["transaction.timeout.ms"] = str(s.transaction_timeout_ms)
+            # The committed transaction is the delivery report. A successful report would copy each
+            # batch back into Python to say so: a third copy of every token (docs/benchmarks.md).
+            producer_conf["delivery.report.only.error"] = True
+            self.producer = Producer(producer_conf)
+            self.committer = TransactionalCommitter(
+                self.producer,
+                *args,
+                is_in_flight=self._is_in_flight,
+                done_items=self._done_items,
+                eager_ms=s.eager_commit_ms,
+            )
+        else:
+            self.producer = Producer(producer_conf)
+            self.committer = AtLeastOnceCommitter(self.producer, *args)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return int((self._clock() - self._t0) * 1000)
+
+    def start(self) -> None:
+        """Fence older instances and load the last checkpoint (exactly-once), then subscribe; lane
+        state arrives with the partitions the group assigns (``_on_assign``).
+
+        The service owns its process: the hot path allocates an item, its body and a few strings per
+        message and makes no reference cycles of its own, so the cyclic collector runs its first
+        generation every 50,000 allocations instead of 700 (it took 8-13% of the loop and a third of
+        restore; docs/benchmarks.md)."""
+        gc.set_threshold(50_000, 20, 100)
+        self.committer.start()
+        self.credits = CreditBook(len(self._partitions(self.topics.ingest)))
+        if self.exactly_once:
+            checkpoint = latest_checkpoint(self.conf, self.topics, self.settings.instance)
+            if checkpoint is not None:
+                self.core.ledger = Ledger.restore(checkpoint.counters)
+                self._owned_at_checkpoint = checkpoint.counters.get("owned_partitions", -1)
+            self._handover_at_start = self.core.ledger.handover_delta()
+            self.core.release_all()  # nothing is ours until the group says which partitions are
+        self.ingest.subscribe([self.topics.ingest], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        if self.exactly_once:
+            # Completions of batches restored later are found by rewinding (``_rewind_results``);
+            # everything before the current end belongs to batches this instance does not hold.
+            for p in self._partitions(self.topics.results):
+                _low, high = watermarks(self.control, TopicPartition(self.topics.results, p), 30)
+                self._results_pos[p] = self._results_seen[p] = max(high, 0)
+        self._assign_control()
+
+    def _assign_control(self) -> None:
+        """Contracts from the beginning (compacted: the latest announcement per consumer), results
+        from ``_results_pos`` (exactly-once) or the group's committed position (at-least-once)."""
+        assignment = [
+            TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
+            for p in self._partitions(self.topics.contracts)
+        ]
+        if self.exactly_once:
+            assignment += [TopicPartition(self.topics.results, p, o) for p, o in self._results_pos.items()]
+        else:
+            assignment += [
+                TopicPartition(self.topics.results, p) for p in self._partitions(self.topics.results)
+            ]
+        self.control.assign(assignment)
+
+    @property
+    def exactly_once(self) -> bool:
+        return isinstance(self.committer, TransactionalCommitter)
+
+    def run(self, stop: threading.Event) -> None:
+        """Process until ``stop`` is set, then make everything durable and close.
+
+        On an exception nothing more is committed: the open transaction is abandoned (the broker
+        aborts it) and a restart resumes from the last commit.
+        """
+        self.start()
+        try:
+            while not stop.is_set():
+                self.step()
+        except BaseException:
+            self._close(commit=False)
+            raise
+        self._close(commit=True)
+
+    def _close(self, commit: bool) -> None:
+        log.info("processor %s: shutting down", self.settings.instance)
+        self._closing = True
+        if commit:
+            self._commit(force=True)
+            self.core.check(deep=True)
+        self.producer.flush(30)
+        self.ingest.close()
+        self.control.close()
+
+    def _set_contract(self, contract: Contract) -> None:
+        slots = self.credits.share(contract.max_inflight) if self.exactly_once else None
+        self.core.set_contract(contract, slots)
+
+    def _partitions(self, topic: str) -> list[int]:
+        """``topic``'s partitions, asked through the control consumer. It assigns the contracts and
+        results topics by hand: a client that does not know a partition's leader yet when assigned
+        a logical offset (``OFFSET_BEGINNING``) waits librdkafka's fixed 500 ms before it asks
+        again, which delayed every start and handover by half a second."""
+        meta = self.control.list_topics(topic, timeout=30)
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None:
+            raise KafkaException(info.error if info else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        return sorted(info.partitions)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """One pass of the loop; returns how many ingest messages it took."""
+        s = self.settings
+        msgs = self.ingest.consume(num_messages=s.consume_batch, timeout=s.poll_timeout_ms / 1000)
+        now = self.now_ms()
+        for msg in msgs:
+            self._ingest(msg, now)
+        self._control(now)
+        for batch in self.core.dispatch(now):
+            self._send_batch(batch)
+        self.producer.poll(0)
+        self.committer.check_delivered()
+        if now - self._last_tick >= s.tick_interval_ms:
+            self.core.tick(now)
+            self._last_tick = now
+        self._backpressure()
+        self._commit()
+        self.last_step_s = self._clock()
+        return len(msgs)
+
+    def _backpressure(self) -> None:
+        """Pause ingest at the cap, resume once 10% of it has drained (hysteresis: no flapping)."""
+        cap = self.settings.max_waiting_tokens
+        if not cap:
+            return
+        waiting = self.core.table.waiting_tokens
+        assignment = self.ingest.assignment()
+        if not self.ingest_paused and waiting >= cap and assignment:
+            self.ingest.pause(assignment)
+            self.ingest_paused = True
+            self.counters.backpressure_pauses += 1
+            log.warning("backpressure: %d tokens waiting >= cap %d; ingest paused", waiting, cap)
+        elif self.ingest_paused and waiting <= cap * 0.9:
+            self.ingest.resume(assignment)
+            self.ingest_paused = False
+            log.info("backpressure: %d tokens waiting; ingest resumed", waiting)
+
+    def _ingest(self, msg: Any, now: int) -> None:
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise KafkaException(err)
+            log.warning("ingest: %s", err)
+            return
+        self.counters.consumed += 1
+        partition, offset = msg.partition(), msg.offset()
+        try:
+            head = decode_item_head(msg.value())
+        except DecodeError as exc:
+            self._dead_letter(msg, f"{exc.reason}: {exc}", partition, offset)
+            return
+        item = IngestItem(head, now, partition, offset)
+        self.committer.item_seen(item)
+        self.core.submit(item, now)
+
+    def _dead_letter(self, msg: Any, reason: str, partition: int, offset: int) -> None:
+        record = DeadLetterRecord(
+            reason=reason,
+            source_topic=msg.topic(),
+            partition=partition,
+            offset=offset,
+            original=bytes(msg.value() or b""),
+            original_key=msg.key(),
+            dead_ms=int(time.time() * 1000),
+        )
+        self.committer.produce(
+            self.topics.dead_letter,
+            encode_dead_letter(record),
+            msg.key(),
+            self.committer.dead_letter(partition, offset),
+        )
+        self.core.ledger.dead_lettered += 1
+        self.counters.dead_lettered += 1
+        log.warning("dead-lettered %s[%d]@%d: %s", msg.topic(), partition, offset, reason)
+
+    def _control(self, now: int) -> None:
+        for msg in self.control.consume(num_messages=10_000, timeout=0):
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                continue
+            if msg.topic() == self.topics.contracts:
+                self._contract(msg, now)
+            else:
+                self._completion(msg, now)
+
+    def _contract(self, msg: Any, now: int) -> None:
+        value = msg.value()
+        consumer = (msg.key() or b"").decode("utf-8", "replace")
+        if value is None:
+            if consumer in self.core.consumers:
+                returned = self.core.retire(consumer, now)
+                for batch in returned:
+                    self.credits.free(batch.batch_id)
+                    self.committer.requeued(batch.batch_id, batch.items)
+                log.info("consumer %s retired; %d batches go back to their lanes", consumer, len(returned))
+            return
+        try:
+            rec = decode_contract(value)
+        except DecodeError as exc:
+            log.error("contracts: undecodable announcement for %r: %s", consumer, exc)
+            return
+        self._set_contract(rec.contract)
+        self.counters.contracts += 1
+        log.info("contract %s", rec.contract)
+
+    def _completion(self, msg: Any, now: int) -> None:
+        """Apply a results message: one item's completion, or several items of one batch."""
+        try:
+            head = decode_completions_head(msg.value())
+        except DecodeError as exc:
+            log.error("results: undecodable completion at %d: %s", msg.offset(), exc)
+            return
+        partition, offset = msg.partition(), msg.offset()
+        replay = offset < self._results_seen.get(partition, 0)
+        self._results_pos[partition] = offset + 1
+        if not replay:
+            self._results_seen[partition] = offset + 1
+        batch_id, items, counters = head.batch_id, head.items, self.counters
+        counters.completions += len(items)  # items, not messages: a message may hold a whole batch
+        applied, finished = self.core.items_done(batch_id, items, now)
+        if applied < len(items):
+            if replay:
+                counters.replayed_completions += len(items) - applied
+            else:
+                counters.unknown_completions += len(items) - applied
+        if not applied:
+            return
+        hit = self._cache_hit.setdefault(batch_id, items[0][2])  # the batch's first answer says
+        if finished:
+            self.core.ledger.cache(head.consumer, hit)
+            del self._cache_hit[batch_id]
+            self.credits.free(batch_id)
+            self.committer.batch_finished(batch_id)
+        else:
+            self.committer.batch_progress(batch_id)
+
+    def _send_batch(self, batch: Batch) -> None:
+        placement = None
+        if self.exactly_once:
+            max_inflight = self.core.consumers[batch.consumer].contract.max_inflight
+            slot, partition = self.credits.take(batch.consumer, max_inflight, batch.batch_id)
+            placement = Placement(partition, slot, tuple(sorted(self._results_pos.items())))
+        on_delivery = self.committer.batch_emitted(batch, placement)
+        if self.exactly_once:  # delivered when its transaction commits (``_commit``), reported on error only
+            self._uncommitted_batches += 1
+            delivered = on_delivery
+        else:
+
+            def delivered(err: Any, msg: Any) -> None:
+                on_delivery(err, msg)
+                if err is None:
+                    self.counters.batches_delivered += 1
+
+        self.committer.produce(
+            self.topics.batches(batch.consumer), encode_batch(batch), batch.batch_id.encode(), delivered
+        )
+        self.counters.batches_produced += 1
+
+    def _is_in_flight(self, batch_id: str) -> bool:
+        return batch_id in self.core._in_flight
+
+    def _done_items(self, batch_id: str) -> list[str]:
+        return self.core.done_items(batch_id)
+
+    # -- commits and checkpoints ---------------------------------------------------------------
+
+    def _commit(self, force: bool = False) -> None:
+        now = self.now_ms()
+        if not self.committer.due(now) and not force:
+            return
+        try:
+            self.core.check(deep=False)
+            self.ledger_error = None
+        except LedgerImbalance as exc:
+            self.ledger_error = str(exc)
+            raise
+        with guarded(self.watchdog, "the transaction commit"):
+            seconds = self.committer.commit(self._snapshot_bytes)
+        self.counters.batches_delivered += self._uncommitted_batches
+        self._uncommitted_batches = 0
+        self.last_broker_ok_s = self._clock()
+        self.counters.commits += 1
+        self.observer.committed(seconds)
+        self._update_lag()
+
+    def _snapshot_bytes(self) -> bytes:
+        started = time.monotonic()
+        value = encode_ledger_snapshot(self.snapshot())
+        self.counters.checkpoints += 1
+        self.observer.checkpointed(time.monotonic() - started)
+        return value
+
+    def _update_lag(self) -> None:
+        assignment = self.ingest.assignment()
+        if not assignment:
+            return
+        for tp in self.ingest.position(assignment):
+            if tp.offset < 0:
+                continue
+            _low, high = self.ingest.get_watermark_offsets(tp, cached=True)
+            if high is not None and high >= 0:
+                self.lag[tp.partition] = max(0, high - tp.offset)
+
+    def snapshot(self) -> LedgerSnapshotRecord:
+        """The ledger plus the gauges ``status`` shows, as one checkpoint record."""
+        core = self.core
+        counters = core.ledger.snapshot()
+        st = core.table.stats
+        counters.update(
+            {
+                "waiting_items": core.table.waiting_items,
+                "waiting_tokens": core.table.waiting_tokens,
+                "lanes_in_use": st.lanes_in_use,
+                "lanes_in_use_peak": st.lanes_in_use_peak,
+                "lane_budget": core.table.settings.lane_budget,
+                "shapes": len(core.table.shapes),
+                "lane_reuses": st.reuses,
+                "new_lanes": st.new_lanes,
+                "idle_reclaims": st.idle_reclaims,
+                "shape_switches": core.shape_switches,
+                "oversized": core.oversized,
+                "unknown_completions": self.counters.unknown_completions,
+                "ingest_paused": int(self.ingest_paused),
+                "owned_partitions": len(self.owned),
+                "ingest_partitions": self.credits.partitions,
+                "replayed_completions": self.counters.replayed_completions,
+            }
+        )
+        per_consumer: dict[str, dict[str, int]] = {}
+        for name, state in core.consumers.items():
+            c = state.contract
+            per_consumer[name] = {
+                "in_flight_batches": len(state.in_flight),
+                "max_inflight": c.max_inflight,
+                "slots": c.max_inflight if state.slots is None else state.slots,
+                "budget_tokens": c.budget_tokens,
+                "max_items": c.max_items,
+                "pad_multiple": c.pad_multiple,
+                "shape_switches": state.shape_switches,
+            }
+        self._checkpoint_seq += 1
+        return LedgerSnapshotRecord(
+            instance=self.settings.instance,
+            taken_ms=int(time.time() * 1000),
+            sequence=self._checkpoint_seq,
+            counters=counters,
+            per_model={},
+            per_consumer=per_consumer,
+        )

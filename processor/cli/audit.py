@@ -1,0 +1,36 @@
+"""``tokenfabric audit``: re-derive the ledger from the topics; exit 1 on any difference."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from processor.cli.options import add_kafka_arguments, kafka_settings
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_kafka_arguments(p)
+    p.add_argument("--group", default="tokenfabric-processor", help="the processors' ingest consumer group")
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from processor.kafka.config import ConfigError
+    from processor.ops.audit import audit
+
+    try:
+        conf, topics = kafka_settings(args)
+    except ConfigError as exc:
+        print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
+        return 2
+    from rich.console import Console
+
+    try:
+        with Console(stderr=True).status("auditing") as status:
+            report = audit(conf, topics, args.group, lambda topic: status.update(f"reading {topic}"))
+    except (KafkaException, TimeoutError) as exc:
+        print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(report.lines()))
+    return 0 if report.clean else 1

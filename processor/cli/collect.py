@@ -1,0 +1,170 @@
+"""``tokenfabric collect --job NAME --out FILE``: a job's results, one per row, next to the input rows.
+
+Reads the results topic (``read_committed``) for the job's completions, keeps the first per row, and
+writes ``FILE`` (``.jsonl`` or ``.parquet``) in dataset row order: each row's result fields and its
+input row under ``input``. Rows submit refused are there too, with status ``invalid``; rows with no
+result yet are not (the summary counts them as missing).
+
+Restarts are safe and cheap: ``FILE.journal`` keeps every row collected and the offsets read so far
+(processor/jobs/journal.py), so a second run reads only what is new, never writes a row twice, and
+rewrites ``FILE`` atomically from the journal. Running it again on a complete job rewrites the same
+file. Keep the journal while the job runs; once complete it can be deleted (a later run then reads
+the results again, while the topic still holds them).
+
+Exit status: 0 every row has a result; 3 some rows are still missing (run again, or use ``--wait``);
+2 bad arguments, unknown job, changed dataset, the output in use by another collect; 1 Kafka failed;
+130 interrupted (the output is written with what was collected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from processor.cli.options import add_kafka_arguments, kafka_settings
+
+if TYPE_CHECKING:
+    from processor.jobs.collect import Collection, JobCollector
+    from processor.jobs.topic import JobWriter
+    from processor.kafka.topics import TopicNames
+
+PROG = "tokenfabric collect"
+#: How often a collect waiting for ``submit`` to finish re-reads the job record.
+JOB_REFRESH_S = 2.0
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--job", required=True, help="job name (as given to submit)")
+    p.add_argument(
+        "--out", required=True, help="output file, .jsonl or .parquet (FILE.journal sits beside it)"
+    )
+    p.add_argument("--dataset", default=None, help="the job's dataset, if not at the path submit recorded")
+    p.add_argument("--wait", action="store_true", help="keep collecting until every row has a result")
+    p.add_argument("--timeout-s", type=float, default=None, help="with --wait: give up after this long")
+    p.add_argument("--poll-s", type=float, default=1.0, help="with --wait: pause between reads (default: 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_kafka_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from processor.jobs.collect import CollectError, Collection, JobCollector
+    from processor.jobs.datasets import DatasetError, output_format
+    from processor.jobs.journal import JournalError
+    from processor.jobs.topic import JobsTopicError, JobWriter, read_jobs
+    from processor.kafka.config import ConfigError
+
+    try:
+        if args.timeout_s is not None and not args.timeout_s > 0:
+            raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
+        if not args.poll_s > 0:
+            raise ValueError(f"--poll-s must be > 0, got {args.poll_s}")
+        output_format(args.out)
+        conf, topics = kafka_settings(args)
+    except (ValueError, ConfigError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    collection: Collection | None = None
+    writer: JobWriter | None = None
+    try:
+        job = read_jobs(conf, topics).get(args.job)
+        if job is None:
+            print(
+                f"{PROG}: error: no job {args.job!r} on {topics.jobs} ('tokenfabric jobs' lists them)",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            collector = JobCollector.open(job, args.out, args.dataset)
+        except (DatasetError, JournalError, OSError) as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        collection = Collection(conf, topics)
+        collection.add(collector)
+        writer = JobWriter(conf, topics)
+        interrupted = False
+        try:
+            _collect(collection, collector, topics, conf, args)
+        except KeyboardInterrupt:
+            interrupted = True
+        written = collector.materialize()
+        _record_progress(writer, collector)
+    except (CollectError, JobsTopicError, KafkaException) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, KafkaException) else 2  # the broker, or this job's state
+    finally:
+        if collection is not None:
+            collection.close()
+        if writer is not None:
+            writer.close()
+    summary = collector.summary()
+    for line in summary.lines():
+        print(line)
+    print(f"wrote {written:,} rows to {args.out}")
+    if interrupted:
+        return 130
+    return 0 if summary.complete else 3
+
+
+def _collect(
+    collection: Collection,
+    collector: JobCollector,
+    topics: TopicNames,
+    conf: dict[str, str],
+    args: argparse.Namespace,
+) -> None:
+    """Read until the job is complete, or once (without ``--wait``), or until the timeout."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from processor.jobs.topic import read_jobs
+
+    deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
+    next_refresh = time.monotonic() + JOB_REFRESH_S
+    progress = Progress(
+        TextColumn(f"collecting {collector.job.name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rows, {task.fields[ok]:,} ok, {task.fields[failed]:,} failed"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=args.no_progress,
+    )
+    with progress:
+        task = progress.add_task("collect", total=None, ok=0, failed=0)
+        while True:
+            collection.step(max_s=5.0)
+            s = collector.summary()
+            total = collector.job.items if collector.job.is_submitted else None
+            progress.update(task, completed=s.ok + s.failed, total=total, ok=s.ok, failed=s.failed)
+            if collector.complete or not args.wait:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            if not collector.job.is_submitted and time.monotonic() >= next_refresh:
+                latest = read_jobs(conf, topics).get(collector.job.name)
+                if latest is not None:
+                    collector.update(latest)
+                next_refresh = time.monotonic() + JOB_REFRESH_S
+            time.sleep(args.poll_s)
+
+
+def _record_progress(writer: JobWriter, collector: JobCollector) -> None:
+    """Put this collect's counts on the jobs topic (what ``tokenfabric jobs`` shows).
+
+    Only a courtesy to ``jobs``: the output is already written, so a failure is a warning.
+    """
+    from confluent_kafka import KafkaException
+
+    from processor.jobs.topic import JobsTopicError
+
+    rec = collector.progress_record(time.time_ns() // 1_000_000)
+    if rec is None:
+        return
+    try:
+        writer.write(rec)
+    except (JobsTopicError, KafkaException) as exc:
+        print(f"{PROG}: warning: progress not recorded on the jobs topic: {exc}", file=sys.stderr)

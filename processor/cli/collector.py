@@ -1,0 +1,211 @@
+"""``tokenfabric collector --out-dir DIR``: collect every job on the jobs topic, for as long as it runs.
+
+For each job it writes ``DIR/<job>.<format>`` when the job completes (every item has a result), and
+keeps ``DIR/<job>.<format>.journal`` meanwhile: the rows collected so far, one JSON line each. It is
+``tokenfabric collect`` for many jobs at once, with the same journal, so the two agree and a restart
+of either resumes where it stopped. All jobs share one reader of the results topic, so each
+completion is read once however many jobs are open.
+
+Progress goes to the jobs topic (what ``tokenfabric jobs`` shows) at most every
+``--progress-every-s`` per job, and when a job completes. A job whose dataset cannot be read here
+(say, it was submitted from another machine) is logged once and skipped.
+
+Stops on SIGTERM or Ctrl-C, after the read in progress; exit status 0, or 2 for bad arguments, 1 if
+Kafka fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from processor.cli.options import add_kafka_arguments, kafka_settings
+
+if TYPE_CHECKING:
+    from processor.jobs.collect import Collection
+    from processor.jobs.model import JobRecord
+    from processor.jobs.topic import JobWriter
+    from processor.kafka.topics import TopicNames
+
+PROG = "tokenfabric collector"
+log = logging.getLogger("tokenfabric.collector")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out-dir", required=True, help="folder for <job>.jsonl (or .parquet) and its journal")
+    p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", help="output format")
+    p.add_argument("--poll-s", type=float, default=1.0, help="pause when nothing is new (default: 1)")
+    p.add_argument("--jobs-refresh-s", type=float, default=5.0, help="re-read the jobs topic this often")
+    p.add_argument(
+        "--progress-every-s", type=float, default=10.0, help="write a job's progress at most this often"
+    )
+    p.add_argument("--once", action="store_true", help="collect what is there now, then exit")
+    add_kafka_arguments(p)
+
+
+class CollectorService:
+    """The loop: find jobs, feed their collectors, finish the complete ones. One thread owns it."""
+
+    def __init__(
+        self,
+        conf: Mapping[str, str],
+        topics: TopicNames,
+        out_dir: Path,
+        fmt: str,
+        *,
+        progress_every_s: float = 10.0,
+    ) -> None:
+        from processor.jobs.collect import Collection
+        from processor.jobs.topic import JobWriter
+
+        self.conf = conf
+        self.topics = topics
+        self.out_dir = out_dir
+        self.fmt = fmt
+        self.progress_every_s = progress_every_s
+        self.collection: Collection = Collection(conf, topics)
+        self.writer: JobWriter = JobWriter(conf, topics)
+        #: Jobs this run has nothing more to do for (complete), and jobs it cannot collect, with why.
+        self.done: set[str] = set()
+        self.skipped: dict[str, str] = {}
+        self._progress_at: dict[str, float] = {}
+
+    def output(self, job: str) -> Path:
+        return self.out_dir / f"{job}.{self.fmt}"
+
+    def refresh(self) -> None:
+        """Read the jobs topic: start collecting new jobs, update the records of open ones."""
+        from processor.jobs.topic import read_jobs
+
+        for name, job in read_jobs(self.conf, self.topics).items():
+            open_collector = self.collection.collectors.get(name)
+            if open_collector is not None:
+                open_collector.update(job)
+            elif name not in self.done and name not in self.skipped:
+                self._start(job)
+
+    def _start(self, job: JobRecord) -> None:
+        from processor.jobs.collect import JobCollector, journal_path
+        from processor.jobs.datasets import DatasetError
+        from processor.jobs.journal import JournalError
+
+        out = self.output(job.name)
+        journal = journal_path(out)
+        if job.finished_ms is not None and out.exists() and not _newer(journal, out):
+            self.done.add(job.name)  # written, from a journal that has not changed since (or was deleted)
+            return
+        try:
+            collector = JobCollector.open(job, out)
+        except (DatasetError, JournalError, OSError) as exc:
+            self.skipped[job.name] = str(exc)
+            log.error("job %s: not collected: %s", job.name, exc)
+            return
+        self.collection.add(collector)
+        log.info("job %s: collecting into %s (%d rows so far)", job.name, out, collector.done)
+
+    def step(self, max_s: float = 5.0) -> int:
+        """One read of the results topic; finishes complete jobs. Returns the rows added."""
+        added = self.collection.step(max_s)
+        now = time.monotonic()
+        for name, c in list(self.collection.collectors.items()):
+            if c.complete:
+                c.materialize()
+                self._write_progress(name)
+                for line in c.summary().lines():
+                    log.info("%s", line)
+                log.info("job %s: complete, wrote %s", name, c.out)
+                self.collection.remove(name)
+                c.close()
+                self.done.add(name)
+            elif now - self._progress_at.get(name, 0.0) >= self.progress_every_s:
+                self._write_progress(name)
+        return added
+
+    def _write_progress(self, name: str) -> None:
+        c = self.collection.collectors[name]
+        rec = c.progress_record(time.time_ns() // 1_000_000)
+        self._progress_at[name] = time.monotonic()
+        if rec is not None:
+            self.writer.write(rec)
+            c.update(rec)
+
+    def write_partial(self) -> None:
+        """Write the outputs of the jobs still open, with the rows collected so far (``--once``)."""
+        for name, c in self.collection.collectors.items():
+            rows = c.materialize()
+            self._write_progress(name)
+            log.info("job %s: %d rows so far in %s", name, rows, c.out)
+
+    def close(self) -> None:
+        self.collection.close()
+        self.writer.close()
+
+
+def _newer(a: Path, b: Path) -> bool:
+    """Whether ``a`` exists and was modified after ``b``."""
+    return a.exists() and a.stat().st_mtime > b.stat().st_mtime
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from processor.jobs.collect import CollectError
+    from processor.jobs.topic import JobsTopicError
+    from processor.kafka.config import ConfigError
+
+    try:
+        for name in ("poll_s", "jobs_refresh_s", "progress_every_s"):
+            if not getattr(args, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+        conf, topics = kafka_settings(args)
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (ValueError, ConfigError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    service: CollectorService | None = None
+    try:
+        service = CollectorService(conf, topics, out_dir, args.format, progress_every_s=args.progress_every_s)
+        serve(service, stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
+        open_jobs = sorted(service.collection.collectors)
+        log.info(
+            "stopped: %d jobs complete, open: %s (their journals resume)",
+            len(service.done),
+            ", ".join(open_jobs) or "none",
+        )
+    except (CollectError, JobsTopicError, KafkaException) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, KafkaException) else 2  # the broker, or this job's state
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if service is not None:
+            service.close()
+    return 0
+
+
+def serve(
+    service: CollectorService, stop: threading.Event, *, poll_s: float, jobs_refresh_s: float, once: bool
+) -> None:
+    """Run ``service`` until ``stop`` is set (or, with ``once``, until a read finds nothing new)."""
+    next_refresh = 0.0
+    while not stop.is_set():
+        if time.monotonic() >= next_refresh:
+            service.refresh()
+            next_refresh = time.monotonic() + jobs_refresh_s
+        added = service.step()
+        if once and not added:
+            service.write_partial()
+            return
+        if not added:
+            stop.wait(poll_s)

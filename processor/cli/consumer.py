@@ -1,0 +1,256 @@
+"""``tokenfabric consumer``: run one GPU consumer app (processor.apps.consumer) with an engine.
+
+Exit status: 0 after a clean stop (SIGTERM/SIGINT, ``--max-batches``, ``--idle-exit-s``) or a
+``--retire``; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when a run-time failure left
+the batch uncommitted and a restart recovers (completions not delivered, a retriable or abortable Kafka
+error, a stuck commit: processor.kafka.watchdog); 1 for any other failure at run time (a fatal Kafka error,
+such as being fenced by another instance of the same consumer).
+A second SIGINT/SIGTERM while the current batch finishes aborts at once (the batch runs again on
+restart: its offset was not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from processor.cli.options import (
+    add_kafka_arguments,
+    add_watchdog_argument,
+    kafka_settings,
+    watchdog_from,
+)
+from processor.core.contract import BATCHING_MODES, Contract
+from processor.engines.base import ENGINES
+from processor.ops.health import CONSUMER_PORT, add_http_arguments, http_settings
+from processor.wire.records import COMPLETION_FORMS
+
+PROG = "tokenfabric consumer"
+#: ``--flag`` -> sim engine option; passed only to ``--engine sim``.
+SIM_FLAGS = {
+    "tps": "tps",
+    "overhead_ms": "overhead_ms",
+    "cache": "cache",
+    "time_scale": "time_scale",
+    "seed": "seed",
+}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--id", required=True, help="consumer id: names its batch topic and consumer group")
+    p.add_argument("--model", help="the model this consumer serves (required unless --retire)")
+    p.add_argument(
+        "--budget", type=int, help="padded tokens per batch (required in tokens batching unless --retire)"
+    )
+    p.add_argument("--items", type=int, help="most items per batch (required unless --retire)")
+    p.add_argument("--pad", type=int, default=8, help="pad multiple (default: 8)")
+    p.add_argument("--inflight", type=int, default=2, help="batches in flight at once (default: 2)")
+    batching = p.add_argument_group("batching mode (docs/consumer-contract.md, Batching modes)")
+    batching.add_argument(
+        "--batching",
+        default="tokens",
+        choices=BATCHING_MODES,
+        help="what bounds a batch: rows (--items only), tokens (--budget), memory (--memory-bytes); "
+        "default: tokens",
+    )
+    batching.add_argument("--memory-bytes", type=int, help="memory: KV-cache bytes one batch may fill")
+    batching.add_argument(
+        "--kv-bytes-per-token", type=int, help="memory: KV-cache bytes per token of the model"
+    )
+    batching.add_argument(
+        "--default-output-tokens",
+        type=int,
+        help="memory: output tokens counted for an item without an output budget (default: 0)",
+    )
+    p.add_argument("--engine", default="sim", choices=sorted(ENGINES), help="engine (default: sim)")
+    p.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option (repeatable; overrides the sim flags below)",
+    )
+    sim = p.add_argument_group("sim engine")
+    sim.add_argument("--tps", help="modelled prefill tokens/s (default: 50000)")
+    sim.add_argument("--overhead-ms", help="modelled fixed cost per batch in ms (default: 5)")
+    sim.add_argument("--cache", help="prefix-cache capacity in shapes (default: 4)")
+    sim.add_argument("--time-scale", help="sleep this fraction of the modelled time (default: 1; 0: instant)")
+    sim.add_argument("--seed", help="seed of the modelled jitter (default: 0)")
+    p.add_argument("--max-batches", type=int, help="exit after N batches (tests)")
+    p.add_argument(
+        "--at-least-once",
+        action="store_true",
+        help="commit offsets after flushing completions instead of in one transaction with them",
+    )
+    p.add_argument(
+        "--completions",
+        default="batch",
+        choices=COMPLETION_FORMS,
+        help="how completions are written: batch (one CompletionBatch message per batch) or item (one "
+        "Completion per item, for results readers that only know that record); default: batch",
+    )
+    p.add_argument("--idle-exit-s", type=float, help="exit after S seconds without a batch (demo)")
+    p.add_argument(
+        "--retire", action="store_true", help="publish a tombstone for this consumer's contract and exit"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log one line per batch")
+    add_kafka_arguments(p)
+    add_watchdog_argument(p)
+    add_http_arguments(p, CONSUMER_PORT, health_checks=False)
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for flag, key in SIM_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if args.engine != "sim":
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --engine sim only")
+        options[key] = value
+    for pair in args.engine_opt:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-opt {pair!r}: expected KEY=VALUE")
+        options[key] = value
+    return options
+
+
+#: ``--budget`` of a rows- or memory-batching consumer that gives none: the token budget does not bound
+#: its batches, so it is announced as the largest Avro int (status and metrics still show a number).
+UNBOUNDED_TOKENS = (1 << 31) - 1
+MEMORY_FLAGS = ("memory_bytes", "kv_bytes_per_token", "default_output_tokens")
+
+
+def _contract(args: argparse.Namespace) -> Contract:
+    """The contract the flags describe. Memory flags outside memory batching, or a memory contract
+    without its two numbers, are refused naming the flags; ``Contract`` refuses bad values."""
+    given = [n for n in MEMORY_FLAGS if getattr(args, n) is not None]
+    if args.batching != "memory" and given:
+        raise ValueError(f"--{given[0].replace('_', '-')} applies to --batching memory only")
+    missing = [f"--{n.replace('_', '-')}" for n in MEMORY_FLAGS[:2] if getattr(args, n) is None]
+    if args.batching == "memory" and missing:
+        raise ValueError(f"--batching memory needs {' and '.join(missing)}")
+    return Contract(
+        args.id,
+        args.model,
+        UNBOUNDED_TOKENS if args.budget is None else args.budget,
+        args.items,
+        args.pad,
+        args.inflight,
+        batching=args.batching,
+        memory_bytes=args.memory_bytes or 0,
+        kv_bytes_per_token=args.kv_bytes_per_token or 0,
+        default_output_tokens=args.default_output_tokens or 0,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from processor.apps.consumer import ConsumerApp, ConsumerAppError, retire
+    from processor.core.contract import CONSUMER_ID
+    from processor.engines.base import make_engine
+    from processor.kafka.config import ConfigError, describe
+    from processor.kafka.exits import TransientFailure
+    from processor.ops.health import ServingHealth, start_http
+    from processor.ops.metrics import ConsumerMetrics
+
+    try:
+        if not CONSUMER_ID.match(args.id):
+            raise ValueError(f"--id {args.id!r}: use 1-200 of A-Z a-z 0-9 . _ - (it names a topic)")
+        conf, topics = kafka_settings(args)
+        if args.retire:
+            retire(conf, topics, args.id)
+            print(f"retired consumer {args.id}: tombstone on {topics.contracts}")
+            return 0
+        required = ("model", "budget", "items") if args.batching == "tokens" else ("model", "items")
+        missing = [f"--{n}" for n in required if getattr(args, n) is None]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} required to run a consumer")
+        if args.max_batches is not None and args.max_batches < 1:
+            raise ValueError(f"--max-batches must be >= 1, got {args.max_batches}")
+        if args.idle_exit_s is not None and not args.idle_exit_s > 0:
+            raise ValueError(f"--idle-exit-s must be > 0, got {args.idle_exit_s}")
+        contract = _contract(args)
+        http = http_settings(args, CONSUMER_PORT)
+        watchdog = watchdog_from(args)
+        engine = make_engine(args.engine, _engine_options(args))
+    except (ValueError, ConfigError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except (KafkaException, ConsumerAppError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format=f"consumer {args.id}: %(message)s",
+    )
+    logging.getLogger("tokenfabric.consumer").info("kafka client settings: %s", describe(conf))
+    metrics = ConsumerMetrics(contract.consumer)
+    app = ConsumerApp(
+        conf,
+        topics,
+        contract,
+        engine,
+        max_batches=args.max_batches,
+        idle_exit_s=args.idle_exit_s,
+        on_engine=metrics.engine_ran,
+        exactly_once=not args.at_least_once,
+        watchdog=watchdog,
+        completions=args.completions,
+    )
+    metrics.watch(app)
+    try:
+        server = start_http(http, metrics.registry, ServingHealth())
+    except OSError as exc:
+        engine.close()
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    try:
+        stats = app.run(stop)
+    except (KafkaException, ConsumerAppError, TransientFailure) as exc:
+        return _failed(exc)
+    except KeyboardInterrupt:
+        print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
+        return 130
+    finally:
+        if server is not None:
+            server.close()
+    print(f"consumer {args.id}: {stats.summary()}")
+    return 0
+
+
+def _failed(exc: BaseException) -> int:
+    """One line on stderr, and the exit code that says whether a restart recovers (processor.kafka.exits)."""
+    from processor.kafka.exits import EXIT_TEMPFAIL, exit_code
+
+    code = exit_code(exc)
+    hint = f" (exit {EXIT_TEMPFAIL}: a restart recovers)" if code == EXIT_TEMPFAIL else ""
+    print(f"{PROG}: error: {exc}{hint}", file=sys.stderr)
+    return code
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    """First SIGINT/SIGTERM: finish the batch, commit, exit 0. Second: abort now."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        logging.getLogger("tokenfabric.consumer").info(
+            "%s: finishing the current batch, then exiting", signal.Signals(signum).name
+        )
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals are delivered to the main thread only; an embedding caller owns them
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

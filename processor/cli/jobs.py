@@ -1,0 +1,139 @@
+"""``tokenfabric jobs [NAME]``: the jobs on the jobs topic and how far each has got.
+
+Cheap by default: it reads only the compacted jobs topic (one record per job, a few KB), so the
+result counts are those the last ``collect`` or ``collector`` recorded, and the ``as of`` column
+says when. ``--scan`` counts results now, from the results topic, for the jobs not yet finished: it
+reads the completions written since the oldest of them started (found by timestamp, not from the
+topic's beginning), once for all of them.
+
+With a NAME it prints that job in full, every bad row included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from processor.cli.options import add_kafka_arguments, kafka_settings
+
+if TYPE_CHECKING:
+    from processor.jobs.model import JobRecord
+
+PROG = "tokenfabric jobs"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", default=None, help="show this job in full")
+    p.add_argument("--scan", action="store_true", help="count results from the results topic (slower, exact)")
+    add_kafka_arguments(p)
+
+
+def _when(ms: int | None, short: bool = False) -> str:
+    if ms is None:
+        return "-"
+    return time.strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def _missing(job: JobRecord) -> str:
+    return f"{max(0, job.items - job.results_ok - job.results_failed):,}" if job.is_submitted else "?"
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from confluent_kafka import KafkaException
+
+    from processor.jobs.collect import CollectError, scan_progress
+    from processor.jobs.topic import read_jobs
+    from processor.kafka.config import ConfigError
+
+    try:
+        conf, topics = kafka_settings(args)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        jobs = read_jobs(conf, topics)
+        if args.name is not None:
+            jobs = {k: v for k, v in jobs.items() if k == args.name}
+            if not jobs:
+                print(f"{PROG}: error: no job {args.name!r} on {topics.jobs}", file=sys.stderr)
+                return 2
+        if args.scan:
+            now_ms = time.time_ns() // 1_000_000
+            open_jobs = {k: v for k, v in jobs.items() if v.state != "finished"}
+            for name, p in scan_progress(conf, topics, open_jobs).items():
+                jobs[name] = replace(
+                    jobs[name],
+                    results_ok=p.ok,
+                    results_failed=p.failed,
+                    output_tokens=p.output_tokens,
+                    progress_ms=now_ms,
+                )
+    except CollectError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KafkaException as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    if args.name is not None:
+        _detail(jobs[args.name])
+        return 0
+    if not jobs:
+        print(f"no jobs on {topics.jobs}")
+        return 0
+    header = ("job", "state", "rows", "bad", "ok", "failed", "missing", "tokens in", "counted")
+    lines = [
+        (
+            job.name,
+            job.state,
+            f"{job.rows:,}",
+            f"{len(job.bad_rows):,}",
+            f"{job.results_ok:,}",
+            f"{job.results_failed:,}",
+            _missing(job),
+            f"{job.input_tokens:,}",
+            _when(job.progress_ms, short=True),
+        )
+        for job in sorted(jobs.values(), key=lambda j: j.started_ms)
+    ]
+    for line in _aligned([header, *lines], left=(0, 1, 8)):
+        print(line)
+    return 0
+
+
+def _aligned(rows: list[tuple[str, ...]], left: tuple[int, ...]) -> list[str]:
+    """Plain columns (no width limit, so a pipe or a narrow terminal gets whole names)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in rows
+    ]
+
+
+def _detail(job: JobRecord) -> None:
+    from processor.jobs.model import bad_rows_text
+
+    for label, value in (
+        ("job", job.name),
+        ("state", job.state + (f" ({job.error})" if job.error else "")),
+        ("dataset", f"{job.dataset} (sha256 {job.dataset_sha256[:16]}...)"),
+        ("template", job.template),
+        ("model", job.model),
+        ("tokenizer", job.tokenizer),
+        ("shape", f"{job.shape:016x}"),
+        ("rows", f"{job.rows:,} read, {job.items:,} submitted, {len(job.bad_rows):,} bad"),
+        ("results", f"{job.results_ok:,} ok, {job.results_failed:,} failed, {_missing(job)} missing"),
+        ("tokens", f"{job.input_tokens:,} in, {job.output_tokens:,} out"),
+        ("started", _when(job.started_ms)),
+        ("submitted", _when(job.submitted_ms)),
+        ("counted", _when(job.progress_ms)),
+        ("finished", _when(job.finished_ms)),
+    ):
+        print(f"{label:<10} {value}")
+    for line in bad_rows_text(job.bad_rows, limit=len(job.bad_rows)):
+        print(f"  bad {line}")

@@ -1,0 +1,144 @@
+"""``tokenfabric processor``: run the stream processor until SIGTERM or SIGINT.
+
+Exit status: 0 after a clean stop; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when
+a run-time failure left nothing committed past the last commit and a restart recovers (a produce not
+delivered, a retriable or abortable Kafka error, a stuck commit: processor.kafka.watchdog); 1 otherwise (a
+fatal Kafka error such as being fenced, a ledger that does not balance: a bug, logged with its trace).
+
+It also serves ``/metrics``, ``/healthz`` and ``/readyz`` (processor.ops.metrics, processor.ops.health) on
+127.0.0.1:9464 unless ``--metrics-port 0``; the server lives exactly as long as the service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from processor.cli.options import (
+    add_kafka_arguments,
+    add_lane_arguments,
+    add_watchdog_argument,
+    kafka_settings,
+    lanes_from,
+    watchdog_from,
+)
+from processor.ops.health import PROCESSOR_PORT, add_http_arguments, http_settings
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_kafka_arguments(p)
+    p.add_argument("--instance", default="processor-0", help="this instance's id (names its checkpoints)")
+    p.add_argument("--group", default="tokenfabric-processor", help="ingest consumer group")
+    p.add_argument(
+        "--max-waiting-tokens",
+        type=int,
+        default=0,
+        help="pause ingest while this many tokens wait in lanes (backpressure; default 0: no cap)",
+    )
+    p.add_argument(
+        "--at-least-once",
+        action="store_true",
+        help="no transactions: faster, but a crash may dispatch items twice (docs/reliability.md)",
+    )
+    p.add_argument(
+        "--commit-interval-ms",
+        type=int,
+        default=500,
+        help="how often progress, offsets and a ledger checkpoint are committed (default: 500)",
+    )
+    p.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=45_000,
+        help="how long the group waits for a silent instance before its partitions go to the others "
+        "(default: 45000; the broker allows 6000 and up)",
+    )
+    p.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        default=10_000,
+        help="after a crash, how long the broker waits before aborting the open transaction; the new "
+        "owner of its partitions restores after at most this long (default: 10000)",
+    )
+    add_watchdog_argument(p)
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_lane_arguments(p)
+    add_http_arguments(p, PROCESSOR_PORT, health_checks=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from processor.apps.observe import ProcessorSettings
+    from processor.apps.service import ProcessorService
+    from processor.kafka.config import ConfigError, describe
+    from processor.kafka.exits import EXIT_TEMPFAIL, TransientFailure, exit_code
+    from processor.ops.health import ProcessorHealth, start_http
+    from processor.ops.metrics import processor_registry
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        conf, topics = kafka_settings(args)
+        lanes, dispatch = lanes_from(args)
+        if args.commit_interval_ms < 1:
+            raise ValueError("--commit-interval-ms must be >= 1")
+        if args.max_waiting_tokens < 0:
+            raise ValueError("--max-waiting-tokens must be >= 0 (0 means no cap)")
+        if args.session_timeout_ms < 1000:
+            raise ValueError("--session-timeout-ms must be >= 1000 (brokers usually require >= 6000)")
+        if args.transaction_timeout_ms <= args.commit_interval_ms:
+            raise ValueError("--transaction-timeout-ms must be longer than --commit-interval-ms")
+        settings = ProcessorSettings(
+            instance=args.instance,
+            group_id=args.group,
+            lanes=lanes,
+            dispatch=dispatch,
+            commit_interval_ms=args.commit_interval_ms,
+            exactly_once=not args.at_least_once,
+            max_waiting_tokens=args.max_waiting_tokens,
+            session_timeout_ms=args.session_timeout_ms,
+            transaction_timeout_ms=args.transaction_timeout_ms,
+        )
+        http = http_settings(args, PROCESSOR_PORT)
+        watchdog = watchdog_from(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
+        return 2
+    log = logging.getLogger("tokenfabric.processor")
+    log.info("kafka client settings: %s", describe(conf))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    service = ProcessorService(conf, topics, settings)
+    service.watchdog = watchdog
+    server = None
+    if http is not None:
+        health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)
+        try:
+            server = start_http(http, processor_registry(service), health)
+        except OSError as exc:
+            print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
+            return 2
+    try:
+        service.run(stop)
+    except (KafkaException, TransientFailure) as exc:
+        code = exit_code(exc)
+        if code != EXIT_TEMPFAIL:
+            raise
+        log.error("%s: exiting with %d, a restart recovers from the last commit", exc, code)
+        return code
+    finally:
+        if server is not None:
+            server.close()
+    c = service.counters
+    log.info(
+        "stopped: consumed %d, dead-lettered %d, batches %d, completions %d",
+        c.consumed,
+        c.dead_lettered,
+        c.batches_produced,
+        c.completions,
+    )
+    return 0

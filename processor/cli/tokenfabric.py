@@ -1,0 +1,69 @@
+"""``tokenfabric``: one console script, one module per subcommand.
+
+Each subcommand module exposes ``configure(parser)`` and ``run(args) -> int`` and is imported only when
+its command runs, so ``tokenfabric simulate`` never loads Kafka and a missing optional dependency
+only breaks the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import NoReturn
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": ("processor.cli.simulate", "replay a trace through the scheduler in virtual time"),
+    "kafka": ("processor.cli.kafka", "start, stop or inspect a local single-node Kafka broker"),
+    "topics": ("processor.cli.topics", "create tokenfabric's topics"),
+    "produce": ("processor.cli.produce", "replay a trace onto the ingest topic"),
+    "processor": ("processor.cli.processor", "run the stream processor"),
+    "consumer": ("processor.cli.consumer", "run a GPU consumer app with an engine"),
+    "status": ("processor.cli.status", "print contracts, accounting and lag"),
+    "audit": ("processor.cli.audit", "re-derive the ledger from the topics; exit 1 on a difference"),
+    "demo": ("processor.cli.demo", "run the whole pipeline on a real trace and print a report"),
+    "submit": ("processor.cli.submit", "submit a dataset as a job: render, tokenise and produce every row"),
+    "collect": ("processor.cli.collect", "write a job's results next to its input rows (resumable)"),
+    "collector": (
+        "processor.cli.collector",
+        "collect every job on the jobs topic into a folder, continuously",
+    ),
+    "jobs": ("processor.cli.jobs", "list jobs and their progress"),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments get one line: what is wrong and where to look, not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser(command: str | None = None) -> OneLineParser:
+    parser = OneLineParser(prog="tokenfabric", description="Schedule LLM inference work by the token.")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    for name, (module, help_text) in COMMANDS.items():
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module).configure(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and command not in COMMANDS:
+        known = ", ".join(COMMANDS)
+        print(f"tokenfabric: error: unknown command {command!r} (commands: {known})", file=sys.stderr)
+        return 2
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

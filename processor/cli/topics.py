@@ -1,0 +1,58 @@
+"""``tokenfabric topics create``: create the topics a deployment needs, leaving existing ones alone."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.core.contract import CONSUMER_ID
+from processor.kafka.config import ConfigError
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["create"], help="create: make every missing topic")
+    p.add_argument(
+        "--ingest-partitions",
+        type=int,
+        default=6,
+        help="partitions of the ingest topic: the processor's unit of scale-out (default: 6)",
+    )
+    p.add_argument(
+        "--consumer",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="also create the batch topic of consumer ID (repeatable)",
+    )
+    add_kafka_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = "tokenfabric topics"
+    from confluent_kafka import KafkaException
+
+    from processor.kafka.clients import with_kafka_logger
+    from processor.kafka.topics import create_topics, topic_specs
+
+    try:
+        if args.ingest_partitions < 1:
+            raise ConfigError(f"--ingest-partitions must be >= 1, got {args.ingest_partitions}")
+        for consumer in args.consumer:
+            if not CONSUMER_ID.match(consumer):
+                raise ConfigError(f"--consumer {consumer!r}: a consumer id is 1-200 of A-Z a-z 0-9 . _ -")
+        conf, names = kafka_settings(args)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    specs = topic_specs(names, ingest_partitions=args.ingest_partitions, consumers=args.consumer)
+    try:
+        created = set(create_topics(with_kafka_logger(conf), specs))
+    except (KafkaException, TimeoutError) as exc:
+        detail = str(exc) or "no answer in 30 s"
+        print(f"{prog}: error: creating topics on {conf['bootstrap.servers']}: {detail}", file=sys.stderr)
+        return 1
+    for spec in specs:
+        state = "created" if spec.name in created else "exists "
+        print(f"{state} {spec.name} ({spec.partitions} partition{'s' if spec.partitions != 1 else ''})")
+    return 0

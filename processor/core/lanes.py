@@ -1,0 +1,396 @@
+"""Rolling lanes: where waiting items sit, grouped so that a batch drawn from one lane pads little.
+
+Inside each (model, shape) up to ``lane_budget`` lanes are kept sorted by representative length (the
+longest item a lane has ever held; it only grows). A new item of length L binary-searches its two
+neighbouring lanes and joins the one that pads it less. It opens a new lane instead when that padding
+is above a threshold that rises as the shape's lane budget fills: while lanes are plentiful we spend
+structure (a new lane) rather than waste (padding); once they are scarce we accept more padding. Two
+bounds frame the threshold: padding at or below ``floor_tokens`` never opens a lane (so short prompts
+don't spawn lanes over a few tokens), and padding above ``cap_tokens`` is never accepted while a lane
+can still be opened or reclaimed.
+
+Lanes are never merged. A lane that has been empty for ``idle_ms`` goes quiet: it leaves the sorted
+order and its id returns to a pool, so ids stay below ``lane_budget`` and are reused.
+
+Everything here is driven by the ``now_ms`` the caller passes in: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sortedcontainers import SortedList
+
+from processor.core.contract import BatchRule
+from processor.core.item import Item
+
+ShapeKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSettings:
+    """The knobs of lane assignment; docs/lanes.md gives the measurements behind each default."""
+
+    lane_budget: int = 2048
+    """Most lanes one (model, shape) may hold at once."""
+    pad_multiple: int = 8
+    """Rounding used to measure padding when choosing a lane (consumers use their own for batches)."""
+    floor_tokens: int = 0
+    """Padding at or below this many tokens never opens a lane. Padding is counted in whole pad
+    multiples, so any floor below ``pad_multiple`` means "same padded length always shares a lane"."""
+    cap_tokens: int = 256
+    """Padding above this is never accepted while a lane can be opened or reclaimed."""
+    start_ratio: float = 0.002
+    """Threshold, as a fraction of the item's length, when the shape has no lanes."""
+    full_ratio: float = 0.05
+    """Threshold, as a fraction of the item's length, when the shape's lane budget is full."""
+    idle_ms: int = 3000
+    """An empty lane goes quiet (its id is reused) after this long without items."""
+
+    def __post_init__(self) -> None:
+        if self.lane_budget < 1:
+            raise ValueError(f"lane_budget must be >= 1, got {self.lane_budget}")
+        if self.pad_multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {self.pad_multiple}")
+        if not 0 <= self.floor_tokens <= self.cap_tokens:
+            raise ValueError(
+                f"need 0 <= floor_tokens <= cap_tokens, got floor {self.floor_tokens}, cap {self.cap_tokens}"
+            )
+        if not 0 <= self.start_ratio <= self.full_ratio:
+            raise ValueError(
+                f"need 0 <= start_ratio <= full_ratio, got {self.start_ratio} and {self.full_ratio}"
+            )
+        if self.idle_ms < 0:
+            raise ValueError(f"idle_ms must be >= 0, got {self.idle_ms}")
+
+    def threshold_tokens(self, length: int, lanes_in_use: int) -> float:
+        """Padding above which an item of ``length`` tokens opens a lane, given the budget's fill."""
+        fill = lanes_in_use / self.lane_budget
+        ratio = self.start_ratio + (self.full_ratio - self.start_ratio) * fill
+        return max(self.floor_tokens, min(self.cap_tokens, length * ratio))
+
+
+class Lane:
+    """A FIFO of waiting items of similar length within one shape."""
+
+    __slots__ = ("id", "items", "last_ms", "rep", "tokens")
+
+    def __init__(self, lane_id: int, rep: int, now_ms: int) -> None:
+        self.id = lane_id
+        self.rep = rep
+        self.items: deque[Item] = deque()
+        self.tokens = 0
+        self.last_ms = now_ms
+
+
+class ShapeLanes:
+    """All lanes of one (model, shape), and what is waiting in them."""
+
+    __slots__ = (
+        "_free_ids",
+        "_next_id",
+        "choices",
+        "key",
+        "lanes",
+        "order",
+        "ready",
+        "waiting_items",
+        "waiting_tokens",
+    )
+
+    def __init__(self, key: ShapeKey) -> None:
+        self.key = key
+        self.lanes: dict[int, Lane] = {}
+        self.order: SortedList = SortedList()  # (rep, lane id)
+        # length -> the lane an item of that length joins, while ``order`` stays as it is
+        self.choices: dict[int, Lane] = {}
+        self.ready: OrderedDict[int, Lane] = OrderedDict()  # non-empty lanes, oldest first
+        self.waiting_items = 0
+        self.waiting_tokens = 0
+        self._free_ids: list[int] = []
+        self._next_id = 0
+
+    @property
+    def model(self) -> str:
+        return self.key[0]
+
+    @property
+    def shape(self) -> int:
+        return self.key[1]
+
+    def _new_id(self) -> tuple[int, bool]:
+        if self._free_ids:
+            return heapq.heappop(self._free_ids), True
+        lane_id = self._next_id
+        self._next_id += 1
+        return lane_id, False
+
+    def release_id(self, lane_id: int) -> None:
+        heapq.heappush(self._free_ids, lane_id)
+
+
+@dataclass(slots=True)
+class LaneStats:
+    """Counters of lane activity; ``reuses`` counts items placed in an existing lane."""
+
+    reuses: int = 0
+    new_lanes: int = 0
+    id_reuses: int = 0
+    idle_reclaims: int = 0
+    lanes_in_use: int = 0
+    lanes_in_use_peak: int = 0
+
+
+class LaneTable:
+    """Every shape's lanes, plus the bookkeeping that reclaims quiet lanes.
+
+    Owned by one thread (the scheduler's); nothing here locks.
+    """
+
+    def __init__(self, settings: LaneSettings | None = None) -> None:
+        self.settings = settings or LaneSettings()
+        self.shapes: dict[ShapeKey, ShapeLanes] = {}
+        self.stats = LaneStats()
+        self.waiting_items = 0
+        self.waiting_tokens = 0
+        # Empty lanes in the order they emptied: the front is the first to go quiet.
+        self._quiet: OrderedDict[tuple[ShapeKey, int], int] = OrderedDict()
+
+    # -- placement ------------------------------------------------------------------------------
+
+    def place(self, item: Item, now_ms: int) -> ShapeLanes:
+        """Put ``item`` in a lane of its shape; returns the shape's lanes."""
+        key = (item.model, item.shape)
+        sl = self.shapes.get(key)
+        if sl is None:
+            sl = self.shapes[key] = ShapeLanes(key)
+        lane = self._choose_lane(sl, item.length, now_ms)
+        # Choosing may reclaim idle lanes, this shape's last one included, which drops the shape.
+        self.shapes[key] = sl
+        self._append(sl, lane, item, now_ms)
+        return sl
+
+    def _choose_lane(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
+        lane = sl.choices.get(length)
+        if lane is None:
+            best, fits = self._nearest(sl, length)
+            if best is None or not (fits or not self._has_room(sl, now_ms)):
+                return self._open(sl, length, now_ms)
+            lane = best
+        self.stats.reuses += 1
+        return lane
+
+    def _nearest(self, sl: ShapeLanes, length: int) -> tuple[Lane | None, bool]:
+        """The lane that pads an item of ``length`` least, and whether joining it is within the
+        threshold (else a new lane opens if there is room).
+
+        Both depend only on the length and the shape's lanes (their representatives and how many
+        there are), so a lane within the threshold is remembered for the length until a lane
+        opens, grows or retires: most items then skip the binary search (a seventh of restoring
+        an item, docs/benchmarks.md). ``check`` recomputes every remembered choice.
+        """
+        s = self.settings
+        pm = s.pad_multiple
+        padded = -(-length // pm) * pm
+        order = sl.order
+        i = order.bisect_left((length, -1))
+        best: Lane | None = None
+        best_cost = 0
+        if i < len(order):  # the lane at or above: the item pads up to its representative
+            rep, lane_id = order[i]
+            best = sl.lanes[lane_id]
+            best_cost = -(-rep // pm) * pm - padded
+        if i > 0:  # the lane below: it would grow to this item's length
+            rep, lane_id = order[i - 1]
+            cost = padded - -(-rep // pm) * pm
+            if best is None or cost < best_cost:
+                best = sl.lanes[lane_id]
+                best_cost = cost
+        if best is None:
+            return None, False
+        fits = best_cost <= s.floor_tokens or not (
+            best_cost > s.cap_tokens or best_cost > s.threshold_tokens(length, len(sl.lanes))
+        )
+        if fits:
+            sl.choices[length] = best
+        return best, fits
+
+    def _has_room(self, sl: ShapeLanes, now_ms: int) -> bool:
+        if len(sl.lanes) < self.settings.lane_budget:
+            return True
+        self.reclaim_idle(now_ms)
+        return len(sl.lanes) < self.settings.lane_budget
+
+    def _open(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
+        lane_id, recycled = sl._new_id()
+        lane = Lane(lane_id, length, now_ms)
+        sl.lanes[lane_id] = lane
+        sl.order.add((length, lane_id))
+        sl.choices.clear()
+        st = self.stats
+        st.new_lanes += 1
+        st.id_reuses += recycled
+        st.lanes_in_use += 1
+        if st.lanes_in_use > st.lanes_in_use_peak:
+            st.lanes_in_use_peak = st.lanes_in_use
+        return lane
+
+    def _append(self, sl: ShapeLanes, lane: Lane, item: Item, now_ms: int) -> None:
+        length = item.length
+        if not lane.items:
+            sl.ready[lane.id] = lane
+            self._quiet.pop((sl.key, lane.id), None)
+        if length > lane.rep:
+            sl.order.remove((lane.rep, lane.id))
+            sl.order.add((length, lane.id))
+            sl.choices.clear()
+            lane.rep = length
+        lane.items.append(item)
+        lane.tokens += length
+        lane.last_ms = now_ms
+        item.lane = lane.id
+        sl.waiting_items += 1
+        sl.waiting_tokens += length
+        self.waiting_items += 1
+        self.waiting_tokens += length
+
+    # -- removal --------------------------------------------------------------------------------
+
+    def take(
+        self, sl: ShapeLanes, lane: Lane, budget_tokens: int, max_items: int, pad_multiple: int, now_ms: int
+    ) -> tuple[list[Item], int]:
+        """:meth:`take_batch` under a tokens-mode rule (``n x round_up(longest, pad) <= budget``)."""
+        rule = BatchRule(max_items, pad_multiple, "tokens", budget_tokens)
+        return self.take_batch(sl, lane, rule, now_ms)
+
+    def take_batch(self, sl: ShapeLanes, lane: Lane, rule: BatchRule, now_ms: int) -> tuple[list[Item], int]:
+        """Pop a batch's worth of items from the head of ``lane``.
+
+        Items leave in arrival order while the batch still ``rule.fits`` (the contract's batching
+        mode decides what that means); the batch is cut before the first item that would not fit. If
+        even the head item alone does not fit it leaves alone (an oversized batch). Returns the items
+        and the batch's padded length.
+        """
+        queue = lane.items
+        taken: list[Item] = []
+        fits = rule.fits
+        output_tokens = rule.output_tokens if rule.counts_output else None
+        longest = 0
+        outputs = 0
+        while queue:
+            head = queue[0]
+            candidate = head.length if head.length > longest else longest
+            candidate_outputs = (
+                outputs if output_tokens is None else outputs + output_tokens(head.output_budget)
+            )
+            if not fits(len(taken) + 1, candidate, candidate_outputs):
+                break
+            taken.append(queue.popleft())
+            longest = candidate
+            outputs = candidate_outputs
+        if not taken:
+            head = queue.popleft()
+            taken.append(head)
+            longest = head.length
+        tokens = 0
+        for item in taken:
+            item.dispatched = True
+            tokens += item.length
+        lane.tokens -= tokens
+        lane.last_ms = now_ms
+        sl.waiting_items -= len(taken)
+        sl.waiting_tokens -= tokens
+        self.waiting_items -= len(taken)
+        self.waiting_tokens -= tokens
+        if not queue:
+            del sl.ready[lane.id]
+            self._quiet[(sl.key, lane.id)] = now_ms
+        return taken, rule.padded_length(longest)
+
+    def reclaim_idle(self, now_ms: int) -> int:
+        """Retire every lane that has been empty for ``idle_ms``; returns how many went quiet."""
+        idle_ms = self.settings.idle_ms
+        quiet = self._quiet
+        reclaimed = 0
+        while quiet:
+            (key, lane_id), since = next(iter(quiet.items()))
+            if now_ms - since < idle_ms:
+                break
+            del quiet[(key, lane_id)]
+            sl = self.shapes[key]
+            lane = sl.lanes.pop(lane_id)
+            sl.order.remove((lane.rep, lane_id))
+            sl.choices.clear()
+            sl.release_id(lane_id)
+            reclaimed += 1
+            if not sl.lanes:
+                del self.shapes[key]
+        self.stats.idle_reclaims += reclaimed
+        self.stats.lanes_in_use -= reclaimed
+        return reclaimed
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def waiting(self) -> Iterator[Item]:
+        """Every waiting item, shape by shape, lane by lane (for checkpoints and checks)."""
+        for sl in self.shapes.values():
+            for lane in sl.lanes.values():
+                yield from lane.items
+
+    def lane_pressure(self) -> float:
+        """Lanes in use / (shapes x lane budget): how close the busiest configuration is to full."""
+        if not self.shapes:
+            return 0.0
+        return self.stats.lanes_in_use / (len(self.shapes) * self.settings.lane_budget)
+
+    def _check_choices(self, sl: ShapeLanes) -> None:
+        remembered = dict(sl.choices)
+        sl.choices.clear()
+        try:
+            for length, lane in remembered.items():
+                now = self._nearest(sl, length)
+                if now != (lane, True):
+                    raise AssertionError(
+                        f"shape {sl.key}: length {length} remembered lane {lane.id}, choosing now gives "
+                        f"{None if now[0] is None else now[0].id} (within threshold: {now[1]})"
+                    )
+        finally:
+            sl.choices.clear()
+            sl.choices.update(remembered)
+
+    def check(self) -> None:
+        """Recount the waiting items and compare with the running totals (raises on a mismatch)."""
+        items = tokens = lanes = 0
+        for sl in self.shapes.values():
+            s_items = s_tokens = 0
+            for lane in sl.lanes.values():
+                lengths = [it.length for it in lane.items]  # one pass in Python, the rest in C
+                n = len(lengths)
+                t = sum(lengths)
+                if t != lane.tokens:
+                    raise AssertionError(f"lane {sl.key}/{lane.id}: holds {t} tokens, counted {lane.tokens}")
+                if lengths and max(lengths) > lane.rep:
+                    raise AssertionError(f"lane {sl.key}/{lane.id}: an item is longer than rep {lane.rep}")
+                s_items += n
+                s_tokens += t
+                lanes += 1
+            if (s_items, s_tokens) != (sl.waiting_items, sl.waiting_tokens):
+                raise AssertionError(
+                    f"shape {sl.key}: holds {s_items} items / {s_tokens} tokens, "
+                    f"counted {sl.waiting_items} / {sl.waiting_tokens}"
+                )
+            if len(sl.lanes) > self.settings.lane_budget:
+                raise AssertionError(f"shape {sl.key}: {len(sl.lanes)} lanes > budget")
+            self._check_choices(sl)
+            items += s_items
+            tokens += s_tokens
+        if (items, tokens) != (self.waiting_items, self.waiting_tokens):
+            raise AssertionError(
+                f"lanes hold {items} items / {tokens} tokens, "
+                f"counted {self.waiting_items} / {self.waiting_tokens}"
+            )
+        if lanes != self.stats.lanes_in_use:
+            raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")

@@ -1,0 +1,508 @@
+"""Shape-sticky dispatch: which lane a consumer's next batch comes from.
+
+The rules, in the order they are applied when a consumer has a free in-flight slot:
+
+1. **Deadline.** If the oldest waiting item of the consumer's model has waited ``max_wait_ms`` and the
+   consumer may take its lane, the batch comes from that lane. If the item is in another shape, the
+   consumer moves there only once it has stayed ``max_wait_ms`` on its current shape, so a backlog in
+   which everything is overdue still costs at most one shape switch per ``max_wait_ms`` per consumer.
+   An item therefore waits at most about ``max_wait_ms x (1 + shapes holding older overdue items)``
+   plus one batch's engine time, however busy the other shapes are.
+2. **Stick.** Otherwise the batch comes from the consumer's current shape while that shape has a lane
+   it may take, lanes served round-robin (a lane that still holds items after a batch goes to the back).
+3. **Switch.** Otherwise the consumer moves to the shape of its model with the most waiting tokens
+   that has a lane it may take.
+
+A consumer *may take* a lane whose representative length, alone, fits its batching rule (with the
+head item's output budget in memory mode), or one that fits no live consumer of the model (its items
+then go out as single oversized batches). A small card is thus never sent an item a bigger card of the
+same model could hold.
+
+Every batch is checked as it is emitted: one model, one shape, one lane, within the consumer's
+batching rule (``contract.BatchRule.fits``) unless it is a single oversized item. A violation raises
+``InvariantViolation`` and the scheduler must not be used again: stopping is better than sending a GPU
+a mixed batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from processor.core.accounting import Ledger, LedgerImbalance
+from processor.core.contract import Contract
+from processor.core.item import Batch, Item
+from processor.core.lanes import Lane, LaneSettings, LaneTable, ShapeKey, ShapeLanes
+
+
+class InvariantViolation(RuntimeError):
+    """A batch was about to break the one-model-one-shape-one-lane rule or its contract."""
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSettings:
+    max_wait_ms: int = 60_000
+    """An item waiting this long takes priority over shape stickiness (see rule 1)."""
+
+    def __post_init__(self) -> None:
+        if self.max_wait_ms < 1:
+            raise ValueError(f"max_wait_ms must be >= 1, got {self.max_wait_ms}")
+
+
+class InFlight:
+    """A batch a consumer holds, and which of its items are still outstanding."""
+
+    __slots__ = ("batch", "pending")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.pending: dict[str, Item] | None = None  # built on the first per-item completion
+
+
+class ConsumerState:
+    __slots__ = ("contract", "in_flight", "last_shape", "shape", "shape_switches", "slots", "switched_ms")
+
+    def __init__(self, contract: Contract, slots: int | None = None) -> None:
+        self.contract = contract
+        self.slots = slots  # this instance's share of max_inflight (processor/state/credits.py); None: all
+        self.in_flight: dict[str, InFlight] = {}
+        self.shape: ShapeKey | None = None
+        self.last_shape: ShapeKey | None = None
+        self.switched_ms = 0
+        self.shape_switches = 0
+
+    @property
+    def free_slots(self) -> int:
+        limit = self.contract.max_inflight if self.slots is None else self.slots
+        return limit - len(self.in_flight)
+
+
+def _fits(contract: Contract, lane: Lane) -> bool:
+    """Whether ``contract`` holds the lane's longest item (its representative length) alone, counting
+    the head item's output budget: the head is what would otherwise go out oversized."""
+    rule = contract.rule
+    output = rule.output_tokens(lane.items[0].output_budget) if rule.counts_output and lane.items else 0
+    return rule.fits(1, lane.rep, output)
+
+
+class Scheduler:
+    """The scheduling core: lanes, contracts, dispatch and the ledger, driven by ``now_ms``.
+
+    Owned by one thread. Adapters call ``submit`` for each decoded item, ``dispatch`` when slots may
+    be free, and ``complete``/``item_done`` when results come back.
+    """
+
+    def __init__(
+        self,
+        lanes: LaneSettings | None = None,
+        dispatch: DispatchSettings | None = None,
+        *,
+        ledger: Ledger | None = None,
+        batch_prefix: str = "b",
+    ) -> None:
+        self.table = LaneTable(lanes)
+        self.settings = dispatch or DispatchSettings()
+        self.ledger = ledger or Ledger()
+        self.batch_prefix = batch_prefix
+        self.consumers: dict[str, ConsumerState] = {}
+        self._by_model: dict[str, list[ConsumerState]] = {}
+        self._active: dict[str, dict[ShapeKey, ShapeLanes]] = {}
+        self._arrivals: dict[str, deque[Item]] = {}
+        self._in_flight: dict[str, tuple[ConsumerState, InFlight]] = {}
+        self._seq = 0
+        self.oversized = 0
+
+    # -- consumers ------------------------------------------------------------------------------
+
+    def set_contract(self, contract: Contract, slots: int | None = None) -> None:
+        """Add a consumer or change its contract (batches it holds stay in flight). ``slots`` is how
+        many of its ``max_inflight`` this scheduler may fill (several processor instances share a
+        consumer: processor/state/credits.py); None means all of them."""
+        state = self.consumers.get(contract.consumer)
+        if state is None:
+            state = self.consumers[contract.consumer] = ConsumerState(contract, slots)
+        else:
+            state.slots = slots
+            self._by_model[state.contract.model].remove(state)
+            if state.contract.model != contract.model:
+                state.shape = None
+            state.contract = contract
+        self._by_model.setdefault(contract.model, []).append(state)
+
+    def retire(self, consumer: str, now_ms: int) -> list[Batch]:
+        """Remove a consumer; the batches it held go back to their lanes, counted as redelivered."""
+        state = self.consumers.pop(consumer)
+        self._by_model[state.contract.model].remove(state)
+        returned = [f.batch for f in state.in_flight.values()]
+        for batch in returned:
+            self.requeue(batch.batch_id, now_ms)
+        return returned
+
+    # -- items in ------------------------------------------------------------------------------
+
+    def submit(self, item: Item, now_ms: int) -> None:
+        """Take a new item into its lane and count it as received."""
+        if item.length < 1:
+            raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
+        self.ledger.received(item.model, item.length)
+        self._enqueue(item, now_ms)
+
+    def adopt_waiting(self, item: Item, now_ms: int) -> None:
+        """Take in an item restored from the changelog (counted as adopted, not received)."""
+        self.ledger.adopted_waiting(item.model, item.length)
+        self._enqueue(item, now_ms)
+
+    def adopt_in_flight(self, batch: Batch, now_ms: int, done: Collection[str] = ()) -> bool:
+        """Re-register a batch restored from the changelog; ``done`` names items already answered
+        (counted where they were answered), the rest are adopted as in flight.
+
+        Returns False if its consumer has no contract any more: the outstanding items then go back to
+        their lanes, counted as redelivered.
+        """
+        flight = InFlight(batch)
+        if done:
+            flight.pending = {it.id: it for it in batch.items if it.id not in done}
+        outstanding = flight.pending.values() if flight.pending is not None else batch.items
+        self.ledger.adopted_in_flight(
+            batch.model, batch.consumer, len(outstanding), sum(it.length for it in outstanding)
+        )
+        state = self.consumers.get(batch.consumer)
+        if state is None:
+            holder = ConsumerState(Contract(batch.consumer, batch.model, 1, 1))
+            holder.in_flight[batch.batch_id] = flight
+            self._in_flight[batch.batch_id] = (holder, flight)
+            self.requeue(batch.batch_id, now_ms)
+            return False
+        state.in_flight[batch.batch_id] = flight
+        self._in_flight[batch.batch_id] = (state, flight)
+        return True
+
+    def release_all(self) -> None:
+        """Forget every waiting item and in-flight batch (their ingest partitions are being handed
+        over, or restored afresh); the ledger moves their counts to ``released``. Contracts stay."""
+        stats = self.table.stats
+        stats.lanes_in_use = 0  # the counters of lane activity carry on; only the lanes go
+        self.table = LaneTable(self.table.settings)
+        self.table.stats = stats
+        self._active.clear()
+        self._arrivals.clear()
+        self._in_flight.clear()
+        for state in self.consumers.values():
+            state.in_flight.clear()
+            state.shape = None
+        self.ledger.release_all()
+
+    def done_items(self, batch_id: str) -> list[str]:
+        """Ids of the items of an in-flight batch that have been answered already."""
+        flight = self._in_flight[batch_id][1]
+        if flight.pending is None:
+            return []
+        return [it.id for it in flight.batch.items if it.id not in flight.pending]
+
+    def _enqueue(self, item: Item, now_ms: int) -> None:
+        sl = self.table.place(item, now_ms)
+        if sl.waiting_items == 1:
+            self._active.setdefault(item.model, {})[sl.key] = sl
+        arrivals = self._arrivals.get(item.model)
+        if arrivals is None:
+            arrivals = self._arrivals[item.model] = deque()
+        arrivals.append(item)
+
+    # -- batches out ---------------------------------------------------------------------------
+
+    def dispatch(self, now_ms: int) -> list[Batch]:
+        """Fill every free slot of every consumer that has work; consumers take turns, one batch each."""
+        out: list[Batch] = []
+        progress = True
+        while progress:
+            progress = False
+            for state in list(self.consumers.values()):
+                if state.free_slots > 0:
+                    batch = self._next_batch(state, now_ms)
+                    if batch is not None:
+                        out.append(batch)
+                        progress = True
+        return out
+
+    def next_batch(self, consumer: str, now_ms: int) -> Batch | None:
+        """One batch for ``consumer`` if it has a free slot and there is work it may take."""
+        state = self.consumers[consumer]
+        if state.free_slots <= 0:
+            return None
+        return self._next_batch(state, now_ms)
+
+    def _next_batch(self, state: ConsumerState, now_ms: int) -> Batch | None:
+        model = state.contract.model
+        active = self._active.get(model)
+        if not active:
+            return None
+        peers = self._by_model[model]
+        choice = self._overdue_lane(state, peers, now_ms)
+        if choice is None and state.shape is not None:
+            sl = active.get(state.shape)
+            if sl is not None:
+                lane = self._eligible_lane(sl, state.contract, peers)
+                if lane is not None:
+                    choice = (sl, lane)
+        if choice is None:
+            choice = self._switch_target(state, active, peers)
+        if choice is None:
+            return None
+        sl, lane = choice
+        return self._emit(state, sl, lane, now_ms)
+
+    def _overdue_lane(
+        self, state: ConsumerState, peers: list[ConsumerState], now_ms: int
+    ) -> tuple[ShapeLanes, Lane] | None:
+        arrivals = self._arrivals[state.contract.model]
+        while arrivals and arrivals[0].dispatched:
+            arrivals.popleft()
+        if not arrivals:
+            return None
+        oldest = arrivals[0]
+        max_wait = self.settings.max_wait_ms
+        if now_ms - oldest.arrival_ms < max_wait:
+            return None
+        key = (oldest.model, oldest.shape)
+        if key != state.shape and state.shape is not None and now_ms - state.switched_ms < max_wait:
+            return None
+        sl = self._active[oldest.model][key]
+        lane = sl.lanes[oldest.lane]
+        if not self._may_take(lane, state.contract, peers):
+            return None
+        return sl, lane
+
+    def _may_take(self, lane: Lane, contract: Contract, peers: list[ConsumerState]) -> bool:
+        if _fits(contract, lane):
+            return True
+        return not any(_fits(p.contract, lane) for p in peers)
+
+    def _eligible_lane(self, sl: ShapeLanes, contract: Contract, peers: list[ConsumerState]) -> Lane | None:
+        if len(peers) == 1:
+            return next(iter(sl.ready.values()), None)
+        for lane in sl.ready.values():
+            if self._may_take(lane, contract, peers):
+                return lane
+        return None
+
+    def _switch_target(
+        self, state: ConsumerState, active: dict[ShapeKey, ShapeLanes], peers: list[ConsumerState]
+    ) -> tuple[ShapeLanes, Lane] | None:
+        best = max(active.values(), key=_waiting_tokens)
+        lane = self._eligible_lane(best, state.contract, peers)
+        if lane is not None:
+            return best, lane
+        for sl in sorted(active.values(), key=_waiting_tokens, reverse=True):
+            lane = self._eligible_lane(sl, state.contract, peers)
+            if lane is not None:
+                return sl, lane
+        return None
+
+    def _emit(self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int) -> Batch:
+        c = state.contract
+        items, padded_length = self.table.take_batch(sl, lane, c.rule, now_ms)
+        if lane.items:
+            sl.ready.move_to_end(lane.id)
+        if sl.waiting_items == 0:
+            del self._active[c.model][sl.key]
+        model, shape = sl.key
+        oversized = len(items) == 1 and c.is_oversized(items[0].length, items[0].output_budget)
+        self._seq += 1
+        batch = Batch(
+            batch_id=f"{self.batch_prefix}-{self._seq}",
+            consumer=c.consumer,
+            model=model,
+            shape=shape,
+            lane=lane.id,
+            pad_multiple=c.pad_multiple,
+            padded_length=padded_length,
+            items=items,
+            created_ms=now_ms,
+            oversized=oversized,
+        )
+        check_batch(batch, c)
+        if state.shape != sl.key:
+            if state.last_shape is not None and state.last_shape != sl.key:
+                state.shape_switches += 1
+            state.shape = sl.key
+            state.switched_ms = now_ms
+        state.last_shape = sl.key
+        flight = InFlight(batch)
+        state.in_flight[batch.batch_id] = flight
+        self._in_flight[batch.batch_id] = (state, flight)
+        self.oversized += oversized
+        self.ledger.routed(model, c.consumer, len(items), batch.real_tokens, batch.padded_tokens, oversized)
+        return batch
+
+    # -- results in ----------------------------------------------------------------------------
+
+    def complete(self, batch_id: str, now_ms: int, failed: Collection[str] = ()) -> Batch | None:
+        """The whole batch came back; ``failed`` names the item ids that failed.
+
+        Returns the batch, or None if it is not in flight (already completed: a duplicate).
+        """
+        entry = self._in_flight.pop(batch_id, None)
+        if entry is None:
+            return None
+        state, flight = entry
+        del state.in_flight[batch_id]
+        batch = flight.batch
+        remaining = flight.pending.values() if flight.pending is not None else batch.items
+        ok_items = ok_tokens = bad_items = bad_tokens = 0
+        for item in remaining:
+            if item.id in failed:
+                bad_items += 1
+                bad_tokens += item.length
+            else:
+                ok_items += 1
+                ok_tokens += item.length
+        self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
+        return batch
+
+    def item_done(self, batch_id: str, item_id: str, ok: bool, now_ms: int) -> bool | None:
+        """One item of a batch came back. Returns True when that finished the batch (its slot is free),
+        False if items are still outstanding, None if the item was not outstanding (a duplicate)."""
+        applied, finished = self.items_done(batch_id, [(item_id, ok, False)], now_ms)
+        return finished if applied else None
+
+    def items_done(
+        self, batch_id: str, results: Sequence[tuple[str, bool, bool]], now_ms: int
+    ) -> tuple[int, bool]:
+        """Several items of one batch came back (one results message: ``(item_id, ok, cache_hit)``).
+
+        Returns how many of them were outstanding (the rest are duplicates) and whether that
+        finished the batch. Same effect as :meth:`item_done` on each in turn, with one ledger entry: the
+        common case, a whole batch answered in one message, costs no per-item bookkeeping."""
+        entry = self._in_flight.get(batch_id)
+        if entry is None:
+            return 0, False
+        state, flight = entry
+        batch = flight.batch
+        items = batch.items
+        answered: list[tuple[bool, Item]]
+        if (
+            flight.pending is None
+            and len(results) == len(items)
+            and all(r[0] == it.id for r, it in zip(results, items, strict=True))
+        ):
+            answered = [(r[1], it) for r, it in zip(results, items, strict=True)]
+            pending: dict[str, Item] = {}
+        else:
+            if flight.pending is None:
+                flight.pending = {it.id: it for it in items}
+            pending = flight.pending
+            answered = []
+            for item_id, ok, _hit in results:
+                found = pending.get(item_id)
+                if found is not None:
+                    del pending[item_id]
+                    answered.append((ok, found))
+        ok_items = ok_tokens = bad_items = bad_tokens = 0
+        for ok, item in answered:
+            if ok:
+                ok_items += 1
+                ok_tokens += item.length
+            else:
+                bad_items += 1
+                bad_tokens += item.length
+        if answered:
+            self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
+        if pending:
+            return len(answered), False
+        del self._in_flight[batch_id]
+        del state.in_flight[batch_id]
+        return len(answered), True
+
+    def requeue(self, batch_id: str, now_ms: int) -> list[Item]:
+        """Put a batch's outstanding items back in their lanes (their consumer will not finish them)."""
+        state, flight = self._in_flight.pop(batch_id)
+        del state.in_flight[batch_id]
+        batch = flight.batch
+        items = list(flight.pending.values()) if flight.pending is not None else batch.items
+        self.ledger.requeued(batch.model, batch.consumer, len(items), sum(it.length for it in items))
+        for item in items:
+            item.dispatched = False
+            self._enqueue(item, now_ms)
+        return items
+
+    # -- housekeeping and views ----------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> int:
+        """Periodic housekeeping: retire quiet lanes. Returns how many went quiet."""
+        return self.table.reclaim_idle(now_ms)
+
+    def in_flight_batches(self) -> Iterable[Batch]:
+        return (flight.batch for _, flight in self._in_flight.values())
+
+    @property
+    def shape_switches(self) -> int:
+        return sum(c.shape_switches for c in self.consumers.values())
+
+    def check(self, deep: bool = True) -> None:
+        """Compare the ledger with what the lanes and in-flight batches hold; raise on any difference.
+
+        ``deep`` recounts every waiting and in-flight item (linear in what waits); otherwise the
+        lanes' and in-flight running totals are compared, which is cheap enough for every checkpoint.
+        """
+        if deep:
+            self.table.check()
+        self.ledger.check()
+        queued = self.ledger.total("queued")
+        if (queued.items, queued.tokens) != (self.table.waiting_items, self.table.waiting_tokens):
+            raise LedgerImbalance(
+                f"ledger says {queued.items:,} items / {queued.tokens:,} tokens queued, lanes hold "
+                f"{self.table.waiting_items:,} / {self.table.waiting_tokens:,}"
+            )
+        if not deep:
+            return
+        items = tokens = 0
+        for _, flight in self._in_flight.values():
+            outstanding = flight.pending.values() if flight.pending is not None else flight.batch.items
+            for it in outstanding:
+                items += 1
+                tokens += it.length
+        in_flight = self.ledger.total("in_flight")
+        if (in_flight.items, in_flight.tokens) != (items, tokens):
+            raise LedgerImbalance(
+                f"ledger says {in_flight.items:,} items / {in_flight.tokens:,} tokens in flight, "
+                f"batches hold {items:,} / {tokens:,}"
+            )
+
+
+def _waiting_tokens(sl: ShapeLanes) -> int:
+    return sl.waiting_tokens
+
+
+def check_batch(batch: Batch, contract: Contract) -> None:
+    """Fail-stop check of a batch at the point of emission."""
+    items = batch.items
+    if not items:
+        raise InvariantViolation(f"batch {batch.batch_id}: empty")
+    for it in items:
+        if it.model != batch.model or it.shape != batch.shape or it.lane != batch.lane:
+            raise InvariantViolation(
+                f"batch {batch.batch_id}: item {it.id!r} is model {it.model!r} shape {it.shape:#x} "
+                f"lane {it.lane}, batch is model {batch.model!r} shape {batch.shape:#x} lane {batch.lane}"
+            )
+    if batch.model != contract.model:
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: model {batch.model!r} sent to a {contract.model!r} consumer"
+        )
+    if len(items) > contract.max_items:
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
+        )
+    longest = max(it.length for it in items)
+    if batch.padded_length != contract.padded_length(longest):
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
+            f"{contract.pad_multiple})"
+        )
+    rule = contract.rule
+    outputs = sum(rule.output_tokens(it.output_budget) for it in items) if rule.counts_output else 0
+    if len(items) > 1 and not rule.fits(len(items), longest, outputs):
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: {rule.load(len(items), longest, outputs)} {rule.load_unit} > "
+            f"{rule.limit_name} {rule.limit}"
+        )

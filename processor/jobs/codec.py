@@ -1,0 +1,111 @@
+"""The ``Job`` record on the wire: Avro single-object encoding, like every other tokenfabric message.
+
+Kept apart from :mod:`processor.codec` so the job machinery can evolve without touching the hot-path
+codec; it reuses that module's header rules (``C3 01`` + CRC-64-AVRO fingerprint of the Parsing
+Canonical Form) and its :class:`~processor.wire.errors.DecodeError`, so a reader of the jobs topic fails
+the same way as any other reader.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import fastavro
+from fastavro.schema import parse_schema, to_parsing_canonical_form
+
+from processor.core.signature import to_signed, to_unsigned
+from processor.jobs.model import JOB_STATES, BadRow, JobRecord
+from processor.wire.errors import DecodeError
+from processor.wire.schemas import MAGIC, rabin_fingerprint, schema_dir
+
+SCHEMA_NAME = "Job"
+
+
+def _load() -> tuple[Any, str]:
+    raw = json.loads((schema_dir() / f"{SCHEMA_NAME}.avsc").read_text(encoding="utf-8"))
+    parsed = parse_schema(raw)
+    return parsed, to_parsing_canonical_form(parsed)
+
+
+_SCHEMA, CANONICAL_FORM = _load()
+FINGERPRINT = rabin_fingerprint(CANONICAL_FORM.encode())
+HEADER = MAGIC + FINGERPRINT.to_bytes(8, "little")
+
+
+def encode_job(rec: JobRecord) -> bytes:
+    """A job record as a message value; ``ValueError`` for a state the schema does not know."""
+    if rec.state not in JOB_STATES:
+        raise ValueError(f"job state {rec.state!r} is not one of {JOB_STATES}")
+    d = {
+        "name": rec.name,
+        "state": rec.state,
+        "dataset": rec.dataset,
+        "dataset_sha256": rec.dataset_sha256,
+        "template": rec.template,
+        "shape": to_signed(rec.shape),
+        "model": rec.model,
+        "tokenizer": rec.tokenizer,
+        "rows": rec.rows,
+        "items": rec.items,
+        "input_tokens": rec.input_tokens,
+        "bad_rows": [{"row": b.row, "reason": b.reason} for b in rec.bad_rows],
+        "started_ms": rec.started_ms,
+        "submitted_ms": rec.submitted_ms,
+        "error": rec.error,
+        "results_ok": rec.results_ok,
+        "results_failed": rec.results_failed,
+        "output_tokens": rec.output_tokens,
+        "progress_ms": rec.progress_ms,
+        "finished_ms": rec.finished_ms,
+    }
+    out = io.BytesIO()
+    out.write(HEADER)
+    try:
+        fastavro.schemaless_writer(out, _SCHEMA, d)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ValueError(f"job {rec.name!r}: cannot encode: {exc}") from None
+    return out.getvalue()
+
+
+def decode_job(value: bytes | bytearray | memoryview | None) -> JobRecord:
+    """A message value as a job record; :class:`DecodeError` for anything else."""
+    data = b"" if value is None else bytes(value)
+    if len(data) < len(HEADER) or data[:2] != MAGIC:
+        raise DecodeError("bad-magic", "not an Avro single-object message (expected tokenfabric.Job)")
+    if data[: len(HEADER)] != HEADER:
+        raise DecodeError("unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.Job")
+    body = io.BytesIO(data)
+    body.seek(len(HEADER))
+    try:
+        d = fastavro.schemaless_reader(body, _SCHEMA, None)
+    except Exception as exc:  # fastavro raises many types on malformed input
+        raise DecodeError("avro-decode", f"tokenfabric.Job: {exc}") from None
+    if body.tell() != len(data):
+        raise DecodeError(
+            "trailing-bytes", f"tokenfabric.Job: {len(data) - body.tell()} bytes after the record"
+        )
+    assert isinstance(d, dict)
+    return JobRecord(
+        name=d["name"],
+        state=d["state"],
+        dataset=d["dataset"],
+        dataset_sha256=d["dataset_sha256"],
+        template=d["template"],
+        shape=to_unsigned(d["shape"]),
+        model=d["model"],
+        tokenizer=d["tokenizer"],
+        rows=d["rows"],
+        items=d["items"],
+        input_tokens=d["input_tokens"],
+        bad_rows=tuple(BadRow(b["row"], b["reason"]) for b in d["bad_rows"]),
+        started_ms=d["started_ms"],
+        submitted_ms=d["submitted_ms"],
+        error=d["error"],
+        results_ok=d["results_ok"],
+        results_failed=d["results_failed"],
+        output_tokens=d["output_tokens"],
+        progress_ms=d["progress_ms"],
+        finished_ms=d["finished_ms"],
+    )

@@ -1,0 +1,388 @@
+"""Collecting a job's results: read completions, keep one per row, write them next to the input rows.
+
+Pieces, each with one job:
+
+* :class:`ResultsTail` reads the results topic (``read_committed``) with one long-lived consumer, from
+  given offsets to the end, again and again (``collect --wait``, the collector service).
+* :class:`JobCollector` is one job's side: it takes the completions whose item ids are the job's,
+  keeps the first per row in its :class:`~processor.jobs.journal.Journal`, and writes the output file from
+  the journal joined with the dataset.
+* Results come in two forms (docs/wire-format.md): a ``Completion`` keyed by its item id, routed by
+  the key and decoded only when its job still needs the row, and a ``CompletionBatch`` keyed by its
+  batch id, whose items may belong to several jobs: it is decoded once and each completion routed by
+  its item id.
+* :class:`Collection` runs several collectors over one tail, so the collector service reads each
+  completion once however many jobs are open.
+
+Where reading starts: from the journal's checkpoint when there is one; otherwise from the results
+written since the job started (``offsets_for_times(started_ms - START_SLACK_MS)``), not from the
+beginning of a topic that keeps a week of every job's outputs. The slack covers clocks that disagree
+between the submitting machine and the consumer apps that stamp the completions.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from processor.jobs.datasets import Dataset, DatasetError, file_sha256, output_format, write_output
+from processor.jobs.journal import Journal
+from processor.jobs.model import (
+    JobRecord,
+    JobSummary,
+    RowResult,
+    invalid_result,
+    job_of,
+    row_of,
+    summarize,
+)
+from processor.kafka.reader import position
+from processor.kafka.topics import TopicNames
+from processor.wire.completions import decode_completions
+from processor.wire.errors import DecodeError
+from processor.wire.records import CompletionRecord
+from processor.wire.schemas import HEADER_SIZE, HEADERS
+
+#: How far before a job's ``started_ms`` a fresh collect starts reading results.
+START_SLACK_MS = 10 * 60 * 1000
+_BATCH_HEADER = HEADERS["CompletionBatch"]
+
+
+class CollectError(RuntimeError):
+    """Collecting cannot start (missing topic, changed dataset, ...); the message says what to do."""
+
+
+class ResultsTail:
+    """One ``read_committed`` consumer over the results topic, assigned (not in a group), never committing."""
+
+    def __init__(self, conf: Mapping[str, str], topic: str) -> None:
+        self.topic = topic
+        self._consumer = Consumer(
+            {
+                **conf,
+                "group.id": f"tokenfabric-collect-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": "false",
+                "enable.partition.eof": "true",
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": "100",
+            }
+        )
+        self._eof: dict[int, bool] = {}
+        self._positions: dict[int, int] = {}
+
+    def partitions(self, timeout_s: float = 10.0) -> list[int]:
+        meta = self._consumer.list_topics(self.topic, timeout=timeout_s).topics.get(self.topic)
+        if meta is None or meta.error is not None:
+            raise CollectError(
+                f"topic {self.topic} does not exist: create it with 'tokenfabric topics create'"
+            )
+        return sorted(meta.partitions)
+
+    def offsets_at(self, ms: int, timeout_s: float = 10.0) -> dict[int, int]:
+        """Per partition, the first offset whose timestamp is ``ms`` or later (the end when none is)."""
+        wanted = [TopicPartition(self.topic, p, max(0, ms)) for p in self.partitions()]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                found = self._consumer.offsets_for_times(wanted, timeout=timeout_s)
+                break
+            except KafkaException:  # e.g. a topic created a moment ago has no leader yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        out: dict[int, int] = {}
+        for tp in found:
+            if tp.offset >= 0:
+                out[tp.partition] = tp.offset
+            else:
+                _, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, tp.partition), timeout=timeout_s
+                )
+                out[tp.partition] = high
+        return out
+
+    def assign(self, starts: Mapping[int, int]) -> None:
+        self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in sorted(starts.items())])
+        self._eof = {p: False for p in starts}
+        self._positions = dict(starts)
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Per partition, the offset after the last message read (what a checkpoint records)."""
+        return dict(self._positions)
+
+    def drain(self, max_s: float = 5.0) -> Iterator[Any]:
+        """Messages from where the last call stopped to the end of every partition (or ``max_s``).
+
+        A generator, so a long backlog streams through instead of piling up in memory; ``positions``
+        covers exactly the messages yielded so far.
+        """
+        deadline = time.monotonic() + max_s
+        while True:
+            for msg in self._consumer.consume(num_messages=5000, timeout=0.2):
+                err = msg.error()
+                partition, offset = position(msg)
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self._eof[partition] = True
+                        continue
+                    raise KafkaException(err)
+                self._eof[partition] = False
+                yield msg
+                self._positions[partition] = offset + 1
+            if all(self._eof.values()) or time.monotonic() >= deadline:
+                return
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _row_result(row: int, c: CompletionRecord) -> RowResult:
+    return RowResult(
+        row=row,
+        status=c.status,
+        reason=c.reason,
+        output=bytes(c.output),
+        input_tokens=c.input_tokens,
+        output_tokens=c.output_tokens,
+        padded_tokens=c.padded_tokens,
+        batch_id=c.batch_id,
+        consumer=c.consumer,
+        completed_ms=c.completed_ms,
+    )
+
+
+def journal_path(out: Path) -> Path:
+    return out.with_name(out.name + ".journal")
+
+
+@dataclass
+class JobCollector:
+    """One job's results: what is in its journal, and the output file written from it."""
+
+    job: JobRecord
+    out: Path
+    journal: Journal
+    dataset: Dataset
+    #: Per partition, the offset from which this job still needs messages.
+    starts: dict[int, int] = field(default_factory=dict)
+    stray: int = 0
+    undecodable: int = 0
+    _pending: list[RowResult] = field(default_factory=list)
+    _bad: frozenset[int] = frozenset()
+
+    @classmethod
+    def open(cls, job: JobRecord, out: str | Path, dataset: str | Path | None = None) -> JobCollector:
+        """Check the output name and the dataset, then open (and lock) the journal beside the output."""
+        target = Path(out)
+        output_format(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        ds = Dataset(dataset or job.dataset)
+        if file_sha256(ds.path) != job.dataset_sha256:
+            raise DatasetError(
+                f"dataset {ds.path} changed since job {job.name} was submitted (SHA-256 differs): rows "
+                "would be joined to the wrong results; pass the original file with --dataset"
+            )
+        journal = Journal.open(journal_path(target), job)
+        c = cls(job, target, journal, ds)
+        c._bad = frozenset(b.row for b in job.bad_rows)
+        return c
+
+    def update(self, job: JobRecord) -> None:
+        """A newer record of the same submission (submit finished, or another collector's progress)."""
+        if job.started_ms == self.job.started_ms:
+            self.job = job
+            self._bad = frozenset(b.row for b in job.bad_rows)
+
+    def resume_from(self, tail: ResultsTail) -> dict[int, int]:
+        """Where this job's reading starts: its checkpoint, or the results since it started."""
+        saved = self.journal.checkpoint
+        base = saved if saved is not None else tail.offsets_at(self.job.started_ms - START_SLACK_MS)
+        self.starts = {p: base.get(p, 0) for p in tail.partitions()}
+        return self.starts
+
+    def offer(self, partition: int, offset: int, item: str, value: bytes | None) -> None:
+        """A message whose key names one of this job's items: decoded only if that row is still open."""
+        if self._open_row(partition, offset, item) is None:
+            return
+        try:
+            completions = decode_completions(value)
+        except DecodeError:
+            self.undecodable += 1
+            return
+        for completion in completions:
+            self.take(partition, offset, completion)
+
+    def take(self, partition: int, offset: int, completion: CompletionRecord) -> None:
+        """A decoded completion of one of this job's items (from either form of results message)."""
+        row = self._open_row(partition, offset, completion.item_id)
+        if row is not None:
+            self._pending.append(_row_result(row, completion))
+
+    def _open_row(self, partition: int, offset: int, item: str) -> int | None:
+        """The row ``item`` names if this job still needs a result for it; counts stray item ids."""
+        if offset < self.starts.get(partition, 0):
+            return None  # already accounted for by this job's checkpoint
+        row = row_of(self.job.name, item)
+        if row is None or row in self._bad or (self.job.is_submitted and row >= self.job.rows):
+            self.stray += 1
+            return None
+        return None if row in self.journal.results else row
+
+    def commit(self, positions: Mapping[int, int]) -> int:
+        """Append what was offered and the new checkpoint to the journal; returns the new rows."""
+        checkpoint = {p: max(self.starts.get(p, 0), positions.get(p, 0)) for p in self.starts}
+        new = self.journal.add(self._pending, checkpoint)
+        self._pending.clear()
+        self.starts = checkpoint
+        return new
+
+    @property
+    def done(self) -> int:
+        return len(self.journal.results)
+
+    @property
+    def complete(self) -> bool:
+        return self.job.is_submitted and self.done >= self.job.items
+
+    def summary(self) -> JobSummary:
+        extra = {"stray completions": self.stray, "undecodable completions": self.undecodable}
+        return summarize(self.job, self.journal.results.values(), extra)
+
+    def progress_record(self, now_ms: int) -> JobRecord | None:
+        """The job record with this collector's counts, or None when there is nothing new to say."""
+        s = self.summary()
+        if not self.job.is_submitted:
+            return None
+        rec = self.job.with_progress(s.ok, s.failed, s.output_tokens, now_ms)
+        same = (rec.results_ok, rec.results_failed, rec.output_tokens, rec.state) == (
+            self.job.results_ok,
+            self.job.results_failed,
+            self.job.output_tokens,
+            self.job.state,
+        )
+        return None if same else rec
+
+    def materialize(self) -> int:
+        """(Re)write the output from the journal, in dataset row order; returns the rows written."""
+        results = self.journal.results
+        bad = {b.row: b for b in self.job.bad_rows}
+
+        def joined() -> Iterator[tuple[RowResult, dict[str, Any] | None]]:
+            for drow in self.dataset.rows():
+                r = results.get(drow.row)
+                if r is None and drow.row in bad:
+                    r = invalid_result(bad[drow.row])
+                if r is not None:
+                    yield r, drow.values
+
+        return write_output(self.out, joined(), self.dataset)
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+class Collection:
+    """Several job collectors fed by one :class:`ResultsTail` (each completion is read once)."""
+
+    def __init__(self, conf: Mapping[str, str], topics: TopicNames) -> None:
+        self.tail = ResultsTail(conf, topics.results)
+        self.collectors: dict[str, JobCollector] = {}
+        self._reassign = True
+
+    def add(self, collector: JobCollector) -> None:
+        collector.resume_from(self.tail)
+        self.collectors[collector.job.name] = collector
+        self._reassign = True
+
+    def remove(self, name: str) -> JobCollector | None:
+        return self.collectors.pop(name, None)
+
+    def step(self, max_s: float = 5.0) -> int:
+        """Read what is new and hand it to the collectors; returns the rows added over all jobs."""
+        if not self.collectors:
+            return 0
+        if self._reassign:
+            starts: dict[int, int] = {}
+            for c in self.collectors.values():
+                for p, o in c.starts.items():
+                    starts[p] = min(o, starts.get(p, o))
+            self.tail.assign(starts)
+            self._reassign = False
+        for msg in self.tail.drain(max_s):
+            value = msg.value()
+            if value is not None and value[:HEADER_SIZE] == _BATCH_HEADER:
+                self._offer_batch(*position(msg), value)
+                continue
+            key = msg.key()
+            item = key.decode("utf-8", "replace") if key else ""
+            collector = self.collectors.get(job_of(item))
+            if collector is not None:
+                collector.offer(*position(msg), item, value)
+        positions = self.tail.positions
+        return sum(c.commit(positions) for c in self.collectors.values())
+
+    def _offer_batch(self, partition: int, offset: int, value: bytes) -> None:
+        """A CompletionBatch: its items may be several jobs', so it is routed item by item."""
+        try:
+            completions = decode_completions(value)
+        except DecodeError:
+            return  # keyed by a batch id: no job to count it against
+        for completion in completions:
+            collector = self.collectors.get(job_of(completion.item_id))
+            if collector is not None:
+                collector.take(partition, offset, completion)
+
+    def close(self) -> None:
+        for c in self.collectors.values():
+            c.close()
+        self.collectors.clear()
+        self.tail.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A job's progress counted from the results topic (``tokenfabric jobs --scan``)."""
+
+    ok: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+
+
+def scan_progress(
+    conf: Mapping[str, str], topics: TopicNames, jobs: Mapping[str, JobRecord], max_s: float = 120.0
+) -> dict[str, Progress]:
+    """Count each job's distinct rows with a result, reading results since the oldest job started."""
+    if not jobs:
+        return {}
+    tail = ResultsTail(conf, topics.results)
+    seen: dict[str, dict[int, tuple[bool, int]]] = {name: {} for name in jobs}
+    try:
+        tail.assign(tail.offsets_at(min(j.started_ms for j in jobs.values()) - START_SLACK_MS))
+        for msg in tail.drain(max_s):
+            try:
+                completions = decode_completions(msg.value())
+            except DecodeError:
+                continue
+            for c in completions:
+                name = job_of(c.item_id)
+                rows = seen.get(name)
+                row = row_of(name, c.item_id) if rows is not None else None
+                if rows is not None and row is not None and row not in rows:
+                    rows[row] = (c.status == "ok", c.output_tokens)
+    finally:
+        tail.close()
+    return {
+        name: Progress(
+            ok=sum(1 for ok, _ in rows.values() if ok),
+            failed=sum(1 for ok, _ in rows.values() if not ok),
+            output_tokens=sum(t for _, t in rows.values()),
+        )
+        for name, rows in seen.items()
+    }

@@ -1,0 +1,6 @@
+"""Kafka plumbing with no tokenfabric semantics: client settings, topic names, the topic reader, exits.
+
+Imports no other project package, so anything above may use it. Public face: ``config`` (client
+settings from flags, files and the environment), ``clients`` (the librdkafka logger), ``topics``
+(TopicNames), ``reader`` (read a topic to its end), ``exits`` (exit codes), ``watchdog``.
+"""

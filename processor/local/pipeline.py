@@ -1,0 +1,202 @@
+"""The main job end to end: broker, processor, two simulated cards, a real trace, then a report.
+
+Every part runs as it would in production, as its own process talking to a real broker: the
+processor (``tokenfabric processor``), one consumer app per card (``tokenfabric consumer --engine
+sim``), and a producer replaying the trace. The report is computed twice over: from the processor's
+accounting checkpoint, and independently by reading the batch and results topics back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from processor.kafka.reader import read_topic
+from processor.kafka.topics import TopicNames
+from processor.ops.status import StatusView, gather
+from processor.wire.completions import decode_completions
+from processor.wire.heads import decode_batch_head
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    name: str
+    budget: int
+    items: int
+    tps: int
+    inflight: int = 2
+    pad: int = 8
+    cache: int = 4
+    overhead_ms: float = 5.0
+
+    def spec(self, model: str) -> str:
+        """The same card as a ``simulate --consumer`` spec."""
+        return (
+            f"{self.name}:model={model},budget={self.budget},items={self.items},pad={self.pad},"
+            f"inflight={self.inflight},tps={self.tps},overhead_ms={self.overhead_ms},cache={self.cache}"
+        )
+
+    def args(self, model: str, time_scale: float) -> list[str]:
+        return [
+            "--id",
+            self.name,
+            "--model",
+            model,
+            "--budget",
+            str(self.budget),
+            "--items",
+            str(self.items),
+            "--pad",
+            str(self.pad),
+            "--inflight",
+            str(self.inflight),
+            "--engine",
+            "sim",
+            "--tps",
+            str(self.tps),
+            "--overhead-ms",
+            str(self.overhead_ms),
+            "--cache",
+            str(self.cache),
+            "--time-scale",
+            str(time_scale),
+        ]
+
+
+DEFAULT_CARDS = (
+    Card("card16", budget=16384, items=64, tps=25_000),  # a 16 GB card
+    Card("card32", budget=32768, items=128, tps=50_000),  # a 32 GB card: twice the room and speed
+)
+
+
+@dataclass(slots=True)
+class TopicReadback:
+    """Figures recomputed from the batch and results topics, trusting nothing the processor says."""
+
+    batches: Counter[str] = field(default_factory=Counter)
+    items: Counter[str] = field(default_factory=Counter)
+    real_tokens: Counter[str] = field(default_factory=Counter)
+    padded_tokens: Counter[str] = field(default_factory=Counter)
+    mixed_shape_batches: int = 0
+    over_budget_batches: int = 0
+    shapes: Counter[str] = field(default_factory=Counter)
+    completed_ids: Counter[str] = field(default_factory=Counter)
+    completed_ok: int = 0
+    completed_tokens: int = 0
+    cache_hits: int = 0
+
+    @property
+    def duplicates(self) -> int:
+        return sum(n - 1 for n in self.completed_ids.values() if n > 1)
+
+
+def read_back(conf: Mapping[str, str], topics: TopicNames, cards: Sequence[Card]) -> TopicReadback:
+    out = TopicReadback()
+    for card in cards:
+        shapes_seen: set[int] = set()
+        for msg in read_topic(conf, topics.batches(card.name)):
+            batch = decode_batch_head(msg.value())
+            n = len(batch.items)
+            out.batches[card.name] += 1
+            out.items[card.name] += n
+            out.real_tokens[card.name] += sum(it.token_count for it in batch.items)
+            out.padded_tokens[card.name] += n * batch.padded_length
+            if len({(it.model, it.shape) for it in batch.items}) > 1:
+                out.mixed_shape_batches += 1
+            if n > 1 and n * batch.padded_length > card.budget:
+                out.over_budget_batches += 1
+            shapes_seen.add(batch.shape)
+        out.shapes[card.name] = len(shapes_seen)
+    for msg in read_topic(conf, topics.results):
+        for rec in decode_completions(msg.value()):
+            out.completed_ids[rec.item_id] += 1
+            if rec.status == "ok":
+                out.completed_ok += 1
+                out.completed_tokens += rec.input_tokens
+    return out
+
+
+class Pipeline:
+    """The demo's child processes; ``stop`` ends them all with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the child until it exits)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "processor", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+        )
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}; its log ends:\n{tail}")
+
+    def stop(self, timeout_s: float = 30) -> dict[str, int | None]:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        deadline = time.monotonic() + timeout_s
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = proc.wait()
+        return codes
+
+
+def wait_until_done(
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    expected_items: int,
+    pipeline: Pipeline,
+    timeout_s: float,
+    progress: object | None = None,
+) -> StatusView:
+    """Poll the accounting checkpoints until every item is completed, failed or dead-lettered."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pipeline.check_alive()
+        view = gather(conf, topics)
+        done = view.total("completed_items") + view.total("failed_items") + view.total("dead_lettered_items")
+        if progress is not None:
+            progress(done)  # type: ignore[operator]
+        if done >= expected_items:
+            return view
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {done:,} of {expected_items:,} items finished within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def unique_prefix() -> str:
+    return f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def child_env(bootstrap: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["KAFKA_BOOTSTRAP"] = bootstrap
+    env["PYTHONUNBUFFERED"] = "1"
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def log_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="tokenfabric-demo-"))

@@ -1,0 +1,291 @@
+"""Liveness and readiness, served with ``/metrics`` by one small HTTP server per process.
+
+``/healthz`` (live): the processor's owner loop completed a step within ``step_timeout_s`` (30 s).
+A loop stuck in a call that never returns, or dead with the process still up, fails it, and
+Kubernetes restarts the pod. Nothing else is checked here: a broker outage must not restart
+processors in a loop, so it only makes the pod unready. (That holds while the loop's Kafka calls
+return within their timeouts; a call that blocks longer than ``step_timeout_s`` does fail liveness.)
+Start-up (fencing, loading the checkpoint) happens before the first step; ``/healthz`` answers 503
+``starting`` until the first step completes, so a startup probe on ``/healthz`` holds the liveness
+probe off until the processor really runs. Restoring lane state happens inside a step, whenever the
+group assigns partitions (at start and at every rebalance), and can take long: while it runs the
+processor is live (up to ``restore_timeout_s``, 10 minutes) and not ready.
+
+``/readyz`` (ready): live, the broker answered within ``broker_timeout_s`` (60 s), and the last
+ledger check passed (``service.ledger_error is None``). The service stops on an imbalance; readiness
+reports it for as long as the process is still up.
+
+Each answers 200 or 503 with one line of JSON: ``{"ok": true, "reason": "..."}``.
+
+Why the standard library's ``http.server``: three paths, scraped every few seconds, by Prometheus
+and the kubelet. A ``ThreadingHTTPServer`` in a daemon thread is enough, adds no dependency, and
+never touches the owner thread: it only reads attributes (see processor.ops.metrics on why that is
+safe). It binds 127.0.0.1 unless told otherwise; in a pod, pass ``--metrics-addr 0.0.0.0`` so the
+kubelet and Prometheus can reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("tokenfabric.http")
+
+#: Default ports: Prometheus exporters' customary 9464 for the processor, the next one for consumers.
+PROCESSOR_PORT = 9464
+CONSUMER_PORT = 9465
+DEFAULT_ADDR = "127.0.0.1"
+STEP_TIMEOUT_S = 30.0
+BROKER_TIMEOUT_S = 60.0
+RESTORE_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    ok: bool
+    reason: str
+
+    def body(self) -> bytes:
+        return (json.dumps({"ok": self.ok, "reason": self.reason}) + "\n").encode()
+
+
+class HealthCheck(Protocol):
+    def live(self) -> Verdict: ...
+
+    def ready(self) -> Verdict: ...
+
+
+class HealthView(Protocol):
+    """What the checks read of a :class:`processor.apps.service.ProcessorService`."""
+
+    last_step_s: float
+    last_broker_ok_s: float
+    ledger_error: str | None
+    restoring_since_s: float | None
+
+
+class ProcessorHealth:
+    """The processor's checks; ``clock`` must be the service's (monotonic by default)."""
+
+    def __init__(
+        self,
+        service: HealthView,
+        step_timeout_s: float = STEP_TIMEOUT_S,
+        broker_timeout_s: float = BROKER_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        restore_timeout_s: float = RESTORE_TIMEOUT_S,
+    ) -> None:
+        if not step_timeout_s > 0 or not broker_timeout_s > 0 or not restore_timeout_s > 0:
+            raise ValueError("health timeouts must be > 0")
+        self.restore_timeout_s = restore_timeout_s
+        self.service = service
+        self._born_step_s = service.last_step_s  # the service sets it when built; the loop, per step
+        self.step_timeout_s = step_timeout_s
+        self.broker_timeout_s = broker_timeout_s
+        self.clock = clock
+
+    def live(self) -> Verdict:
+        restoring = self.service.restoring_since_s
+        if restoring is not None:
+            took = self.clock() - restoring
+            if took > self.restore_timeout_s:
+                return Verdict(False, f"restore stuck: {took:.1f} s (limit {self.restore_timeout_s:g} s)")
+            return Verdict(True, f"restoring assigned partitions for {took:.1f} s")
+        last = self.service.last_step_s
+        age = self.clock() - last
+        if last == self._born_step_s:
+            return Verdict(False, f"starting: no step completed yet, {age:.1f} s after start")
+        if age > self.step_timeout_s:
+            return Verdict(
+                False, f"owner loop stuck: last step {age:.1f} s ago (limit {self.step_timeout_s:g} s)"
+            )
+        return Verdict(True, f"last step {age:.1f} s ago")
+
+    def ready(self) -> Verdict:
+        live = self.live()
+        if not live.ok or self.service.restoring_since_s is not None:
+            return Verdict(False, live.reason)
+        error = self.service.ledger_error
+        if error is not None:
+            return Verdict(False, f"ledger check failed: {error}")
+        age = self.clock() - self.service.last_broker_ok_s
+        if age > self.broker_timeout_s:
+            return Verdict(
+                False, f"broker silent: last answer {age:.1f} s ago (limit {self.broker_timeout_s:g} s)"
+            )
+        return Verdict(True, f"broker answered {age:.1f} s ago, ledger balanced")
+
+
+class ServingHealth:
+    """For processes with nothing more to check (the consumer app): alive while the server answers."""
+
+    def live(self) -> Verdict:
+        return Verdict(True, "serving")
+
+    def ready(self) -> Verdict:
+        return Verdict(True, "serving")
+
+
+class ObservabilityServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on one address, in a daemon thread.
+
+    ``port=0`` binds a free port (tests); :attr:`port` says which. ``close`` stops it.
+    """
+
+    def __init__(self, registry: CollectorRegistry, health: HealthCheck, addr: str, port: int) -> None:
+        handler = _handler(registry, health)
+        server_class = _Server6 if ":" in addr else ThreadingHTTPServer
+        self.httpd = server_class((addr, port), handler)
+        self.httpd.daemon_threads = True
+        self.addr = addr
+        self.port: int = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics-http", daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _handler(registry: CollectorRegistry, health: HealthCheck) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "tokenfabric"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                try:
+                    body = generate_latest(registry)
+                except Exception as exc:  # a collector bug must not kill the server: say it, answer 500
+                    log.exception("collecting metrics failed")
+                    self._send(
+                        500, "text/plain; charset=utf-8", f"collecting metrics failed: {exc}\n".encode()
+                    )
+                    return
+                self._send(200, CONTENT_TYPE_LATEST, body)
+            elif path in ("/healthz", "/readyz"):
+                verdict = health.live() if path == "/healthz" else health.ready()
+                self._send(200 if verdict.ok else 503, "application/json", verdict.body())
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz, /readyz\n")
+
+        def _send(self, code: int, content_type: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            # Probes arrive every few seconds; the default handler would write each to stderr.
+            log.debug("%s " + format, self.address_string(), *args)
+
+    return Handler
+
+
+# -- command-line wiring ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    addr: str
+    port: int
+    explicit: bool
+    """The port was given on the command line: failing to bind it is an error, not a warning."""
+    step_timeout_s: float = STEP_TIMEOUT_S
+    broker_timeout_s: float = BROKER_TIMEOUT_S
+
+
+def add_http_arguments(p: argparse.ArgumentParser, default_port: int, *, health_checks: bool) -> None:
+    """``--metrics-addr``, ``--metrics-port`` and, for the processor, the health check limits."""
+    g = p.add_argument_group("metrics and health (docs/metrics.md)")
+    g.add_argument(
+        "--metrics-addr",
+        default=DEFAULT_ADDR,
+        metavar="ADDR",
+        help=f"address of /metrics, /healthz, /readyz (default: {DEFAULT_ADDR}; 0.0.0.0 in a pod)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"their port (default: {default_port}, skipped with a warning if taken; 0: no server)",
+    )
+    if health_checks:
+        g.add_argument(
+            "--healthz-step-s",
+            type=float,
+            default=STEP_TIMEOUT_S,
+            metavar="S",
+            help=f"/healthz fails when the loop completed no step for S s (default: {STEP_TIMEOUT_S:g})",
+        )
+        g.add_argument(
+            "--readyz-broker-s",
+            type=float,
+            default=BROKER_TIMEOUT_S,
+            metavar="S",
+            help=f"/readyz fails when the broker has not answered for S s (default: {BROKER_TIMEOUT_S:g})",
+        )
+
+
+def http_settings(args: argparse.Namespace, default_port: int) -> HttpSettings | None:
+    """The server the flags ask for, or None for ``--metrics-port 0``; raises ValueError."""
+    explicit = args.metrics_port is not None
+    port = args.metrics_port if explicit else default_port
+    if port == 0:
+        return None
+    if not 0 < port < 65536:
+        raise ValueError(f"--metrics-port must be 0 (no server) or 1-65535, got {port}")
+    step = getattr(args, "healthz_step_s", STEP_TIMEOUT_S)
+    broker = getattr(args, "readyz_broker_s", BROKER_TIMEOUT_S)
+    if not step > 0 or not broker > 0:
+        raise ValueError("--healthz-step-s and --readyz-broker-s must be > 0")
+    return HttpSettings(args.metrics_addr, port, explicit, step, broker)
+
+
+def start_http(
+    settings: HttpSettings | None, registry: CollectorRegistry, health: HealthCheck
+) -> ObservabilityServer | None:
+    """Start the server; a default port that is taken only warns (several consumers on one host).
+
+    Raises OSError when a port given on the command line cannot be bound.
+    """
+    if settings is None:
+        return None
+    try:
+        server = ObservabilityServer(registry, health, settings.addr, settings.port)
+    except OSError as exc:
+        if settings.explicit:
+            raise OSError(
+                f"--metrics-port {settings.port} on {settings.addr}: {exc.strerror or exc}"
+            ) from exc
+        log.warning(
+            "metrics and health not served: %s:%d: %s (choose one with --metrics-port, 0 turns them off)",
+            settings.addr,
+            settings.port,
+            exc.strerror or exc,
+        )
+        return None
+    log.info("metrics on %s/metrics, health on /healthz and /readyz", server.url)
+    return server

@@ -1,0 +1,436 @@
+"""Read request traces into typed records, so tests, benchmarks and reports replay real arrival data.
+
+Pure stdlib (plus :mod:`processor.core.signature`); nothing here touches Kafka. Three formats:
+
+``jsonl`` (native)
+    One JSON object per line: ``{"t_ms": int, "model": str, "shape": int | "components": [str, ...],
+    "length": int, "id": str, "output_length": int}``. Exactly one of ``shape`` (an unsigned 64-bit
+    signature) or ``components`` (hashed with :func:`shape_signature`). ``id`` and ``output_length`` are
+    optional; a missing ``id`` becomes the 0-based index of the line in the file. Unknown keys are
+    ignored, so producers can carry extra fields (prompt text, tags) without breaking the reader.
+``mooncake``
+    The Mooncake FAST'25 traces: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
+    ``shape`` is :func:`blocks_signature` of the first ``shape_blocks`` hash ids, ``model`` is
+    ``default_model`` and ``id`` is the 0-based line index.
+``azure``
+    The Azure LLM inference 2023 CSVs: ``TIMESTAMP`` (``YYYY-MM-DD HH:MM:SS.fffffff``),
+    ``ContextTokens``, ``GeneratedTokens``. ``t_ms`` is milliseconds since the first data row (floored),
+    all rows share one shape per model (``shape_signature([f"azure:{model}"])``: the trace has no prefix
+    information) and ``id`` is the 0-based data-row index.
+
+Files are UTF-8 (a BOM is dropped). Gzip-compressed files are detected by their magic bytes (not the
+name) and read transparently. Blank
+lines are skipped but still counted, so ``TraceRecord.line`` always points at the source line.
+
+Order: :func:`iter_trace` streams records in file order; :func:`read_trace` returns them sorted by
+``t_ms`` with a *stable* sort (ties keep file order). The shipped traces are already sorted, so the
+sort is a linear pass for them; an unsorted file is accepted rather than rejected because merged or
+hand-edited traces often are.
+
+Every problem in the data raises :class:`TraceError` with one line of the form ``file:line: message``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import date
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from processor.core.signature import blocks_signature, shape_signature
+
+__all__ = [
+    "FORMATS",
+    "SHIPPED",
+    "TraceError",
+    "TraceRecord",
+    "iter_trace",
+    "read_shipped",
+    "read_trace",
+    "shipped_trace",
+    "trace_stats",
+]
+
+_U64 = (1 << 64) - 1
+FORMATS = ("jsonl", "mooncake", "azure")
+
+#: Shipped trace name -> (file name under ``data/traces``, format).
+SHIPPED: dict[str, tuple[str, str]] = {
+    "mooncake_synthetic": ("mooncake_synthetic_trace.jsonl.gz", "mooncake"),
+    "mooncake_conversation": ("mooncake_conversation_trace.jsonl.gz", "mooncake"),
+    "azure_code": ("AzureLLMInferenceTrace_code.csv.gz", "azure"),
+    "azure_conv": ("AzureLLMInferenceTrace_conv.csv.gz", "azure"),
+}
+
+TRACES_ENV = "TOKENFABRIC_TRACES"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """One request from a trace.
+
+    ``shape`` is an unsigned 64-bit signature, ``length`` the prompt tokens (> 0), ``output_length`` the
+    generated tokens when the trace knows them, ``line`` the 1-based source line (for error reports and
+    for finding the row again).
+    """
+
+    t_ms: int
+    model: str
+    shape: int
+    length: int
+    id: str
+    output_length: int | None
+    line: int
+
+
+class TraceError(ValueError):
+    """A trace cannot be read; the message is one line naming the file and line (or the problem)."""
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _show(value: Any) -> str:
+    """A short repr for error messages (a bad ``hash_ids`` list can be thousands of characters)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(value: Any, key: str, where: str, *, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi]; bools and floats are rejected (``true`` is not a length)."""
+    if type(value) is int and value >= lo and (hi is None or value <= hi):
+        return value
+    if hi == _U64:
+        kind = "an unsigned 64-bit integer"
+    elif lo == 1:
+        kind = "a positive integer"
+    elif lo == 0:
+        kind = "a non-negative integer"
+    else:
+        kind = "an integer"
+    raise TraceError(f'{where}: "{key}" must be {kind}, got {_show(value)}')
+
+
+def _csv_int(text: str, key: str, where: str, *, lo: int) -> int:
+    """A CSV cell as an int >= lo; only plain ASCII digits (``int()`` would also take ``" 1_0"``)."""
+    if text.isascii() and text.isdigit():
+        value = int(text)
+        if value >= lo:
+            return value
+    kind = "a positive integer" if lo == 1 else "a non-negative integer"
+    raise TraceError(f'{where}: "{key}" must be {kind}, got {_show(text)}')
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    """Open a trace for reading bytes, gunzipping when the file starts with the gzip magic."""
+    try:
+        with path.open("rb") as raw:
+            magic = raw.read(2)
+        return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, not a trace file") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
+
+
+def _lines(stream: io.BufferedIOBase, name: str, state: list[int]) -> Iterator[str]:
+    """Decode line by line (not in 8 KiB chunks as text mode does) so a bad byte names its own line.
+
+    ``state[0]`` is the last line number read, to place gzip errors; a UTF-8 BOM is dropped.
+    """
+    for lineno, raw in enumerate(stream, 1):
+        state[0] = lineno
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(
+                f"{name}:{lineno}: not valid UTF-8 text (byte {exc.start + 1} of the line)"
+            ) from None
+        yield text[1:] if lineno == 1 and text.startswith("\ufeff") else text
+
+
+# ----------------------------------------------------------------------------------------- format parsers
+
+
+def _parse_json_line(text: str, where: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{where}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _iter_jsonl(lines: Iterable[str], name: str) -> Iterator[TraceRecord]:
+    cache: dict[tuple[str, ...], int] = {}
+    for lineno, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        where = f"{name}:{lineno}"
+        obj = _parse_json_line(text, where)
+        for key in ("t_ms", "model", "length"):
+            if key not in obj:
+                raise TraceError(f'{where}: missing field "{key}"')
+        t_ms = _int(obj["t_ms"], "t_ms", where, lo=-(1 << 63))
+        model = obj["model"]
+        if type(model) is not str or not model:
+            raise TraceError(f'{where}: "model" must be a non-empty string, got {_show(model)}')
+        length = _int(obj["length"], "length", where, lo=1)
+        has_shape, has_components = "shape" in obj, "components" in obj
+        if has_shape == has_components:
+            raise TraceError(f'{where}: exactly one of "shape" or "components" is required')
+        if has_shape:
+            shape = _int(obj["shape"], "shape", where, lo=0, hi=_U64)
+        else:
+            components = obj["components"]
+            if type(components) is not list or not all(type(c) is str for c in components):
+                raise TraceError(f'{where}: "components" must be a list of strings, got {_show(components)}')
+            ckey = tuple(components)
+            shape = cache.get(ckey, -1)
+            if shape < 0:
+                shape = cache[ckey] = shape_signature(ckey)
+        rid = obj.get("id")
+        if rid is None:
+            rid = str(lineno - 1)
+        elif type(rid) is not str:
+            raise TraceError(f'{where}: "id" must be a string, got {_show(rid)}')
+        out = obj.get("output_length")
+        if out is not None:
+            out = _int(out, "output_length", where, lo=0)
+        yield TraceRecord(t_ms, model, shape, length, rid, out, lineno)
+
+
+def _iter_mooncake(lines: Iterable[str], name: str, shape_blocks: int, model: str) -> Iterator[TraceRecord]:
+    cache: dict[tuple[int, ...], int] = {}
+    for lineno, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        where = f"{name}:{lineno}"
+        obj = _parse_json_line(text, where)
+        for key in ("timestamp", "input_length", "hash_ids"):
+            if key not in obj:
+                raise TraceError(f'{where}: missing field "{key}"')
+        t_ms = _int(obj["timestamp"], "timestamp", where, lo=-(1 << 63))
+        length = _int(obj["input_length"], "input_length", where, lo=1)
+        out = obj.get("output_length")
+        if out is not None:
+            out = _int(out, "output_length", where, lo=0)
+        hash_ids = obj["hash_ids"]
+        if type(hash_ids) is not list:
+            raise TraceError(f'{where}: "hash_ids" must be a list of integers, got {_show(hash_ids)}')
+        prefix = tuple(hash_ids[:shape_blocks])
+        for block in prefix:  # checked before the cache: (True,) == (1,) would otherwise slip through
+            if type(block) is not int or block < 0:
+                raise TraceError(f'{where}: "hash_ids" must hold non-negative integers, got {_show(block)}')
+        shape = cache.get(prefix, -1)
+        if shape < 0:
+            shape = cache[prefix] = blocks_signature(prefix)
+        yield TraceRecord(t_ms, model, shape, length, str(lineno - 1), out, lineno)
+
+
+_TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?")
+
+
+def _iter_azure(lines: Iterable[str], name: str, model: str) -> Iterator[TraceRecord]:
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None:
+        raise TraceError(f"{name}:1: empty file, expected a TIMESTAMP,ContextTokens,GeneratedTokens header")
+    columns = [h.strip() for h in header]
+    try:
+        i_ts, i_in, i_out = (columns.index(c) for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+    except ValueError:
+        raise TraceError(
+            f"{name}:{reader.line_num}: header must name TIMESTAMP, ContextTokens and GeneratedTokens, "
+            f"got {_show(header)}"
+        ) from None
+    width = len(columns)
+    shape = shape_signature([f"azure:{model}"])
+    ordinals: dict[str, int] = {}  # date string -> day ordinal; a trace spans one or two days
+    first: int | None = None
+    index = 0
+    for row in reader:
+        lineno = reader.line_num
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        where = f"{name}:{lineno}"
+        if len(row) != width:
+            raise TraceError(f"{where}: expected {width} columns, got {len(row)}")
+        stamp = row[i_ts].strip()
+        m = _TIMESTAMP.fullmatch(stamp)
+        day = ordinals.get(m.group(1), -1) if m else -1
+        if m and day < 0:
+            try:
+                day = ordinals[m.group(1)] = date.fromisoformat(m.group(1)).toordinal()
+            except ValueError:
+                day = -1
+        if not m or day < 0 or int(m.group(2)) > 23 or int(m.group(3)) > 59 or int(m.group(4)) > 59:
+            raise TraceError(
+                f'{where}: "TIMESTAMP" must look like YYYY-MM-DD HH:MM:SS.fffffff, got {_show(stamp)}'
+            )
+        seconds = ((day * 24 + int(m.group(2))) * 60 + int(m.group(3))) * 60 + int(m.group(4))
+        ticks = seconds * 10_000_000 + int((m.group(5) or "0").ljust(7, "0"))  # 100 ns units, exact
+        if first is None:
+            first = ticks
+        length = _csv_int(row[i_in].strip(), "ContextTokens", where, lo=1)
+        out = _csv_int(row[i_out].strip(), "GeneratedTokens", where, lo=0)
+        yield TraceRecord((ticks - first) // 10_000, model, shape, length, str(index), out, lineno)
+        index += 1
+
+
+# ------------------------------------------------------------------------------------------------ public
+
+
+def iter_trace(
+    path: str | Path,
+    fmt: str,
+    *,
+    shape_blocks: int = 1,
+    default_model: str = "default",
+    limit: int | None = None,
+) -> Iterator[TraceRecord]:
+    """Stream a trace's records in *file* order (use :func:`read_trace` for ``t_ms`` order).
+
+    ``shape_blocks`` (mooncake only) is how many leading ``hash_ids`` make the shape: 1 groups requests
+    by their first 512-token block, 0 puts every request in one shape. ``limit`` stops after that many
+    records. Raises :class:`TraceError` lazily, on first iteration for a missing file and as the bad line
+    is reached for bad data.
+    """
+    if fmt not in FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r} (expected one of: {', '.join(FORMATS)})")
+    if shape_blocks < 0:
+        raise ValueError(f"shape_blocks must be >= 0, got {shape_blocks}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if not default_model:
+        raise ValueError("default_model must be a non-empty string")
+    return _iter(Path(path), fmt, shape_blocks, default_model, limit)
+
+
+def _iter(path: Path, fmt: str, shape_blocks: int, model: str, limit: int | None) -> Iterator[TraceRecord]:
+    if limit == 0:
+        return
+    name = str(path)
+    state = [0]
+    with _open_binary(path) as stream:
+        lines = _lines(stream, name, state)
+        records: Iterator[TraceRecord]
+        if fmt == "jsonl":
+            records = _iter_jsonl(lines, name)
+        elif fmt == "mooncake":
+            records = _iter_mooncake(lines, name, shape_blocks, model)
+        else:
+            records = _iter_azure(lines, name, model)
+        count = 0
+        try:
+            for record in records:
+                yield record
+                count += 1
+                if count == limit:
+                    return
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceError(f"{name}:{state[0] + 1}: corrupt or truncated gzip data ({exc})") from None
+        except csv.Error as exc:
+            raise TraceError(f"{name}:{state[0]}: bad CSV: {exc}") from None
+
+
+def read_trace(
+    path: str | Path,
+    fmt: str,
+    *,
+    shape_blocks: int = 1,
+    default_model: str = "default",
+    limit: int | None = None,
+) -> list[TraceRecord]:
+    """All records of a trace (the first ``limit`` in file order), stably sorted by ``t_ms``."""
+    records = list(iter_trace(path, fmt, shape_blocks=shape_blocks, default_model=default_model, limit=limit))
+    if any(a.t_ms > b.t_ms for a, b in pairwise(records)):
+        records.sort(key=lambda r: r.t_ms)  # list.sort is stable: ties keep file order
+    return records
+
+
+def _repo_traces_dirs() -> Iterator[Path]:
+    here = Path(__file__).resolve().parent
+    for folder in (here, *here.parents):
+        candidate = folder / "data" / "traces"
+        if candidate.is_dir():
+            yield candidate
+
+
+def shipped_trace(name: str) -> Path:
+    """Path of a trace shipped in the repo's ``data/traces`` (see ``SHIPPED`` for the names).
+
+    ``$TOKENFABRIC_TRACES`` (a directory) is searched first, for the ``.gz`` file or its uncompressed
+    original, so an installed package (which does not carry ``data/``) can point at a copy; then every
+    ``data/traces`` from this package's directory upward, which finds the repo checkout.
+    """
+    try:
+        filename, _fmt = SHIPPED[name]
+    except KeyError:
+        raise TraceError(f"unknown shipped trace {name!r} (expected one of: {', '.join(SHIPPED)})") from None
+    dirs: list[Path] = []
+    env = os.environ.get(TRACES_ENV)
+    if env:
+        dirs.append(Path(env))
+    dirs.extend(_repo_traces_dirs())
+    for folder in dirs:
+        for candidate in (folder / filename, folder / filename.removesuffix(".gz")):
+            if candidate.is_file():
+                return candidate
+    searched = ", ".join(str(d) for d in dirs) or "nothing (no data/traces above the package)"
+    raise TraceError(f"shipped trace {name!r} ({filename}) not found; searched {searched}; set {TRACES_ENV}")
+
+
+def read_shipped(
+    name: str, *, shape_blocks: int = 1, default_model: str = "default", limit: int | None = None
+) -> list[TraceRecord]:
+    """:func:`read_trace` of a shipped trace, with its format taken from ``SHIPPED``."""
+    path = shipped_trace(name)
+    return read_trace(
+        path, SHIPPED[name][1], shape_blocks=shape_blocks, default_model=default_model, limit=limit
+    )
+
+
+def _percentile(ordered: list[int], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), so figures match the traces' README."""
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def trace_stats(records: Iterable[TraceRecord]) -> dict[str, int | float | None]:
+    """Summary figures for reports: ``items``, ``tokens`` (prompt), ``shapes`` and ``models`` (distinct),
+    ``min_length``, ``median_length``, ``p99_length``, ``max_length`` and ``span_ms`` (last - first
+    ``t_ms``). Length figures are ``None`` for an empty trace."""
+    recs = records if isinstance(records, list) else list(records)
+    if not recs:
+        return {
+            "items": 0, "tokens": 0, "shapes": 0, "models": 0, "min_length": None,
+            "median_length": None, "p99_length": None, "max_length": None, "span_ms": 0,
+        }  # fmt: skip
+    lengths = sorted(r.length for r in recs)
+    times = [r.t_ms for r in recs]
+    return {
+        "items": len(recs),
+        "tokens": sum(lengths),
+        "shapes": len({r.shape for r in recs}),
+        "models": len({r.model for r in recs}),
+        "min_length": lengths[0],
+        "median_length": _percentile(lengths, 0.5),
+        "p99_length": _percentile(lengths, 0.99),
+        "max_length": lengths[-1],
+        "span_ms": max(times) - min(times),
+    }

@@ -1,0 +1,371 @@
+"""How the processor makes its progress durable: two strategies behind one small interface.
+
+``TransactionalCommitter`` (exactly-once, the default): everything a step produces (batches, dead
+letters, changelog records, the ledger checkpoint) and the ingest offsets go out in one Kafka
+transaction, committed every ``commit_interval_ms``. A crash anywhere loses the open transaction
+whole; readers (``read_committed``) never see its batches, and restore (``processor/state/restore.py``)
+starts from the last commit, where changelog, ledger and offsets agree. The transactional id is
+stable per instance, so a replacement fences the process it replaces: a zombie's commit fails.
+
+``AtLeastOnceCommitter``: plain produces; the ingest offset committed is the first one whose item is
+not yet safely in a delivered batch (``processor/state/offsets.py``). Nothing is lost, but a crash may
+dispatch again items that were already dispatched. Cheaper; kept for measurement and for clusters
+without transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from processor.core.item import Batch, Item
+from processor.kafka.exits import DeliveryFailed
+from processor.kafka.topics import TopicNames
+from processor.state import changelog
+from processor.state.ingest import IngestItem
+from processor.state.offsets import DeadMark, OffsetTracker
+
+log = logging.getLogger("tokenfabric.processor")
+
+
+Deliver = Callable[[Any, Any], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a new batch's changelog record goes and what it records besides its items."""
+
+    partition: int
+    slot: int
+    results_from: tuple[tuple[int, int], ...]
+
+
+class Committer(Protocol):
+    undelivered: KafkaError | None
+
+    def check_delivered(self) -> None: ...
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        on_delivery: Deliver | None = None,
+        partition: int | None = None,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def item_seen(self, item: IngestItem) -> None: ...
+    def dead_letter(self, partition: int, offset: int) -> Deliver: ...
+    def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver: ...
+    def batch_finished(self, batch_id: str) -> None: ...
+    def batch_progress(self, batch_id: str) -> None: ...
+    def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
+    def due(self, now_ms: int) -> bool: ...
+    def commit(self, snapshot: Callable[[], bytes]) -> float: ...
+    def revoked(self, partitions: list[int]) -> None: ...
+
+
+class _Base:
+    def __init__(
+        self,
+        producer: Producer,
+        ingest: Consumer,
+        control: Consumer,
+        topics: TopicNames,
+        instance: str,
+        interval_ms: int,
+    ) -> None:
+        self.producer = producer
+        self.ingest = ingest
+        self.control = control
+        self.topics = topics
+        self.instance = instance
+        self.interval_ms = interval_ms
+        self.undelivered: KafkaError | None = None  # the first failed delivery
+        self._last_ms = -1 << 62
+
+    def due(self, now_ms: int) -> bool:
+        if now_ms - self._last_ms >= self.interval_ms:
+            self._last_ms = now_ms
+            return True
+        return False
+
+    def _failed(self, err: Any, _msg: Any) -> None:
+        if err is not None and self.undelivered is None:
+            self.undelivered = err
+
+    def check_delivered(self) -> None:
+        """Raise if a produce failed: what it carried is lost, so nothing more may be committed."""
+        if self.undelivered is not None:
+            raise DeliveryFailed(
+                f"processor {self.instance}: a produce failed: {self.undelivered.str()}", self.undelivered
+            )
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        on_delivery: Deliver | None = None,
+        partition: int | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"value": value, "key": key, "on_delivery": on_delivery or self._failed}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _commit_control(self) -> None:
+        """Results offsets move only after the step that processed them is durable."""
+        try:
+            self.control.commit(asynchronous=True)
+        except KafkaException as exc:  # nothing consumed yet, or a transient error: next commit retries
+            log.debug("results offset commit skipped: %s", exc)
+
+
+class AtLeastOnceCommitter(_Base):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offsets = OffsetTracker()
+
+    def start(self) -> None:
+        return None
+
+    def item_seen(self, item: IngestItem) -> None:
+        self.offsets.seen(item.partition, item)
+
+    def dead_letter(self, partition: int, offset: int) -> Deliver:
+        mark = DeadMark(offset)
+        self.offsets.seen(partition, mark)
+
+        def delivered(err: Any, msg: Any) -> None:
+            self._failed(err, msg)
+            mark.safe = err is None
+
+        return delivered
+
+    def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver:
+        items = batch.items
+
+        def delivered(err: Any, msg: Any) -> None:
+            self._failed(err, msg)
+            if err is None:
+                for item in items:
+                    item.safe = True  # type: ignore[attr-defined]
+
+        return delivered
+
+    def batch_finished(self, batch_id: str) -> None:
+        return None
+
+    def batch_progress(self, batch_id: str) -> None:
+        return None
+
+    def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
+        return None
+
+    def commit(self, snapshot: Callable[[], bytes]) -> float:
+        started = time.monotonic()
+        self.produce(self.topics.accounting, snapshot(), self.instance.encode())
+        offsets = self.offsets.committable()
+        if offsets:
+            tps = [TopicPartition(self.topics.ingest, p, o) for p, o in offsets.items()]
+            try:
+                self.ingest.commit(offsets=tps, asynchronous=False)
+                self.offsets.committed(offsets)
+            except KafkaException as exc:
+                log.warning("ingest commit failed (will retry): %s", exc)
+        self._commit_control()
+        return time.monotonic() - started
+
+    def revoked(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.offsets.drop(p)
+
+
+@dataclass(slots=True)
+class _LoggedBatch:
+    partition: int
+    entry: changelog.BatchEntry
+    batch: Batch
+
+
+class TransactionalCommitter(_Base):
+    def __init__(
+        self,
+        *args: Any,
+        is_in_flight: Callable[[str], bool],
+        done_items: Callable[[str], list[str]],
+        eager_ms: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._is_in_flight = is_in_flight
+        self._done_items = done_items
+        self.eager_ms = eager_ms
+        self._new_items: list[IngestItem] = []
+        self._emitted: list[tuple[Batch, Placement]] = []
+        self._finished: list[str] = []
+        self._progressed: set[str] = set()
+        self._logged_batches: dict[str, _LoggedBatch] = {}
+        self._waiting = changelog.WaitingSets()
+        self.in_transaction = False
+
+    def start(self) -> None:
+        self.producer.init_transactions(60)
+        self._begin()
+
+    def _begin(self) -> None:
+        self.producer.begin_transaction()
+        self.in_transaction = True
+
+    def due(self, now_ms: int) -> bool:
+        """A batch reaches its consumer only when its transaction commits: commit early when one waits."""
+        elapsed = now_ms - self._last_ms
+        if elapsed >= self.interval_ms or (self._emitted and elapsed >= self.eager_ms):
+            self._last_ms = now_ms
+            return True
+        return False
+
+    def adopt(self, item: IngestItem, home: int) -> None:
+        """A restored waiting item: its changelog record is already committed, in ``home``."""
+        item.logged = True
+        item.home = home
+
+    def adopt_waiting(self, state: changelog.ChangelogState) -> None:
+        """The committed waiting sets restore read, so that later changes rewrite them."""
+        self._waiting.load(state)
+
+    def adopt_batch(self, batch: Batch, partition: int, entry: changelog.BatchEntry) -> None:
+        for item in batch.items:
+            cast(IngestItem, item).home = partition  # if they go back to lanes, their records go here
+        self._logged_batches[batch.batch_id] = _LoggedBatch(partition, entry, batch)
+
+    def reset(self) -> None:
+        """Forget everything tracked (after a commit, when the partitions are handed over)."""
+        self._new_items.clear()
+        self._emitted.clear()
+        self._finished.clear()
+        self._progressed.clear()
+        self._logged_batches.clear()
+        self._waiting.clear()
+
+    def item_seen(self, item: IngestItem) -> None:
+        self._new_items.append(item)
+
+    def dead_letter(self, partition: int, offset: int) -> Deliver:
+        return self._failed
+
+    def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver:
+        if placement is None:
+            raise ValueError(f"batch {batch.batch_id}: exactly-once needs its changelog placement")
+        self._emitted.append((batch, placement))
+        return self._failed
+
+    def batch_finished(self, batch_id: str) -> None:
+        self._finished.append(batch_id)
+
+    def batch_progress(self, batch_id: str) -> None:
+        self._progressed.add(batch_id)
+
+    def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
+        self._finished.append(batch_id)
+        self._new_items.extend(cast(Iterable[IngestItem], items))
+
+    def _log_changes(self) -> None:
+        cl = self.topics.changelog
+        waiting = self._waiting
+        fresh = [item for item in self._new_items if not item.dispatched and not item.logged]
+        waiting.add_all(fresh)
+        for item in fresh:
+            item.logged = True
+        for batch, placement in self._emitted:
+            items = cast(list[IngestItem], batch.items)
+            gone = [it for it in items if it.logged]
+            waiting.discard_all(gone)
+            for it in gone:
+                it.logged = False
+            if self._is_in_flight(batch.batch_id):
+                entry = changelog.BatchEntry(
+                    batch.batch_id,
+                    batch.consumer,
+                    batch.lane,
+                    batch.padded_length,
+                    batch.pad_multiple,
+                    batch.created_ms,
+                    batch.oversized,
+                    tuple((it.partition, it.offset) for it in items),
+                    placement.slot,
+                    (),
+                    placement.results_from,
+                )
+                self._logged_batches[batch.batch_id] = _LoggedBatch(placement.partition, entry, batch)
+                self._progressed.add(batch.batch_id)
+        for batch_id in self._finished:
+            self._progressed.discard(batch_id)
+            logged = self._logged_batches.pop(batch_id, None)
+            if logged is not None:
+                self.produce(cl, None, changelog.batch_key(batch_id), partition=logged.partition)
+        for batch_id in self._progressed:
+            self._log_batch(batch_id)
+        for home, key, value in waiting.flush():
+            self.produce(cl, value, key, partition=home)
+        self._new_items.clear()
+        self._emitted.clear()
+        self._finished.clear()
+        self._progressed.clear()
+
+    def _log_batch(self, batch_id: str) -> None:
+        """(Re)write a batch's record with the items answered so far, so the ledger this transaction
+        checkpoints and the batch a restore rebuilds agree on what is still outstanding."""
+        logged = self._logged_batches.get(batch_id)
+        if logged is None or not self._is_in_flight(batch_id):
+            return
+        done_ids = self._done_items(batch_id)
+        if done_ids:
+            answered = set(done_ids)
+            done = tuple(i for i, it in enumerate(logged.batch.items) if it.id in answered)
+        else:
+            done = ()  # a batch just emitted: its first record
+        if done != logged.entry.done or done == ():
+            logged.entry = replace(logged.entry, done=done)
+            self.produce(
+                self.topics.changelog,
+                logged.entry.value(),
+                changelog.batch_key(batch_id),
+                partition=logged.partition,
+            )
+
+    def commit(self, snapshot: Callable[[], bytes]) -> float:
+        started = time.monotonic()
+        self._log_changes()
+        self.produce(self.topics.accounting, snapshot(), self.instance.encode())
+        assignment = self.ingest.assignment()
+        if assignment:
+            positions = [tp for tp in self.ingest.position(assignment) if tp.offset >= 0]
+            if positions:
+                self.producer.send_offsets_to_transaction(
+                    positions, self.ingest.consumer_group_metadata(), 30
+                )
+        try:
+            self.producer.commit_transaction(60)
+        except KafkaException:
+            self.producer.poll(0)  # the delivery reports that explain it, if a produce failed
+            self.check_delivered()  # the cause, classified (processor.kafka.exits), rather than its effect
+            raise
+        self.in_transaction = False
+        self.check_delivered()
+        self._begin()
+        return time.monotonic() - started
+
+    def revoked(self, partitions: list[int]) -> None:
+        return None

@@ -1,0 +1,121 @@
+"""TODO: docstring."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from processor.wire.avro import encode_bytes, encode_int, encode_long, encode_str
+from processor.wire.errors import DecodeError
+from processor.wire.fastavro_io import check_ints, fastavro_decode, fastavro_encode
+from processor.wire.records import STATUSES, CompletionBatchRecord, CompletionRecord, ItemOutcomeRecord
+from processor.wire.schemas import COMPLETION_BATCH_HEADER, HEADER_SIZE, PARSED, as_bytes
+
+
+def encode_completion(rec: CompletionRecord) -> bytes:
+    if rec.status not in STATUSES:
+        raise ValueError(f"completion status {rec.status!r} is not one of {STATUSES}")
+    return fastavro_encode("Completion", {name: getattr(rec, name) for name in _COMPLETION_FIELDS})
+
+
+def decode_completion(value: bytes | bytearray | memoryview | None) -> CompletionRecord:
+    return CompletionRecord(**fastavro_decode(value, "Completion"))
+
+
+_COMPLETION_FIELDS = tuple(f["name"] for f in PARSED["Completion"]["fields"])
+
+
+_STATUS_BYTES = {status: encode_long(i) for i, status in enumerate(STATUSES)}
+
+
+def _outcome_body(o: ItemOutcomeRecord) -> bytes:
+    """One ``ItemOutcome`` in Avro binary (hand-written, so a split knows each item's exact size)."""
+    status = _STATUS_BYTES.get(o.status)
+    if status is None:
+        raise ValueError(f"item {o.item_id!r}: completion status {o.status!r} is not one of {STATUSES}")
+    return b"".join(
+        (
+            encode_str(o.item_id),
+            status,
+            b"\x01" if o.cache_hit else b"\x00",
+            encode_str(o.job_id),
+            b"\x00" if o.reason is None else b"\x02" + encode_str(o.reason),
+            encode_int(o.input_tokens, "input_tokens"),
+            encode_int(o.output_tokens, "output_tokens"),
+            encode_bytes(bytes(o.output)),
+            encode_long(o.queued_ms, "queued_ms"),
+        )
+    )
+
+
+def _completion_batch_parts(rec: CompletionBatchRecord) -> tuple[bytes, list[bytes]]:
+    """The header and batch fields, and each item's body: what every split of ``rec`` is made of."""
+    lead = b"".join(
+        (
+            COMPLETION_BATCH_HEADER,
+            encode_str(rec.batch_id),
+            encode_str(rec.consumer),
+            encode_str(rec.model),
+            encode_int(rec.padded_tokens, "padded_tokens"),
+            encode_long(rec.engine_ms, "engine_ms"),
+            encode_long(rec.completed_ms, "completed_ms"),
+        )
+    )
+    return lead, [_outcome_body(o) for o in rec.items]
+
+
+def _join_completion_batch(lead: bytes, bodies: Sequence[bytes]) -> bytes:
+    if not bodies:
+        return lead + b"\x00"
+    return b"".join((lead, encode_long(len(bodies)), *bodies, b"\x00"))
+
+
+def encode_completion_batch(rec: CompletionBatchRecord) -> bytes:
+    """One message. Raises ``ValueError`` for a status or number the schema cannot carry."""
+    lead, bodies = _completion_batch_parts(rec)
+    return _join_completion_batch(lead, bodies)
+
+
+def encode_completion_batches(rec: CompletionBatchRecord, max_bytes: int) -> list[bytes]:
+    """``rec`` as few messages of at most ``max_bytes`` each as its items fit in, items kept in order.
+
+    Each message is a whole ``CompletionBatch`` with ``rec``'s batch fields and a run of its items:
+    Kafka refuses a message over the topic's ``max.message.bytes``, and a batch of long outputs can
+    be larger than that. An item too large for a message of its own still travels alone (and is
+    refused by the broker, which the writer reports).
+    """
+    lead, bodies = _completion_batch_parts(rec)
+    messages: list[bytes] = []
+    run: list[bytes] = []
+    size = len(lead) + 1  # the array's closing zero
+    for body in bodies:
+        if run and size + len(body) + len(encode_long(len(run) + 1)) > max_bytes:
+            messages.append(_join_completion_batch(lead, run))
+            run, size = [], len(lead) + 1
+        run.append(body)
+        size += len(body)
+    messages.append(_join_completion_batch(lead, run))
+    return messages
+
+
+def decode_completion_batch(value: bytes | bytearray | memoryview | None) -> CompletionBatchRecord:
+    """A ``CompletionBatch`` (reference decoder, fastavro); the item ints are range-checked too."""
+    d = fastavro_decode(value, "CompletionBatch")
+    try:
+        for o in d["items"]:
+            check_ints("ItemOutcome", o)
+    except ValueError as exc:
+        raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
+    d["items"] = [ItemOutcomeRecord(**o) for o in d["items"]]
+    return CompletionBatchRecord(**d)
+
+
+def decode_completions(value: bytes | bytearray | memoryview | None) -> list[CompletionRecord]:
+    """Every completion a results message holds: a ``Completion`` (one) or a ``CompletionBatch``.
+
+    What every reader of the results topic should call, since consumers write either form (the
+    header tells them apart). Raises :class:`DecodeError` for anything else.
+    """
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] == COMPLETION_BATCH_HEADER:
+        return decode_completion_batch(value).completions()
+    return [decode_completion(value)]

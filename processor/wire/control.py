@@ -1,0 +1,158 @@
+"""TODO: docstring."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+import fastavro
+from fastavro.schema import parse_schema, to_parsing_canonical_form
+
+from processor.core.contract import Contract
+from processor.wire.completions import decode_completion, decode_completion_batch
+from processor.wire.errors import DecodeError
+from processor.wire.fastavro_io import FASTAVRO_ERRORS, check_ints, fastavro_decode, fastavro_encode
+from processor.wire.items import decode_batch, decode_token_item
+from processor.wire.records import ContractRecord, DeadLetterRecord, LedgerSnapshotRecord
+from processor.wire.schemas import (
+    HEADER_SIZE,
+    MAGIC,
+    NAME_BY_FP_BYTES,
+    PARSED,
+    as_bytes,
+    finish,
+    rabin_fingerprint,
+    schema_dir,
+    schema_of,
+)
+
+
+def encode_contract(rec: ContractRecord) -> bytes:
+    c = rec.contract
+    return fastavro_encode(
+        "ConsumerContract",
+        {
+            "consumer": c.consumer,
+            "model": c.model,
+            "budget_tokens": c.budget_tokens,
+            "max_items": c.max_items,
+            "pad_multiple": c.pad_multiple,
+            "max_inflight": c.max_inflight,
+            "announced_ms": rec.announced_ms,
+            "batching": c.batching,
+            "memory_bytes": c.memory_bytes,
+            "kv_bytes_per_token": c.kv_bytes_per_token,
+            "default_output_tokens": c.default_output_tokens,
+        },
+    )
+
+
+def decode_contract(value: bytes | bytearray | memoryview | None) -> ContractRecord:
+    """A consumer's announcement; one that :class:`Contract` refuses is ``invalid-contract``.
+
+    Announcements written before the batching fields existed (the previous writer schema, see
+    ``PREVIOUS_CONTRACT_HEADER``) still decode: Avro schema resolution fills the fields' defaults,
+    which mean tokens batching, exactly what those consumers asked for.
+    """
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] == PREVIOUS_CONTRACT_HEADER:
+        d = _decode_previous_contract(value)
+    else:
+        d = fastavro_decode(value, "ConsumerContract")
+    announced_ms = d.pop("announced_ms")
+    try:
+        contract = Contract(**d)
+    except ValueError as exc:
+        raise DecodeError("invalid-contract", str(exc)) from None
+    return ContractRecord(contract, announced_ms)
+
+
+#: Fields ``ConsumerContract`` gained with batching modes; without them it is the previous schema.
+CONTRACT_FIELDS_ADDED = ("batching", "memory_bytes", "kv_bytes_per_token", "default_output_tokens")
+
+
+def _previous_contract_schema() -> Any:
+    raw = json.loads((schema_dir() / "ConsumerContract.avsc").read_text(encoding="utf-8"))
+    raw["fields"] = [f for f in raw["fields"] if f["name"] not in CONTRACT_FIELDS_ADDED]
+    return parse_schema(raw, {}, expand=True)
+
+
+_PREVIOUS_CONTRACT = _previous_contract_schema()
+
+
+#: The single-object header of announcements written with the previous ConsumerContract schema.
+PREVIOUS_CONTRACT_HEADER = MAGIC + rabin_fingerprint(
+    to_parsing_canonical_form(_PREVIOUS_CONTRACT).encode()
+).to_bytes(8, "little")
+
+
+NAME_BY_FP_BYTES[PREVIOUS_CONTRACT_HEADER[2:]] = "ConsumerContract"
+
+
+def _decode_previous_contract(value: bytes) -> dict[str, Any]:
+    stream = io.BytesIO(value)
+    stream.seek(HEADER_SIZE)
+    try:
+        reader = PARSED["ConsumerContract"]
+        record = cast(dict[str, Any], fastavro.schemaless_reader(stream, _PREVIOUS_CONTRACT, reader, False))
+        check_ints("ConsumerContract", record)
+    except FASTAVRO_ERRORS as exc:
+        raise DecodeError("avro-decode", f"malformed ConsumerContract: {type(exc).__name__}: {exc}") from None
+    finish(value, stream.tell(), "ConsumerContract")
+    return record
+
+
+def encode_ledger_snapshot(rec: LedgerSnapshotRecord) -> bytes:
+    return fastavro_encode(
+        "LedgerSnapshot",
+        {
+            "instance": rec.instance,
+            "taken_ms": rec.taken_ms,
+            "sequence": rec.sequence,
+            "counters": rec.counters,
+            "per_model": rec.per_model,
+            "per_consumer": rec.per_consumer,
+        },
+    )
+
+
+def decode_ledger_snapshot(value: bytes | bytearray | memoryview | None) -> LedgerSnapshotRecord:
+    return LedgerSnapshotRecord(**fastavro_decode(value, "LedgerSnapshot"))
+
+
+def encode_dead_letter(rec: DeadLetterRecord) -> bytes:
+    return fastavro_encode(
+        "DeadLetter",
+        {
+            "reason": rec.reason,
+            "source_topic": rec.source_topic,
+            "partition": rec.partition,
+            "offset": rec.offset,
+            "original": bytes(rec.original),
+            "original_key": None if rec.original_key is None else bytes(rec.original_key),
+            "dead_ms": rec.dead_ms,
+        },
+    )
+
+
+def decode_dead_letter(value: bytes | bytearray | memoryview | None) -> DeadLetterRecord:
+    return DeadLetterRecord(**fastavro_decode(value, "DeadLetter"))
+
+
+_DECODERS: dict[str, Callable[[bytes], object]] = {
+    "TokenItem": decode_token_item,
+    "Batch": decode_batch,
+    "Completion": decode_completion,
+    "CompletionBatch": decode_completion_batch,
+    "ConsumerContract": decode_contract,
+    "LedgerSnapshot": decode_ledger_snapshot,
+    "DeadLetter": decode_dead_letter,
+}
+
+
+def decode_any(value: bytes | bytearray | memoryview | None) -> object:
+    """Decode whichever of our records the header names (for tools; services know what they read)."""
+    value = as_bytes(value)
+    return _DECODERS[schema_of(value)](value)

@@ -1,0 +1,28 @@
+"""TODO: docstring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DecodeError(ValueError):
+    """A message that is not a valid record of the expected schema.
+
+    ``reason`` is short and stable (``bad-magic``, ``unknown-schema``, ``avro-decode``,
+    ``trailing-bytes``, ``negative-token-count``, ``token-count-mismatch``, ``empty-model``,
+    ``empty-item-id``, ``invalid-contract``); the message says what exactly was wrong.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, str(self)))
+
+
+class Malformed(Exception):
+    """Internal: the Avro body is not well formed (turned into DecodeError('avro-decode'))."""
+
+
+MALFORMED = (Malformed, IndexError, UnicodeDecodeError)

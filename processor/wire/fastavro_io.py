@@ -1,0 +1,93 @@
+"""TODO: docstring."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any, cast
+
+import fastavro
+
+from processor.core.signature import to_unsigned
+from processor.wire.avro import INT_MAX, INT_MIN, LONG_MAX, LONG_MIN
+from processor.wire.errors import DecodeError
+from processor.wire.items import new_item_record
+from processor.wire.records import TokenItemRecord, check_item
+from processor.wire.schemas import HEADER_SIZE, HEADERS, PARSED, RECORD_NAMES, as_bytes, check_header, finish
+
+# What fastavro (and our int-range checks) raise on a malformed body. Hypothesis tests feed random
+# bytes through every decoder to keep this list complete.
+FASTAVRO_ERRORS = (EOFError, ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError)
+
+
+# Top-level int and long fields per record, with their ranges: fastavro does not range-check
+# them (it writes any Python int as a varint), Java's reader would refuse what does not fit.
+_RANGES = {"int": (INT_MIN, INT_MAX), "long": (LONG_MIN, LONG_MAX)}
+
+
+def _number_fields(schema: Mapping[str, Any]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((f["name"], *_RANGES[f["type"]]) for f in schema["fields"] if f["type"] in ("int", "long"))
+
+
+_ITEM_OUTCOME = next(f for f in PARSED["CompletionBatch"]["fields"] if f["name"] == "items")["type"]["items"]
+
+
+_NUMBER_FIELDS = {name: _number_fields(PARSED[name]) for name in RECORD_NAMES}
+
+
+_NUMBER_FIELDS["ItemOutcome"] = _number_fields(_ITEM_OUTCOME)
+
+
+def check_ints(name: str, record: Mapping[str, Any]) -> None:
+    for field, low, high in _NUMBER_FIELDS[name]:
+        value = record[field]
+        if not low <= value <= high:
+            raise ValueError(
+                f"{name}.{field}={value} does not fit an Avro {'int' if high == INT_MAX else 'long'}"
+            )
+
+
+def fastavro_decode(value: bytes | bytearray | memoryview | None, name: str) -> dict[str, Any]:
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] != HEADERS[name]:
+        check_header(value, name)
+    stream = io.BytesIO(value)
+    stream.seek(HEADER_SIZE)
+    try:
+        record = cast(dict[str, Any], fastavro.schemaless_reader(stream, PARSED[name], None, False))
+        check_ints(name, record)
+    except FASTAVRO_ERRORS as exc:
+        raise DecodeError("avro-decode", f"malformed {name}: {type(exc).__name__}: {exc}") from None
+    finish(value, stream.tell(), name)
+    return record
+
+
+def fastavro_encode(name: str, record: dict[str, Any]) -> bytes:
+    check_ints(name, record)
+    stream = io.BytesIO()
+    stream.write(HEADERS[name])
+    fastavro.schemaless_writer(stream, PARSED[name], record, strict=True)
+    return stream.getvalue()
+
+
+def decode_token_item_fastavro(value: bytes | bytearray | memoryview | None) -> TokenItemRecord:
+    """Reference decoder (fastavro): same result and same errors as :func:`decode_token_item`."""
+    d = fastavro_decode(value, "TokenItem")
+    components = d["shape_components"]
+    budget = d["output_budget"]
+    if budget is not None and not INT_MIN <= budget <= INT_MAX:
+        raise DecodeError("avro-decode", f"malformed TokenItem: output_budget={budget} out of int range")
+    rec = new_item_record(
+        d["item_id"],
+        d["job_id"],
+        d["model"],
+        to_unsigned(d["shape"]),
+        d["token_count"],
+        d["tokens"],
+        None if components is None else tuple(components),
+        d["produced_ms"],
+        budget,
+        d["metadata"],
+    )
+    check_item(rec)
+    return rec

@@ -1,0 +1,437 @@
+"""The processor's per-item wire work, cut to what scheduling needs.
+
+Profiling the processor at 1,000-token items (docs/benchmarks.md, "Where the time goes") found three
+per-item costs dominating its one Python thread: decoding each ingest message into a full record,
+re-encoding every item into its batch, and decoding each completion with fastavro. This module does
+the same work with less:
+
+* :func:`decode_item_head` validates an input message exactly as :func:`decode_token_item`
+  does (same reasons, same rules: it is tested against it) but keeps only what the scheduler reads,
+  plus the message itself (the ``bytes`` librdkafka handed over, not a copy), so the token ids are
+  never sliced out and the record, its boxed ints and its own copy of the model name are never built;
+* an item's bytes inside a batch are exactly its input message minus the 10-byte header, so
+  :func:`encode_batch` splices the kept messages instead of re-encoding seven fields per item;
+* :func:`decode_completions_head` reads the fields the processor uses from a results message: one
+  ``Completion``, or a ``CompletionBatch`` (one message per batch, walked item by item).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from processor.wire.avro import (
+    read_block_count,
+    read_int,
+    read_long,
+    read_signature,
+    read_str,
+    read_union_index,
+)
+from processor.wire.errors import MALFORMED, DecodeError, Malformed
+from processor.wire.items import read_batch_lead, read_item_lead, read_item_rest
+from processor.wire.records import STATUSES, item_problem
+from processor.wire.schemas import HEADER_SIZE, HEADERS, as_bytes, check_header, finish
+
+_TOKEN_ITEM = HEADERS["TokenItem"]
+_BATCH = HEADERS["Batch"]
+_COMPLETION = HEADERS["Completion"]
+_COMPLETION_BATCH = HEADERS["CompletionBatch"]
+_MODELS: dict[bytes, str] = {}  # one str per model name, not one per item
+_MAX_MODELS = 4096
+
+
+class ItemHead(NamedTuple):
+    """What the scheduler needs of an input message, and the message itself for the batch."""
+
+    item_id: str
+    model: str
+    shape: int
+    token_count: int
+    output_budget: int | None
+    message: bytes
+
+
+_new_head = tuple.__new__  # NamedTuple's own __new__ is Python code: twice the cost, once per item
+
+
+class BatchItemHead(NamedTuple):
+    """An item of a batch, without its tokens."""
+
+    item_id: str
+    model: str
+    shape: int
+    token_count: int
+    output_budget: int | None
+
+
+class BatchHead(NamedTuple):
+    """A batch without its tokens: what a reader needs who answers, counts or audits it."""
+
+    batch_id: str
+    consumer: str
+    model: str
+    shape: int
+    lane: int
+    padded_length: int
+    pad_multiple: int
+    created_ms: int
+    oversized: bool
+    items: list[BatchItemHead]
+
+
+class CompletionHead(NamedTuple):
+    item_id: str
+    batch_id: str
+    consumer: str
+    ok: bool
+    cache_hit: bool
+
+
+def _model(raw: bytes) -> str:
+    model = _MODELS.get(raw)
+    if model is None:
+        model = raw.decode("utf-8")
+        if len(_MODELS) < _MAX_MODELS:
+            _MODELS[raw] = model
+    return model
+
+
+def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
+    """Validate one input message and return its head. Raises :class:`DecodeError` only."""
+    if type(value) is bytes:
+        head = _usual_head(value)
+        if head is not None:
+            return head
+    return general_item_head(as_bytes(value))
+
+
+def general_item_head(value: bytes) -> ItemHead:
+    """:func:`decode_item_head` for any encoding, a call per field (it reads what the one-pass
+    reader hands back, and refuses with the reason; public so that ``bench_codec.py`` can time it)."""
+    if value[:HEADER_SIZE] != _TOKEN_ITEM:
+        check_header(value, "TokenItem")
+    try:
+        head, pos, n_bytes = _read_head(value, HEADER_SIZE)
+    except MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed TokenItem: {exc}") from None
+    finish(value, pos, "TokenItem")  # structure first, then the item rules, as decode_token_item
+    if not head.item_id or not head.model or head.token_count < 1 or n_bytes != 4 * head.token_count:
+        problem = item_problem(head.item_id, head.model, head.token_count, b"\0" * max(0, n_bytes))
+        if problem is not None:
+            raise DecodeError(*problem)
+    return head
+
+
+def _usual_head(buf: bytes) -> ItemHead | None:
+    """The head of an item encoded the usual way, read in one pass with every check of the general
+    path; ``None`` for anything else, which the general path then reads or refuses with its reason.
+
+    The usual way: ids and model name under 64 bytes, no shape components, a six-byte
+    ``produced_ms`` (epoch milliseconds from mid-1970 to 2039), no metadata, up to 8,191 tokens. Each
+    field's one case inline instead of a call per field halves the cost of the head, which every
+    ingest message and every restored item pays (docs/benchmarks.md). A length running past the
+    end shows up as an ``IndexError`` at the next byte read, as every field is followed by one.
+    """
+    if buf[:HEADER_SIZE] != _TOKEN_ITEM:
+        return None
+    try:
+        n = buf[HEADER_SIZE]  # item_id: a non-empty string under 64 bytes
+        if n >= 0x80 or n & 1 or not n:
+            return None
+        pos = HEADER_SIZE + 1 + (n >> 1)
+        item_id = buf[HEADER_SIZE + 1 : pos].decode("utf-8")
+        n = buf[pos]  # job_id: checked, not kept
+        if n >= 0x80 or n & 1:
+            return None
+        end = pos + 1 + (n >> 1)
+        if n:
+            buf[pos + 1 : end].decode("utf-8")
+        n = buf[end]  # model
+        if n >= 0x80 or n & 1 or not n:
+            return None
+        pos = end + 1 + (n >> 1)
+        model = _model(buf[end + 1 : pos])
+        shape, pos = read_signature(buf, pos)
+        b = buf[pos]  # token_count: 1 to 8,191
+        if b < 0x80:
+            pos += 1
+        elif buf[pos + 1] < 0x80:
+            b = (b & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
+        else:
+            return None
+        if b & 1 or not b:
+            return None
+        token_count = b >> 1
+        b = buf[pos]  # the tokens' byte length, 4 * token_count: up to three bytes
+        if b < 0x80:
+            pos += 1
+        elif buf[pos + 1] < 0x80:
+            b = (b & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
+        elif buf[pos + 2] < 0x80:
+            b = (b & 0x7F) | ((buf[pos + 1] & 0x7F) << 7) | (buf[pos + 2] << 14)
+            pos += 3
+        else:
+            return None
+        if b != 8 * token_count:  # the zigzag of 4 * token_count
+            return None
+        pos += 4 * token_count
+        if buf[pos]:  # shape_components must be null
+            return None
+        pos += 1
+        if (
+            buf[pos + 5] < 0x80
+            and buf[pos] & buf[pos + 1] & buf[pos + 2] & buf[pos + 3] & buf[pos + 4] & 0x80
+        ):
+            pos += 6
+        else:
+            return None
+        b = buf[pos]  # output_budget: null, or an int under 8,192
+        if b == 0:
+            output_budget = None
+            pos += 1
+        elif b != 2:
+            return None
+        elif buf[pos + 1] < 0x80:
+            b = buf[pos + 1]
+            output_budget = (b >> 1) ^ -(b & 1)
+            pos += 2
+        elif buf[pos + 2] < 0x80:
+            b = (buf[pos + 1] & 0x7F) | (buf[pos + 2] << 7)
+            output_budget = (b >> 1) ^ -(b & 1)
+            pos += 3
+        else:
+            return None
+        if buf[pos] or pos + 1 != len(buf):  # metadata null, and nothing after it
+            return None
+    except MALFORMED:
+        return None
+    return _new_head(ItemHead, (item_id, model, shape, token_count, output_budget, buf))
+
+
+def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
+    item_id, job_id, raw_model, pos = read_item_lead(buf, pos)
+    if job_id:
+        job_id.decode("utf-8")  # validated, not kept: the consumer reads it from the batch
+    shape, pos = read_signature(buf, pos)
+    token_count, start, end, _parts, _ms, output_budget, _metadata, pos = read_item_rest(buf, pos, False)
+    head = _new_head(ItemHead, (item_id, _model(raw_model), shape, token_count, output_budget, buf))
+    return head, pos, end - start
+
+
+def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead:
+    """A batch checked as :func:`decode_batch` checks it (same reasons: it is tested against
+    it), without copying a token or building a record per item.
+
+    For readers that never look at token ids: the audit (which items were dispatched), the demo's
+    read-back, the benchmark's simulated consumer. Reading a batch of 1,000-token items this way
+    costs about a third of decoding it (docs/wire-format.md).
+    """
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] != _BATCH:
+        check_header(value, "Batch")
+    items: list[BatchItemHead] = []
+    append = items.append
+    problem: tuple[str, str] | None = None  # the first item's that breaks a rule, raised after the structure
+    try:
+        lead, pos = read_batch_lead(value)
+        count, pos = read_block_count(value, pos)
+        while count:
+            for _ in range(count):
+                item_id, job_id, raw_model, pos = read_item_lead(value, pos)
+                if job_id:
+                    job_id.decode("utf-8")
+                shape, pos = read_signature(value, pos)
+                token_count, start, end, _parts, _ms, output_budget, _metadata, pos = read_item_rest(
+                    value, pos, False
+                )
+                model = _model(raw_model)
+                append(_new_head(BatchItemHead, (item_id, model, shape, token_count, output_budget)))
+                n_bytes = end - start
+                if problem is None and (
+                    not item_id or not model or token_count < 1 or n_bytes != 4 * token_count
+                ):
+                    problem = item_problem(item_id, model, token_count, b"\0" * max(0, n_bytes))
+            count, pos = read_block_count(value, pos)
+    except MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed Batch: {exc}") from None
+    finish(value, pos, "Batch")
+    if problem is not None:
+        raise DecodeError(*problem)
+    return BatchHead(*lead, items=items)
+
+
+def _read_status(buf: bytes, pos: int) -> tuple[int, int]:
+    status, pos = read_long(buf, pos)
+    if not 0 <= status < len(STATUSES):
+        raise Malformed(f"status symbol {status} does not exist")
+    return status, pos
+
+
+def _skip_reason(buf: bytes, pos: int) -> int:
+    """Past a ``reason`` (null or a string), checked but not kept."""
+    if buf[pos] == 0:
+        return pos + 1
+    branch, pos = read_union_index(buf, pos)
+    if branch:
+        _reason, pos = read_str(buf, pos)
+    return pos
+
+
+def _skip_bytes(buf: bytes, pos: int) -> int:
+    """Past a ``bytes`` field without copying it (an output can be kilobytes)."""
+    n, pos = read_long(buf, pos)
+    end = pos + n
+    if n < 0 or end > len(buf):
+        raise Malformed(f"length {n} at offset {pos} runs past the end ({len(buf)} bytes)")
+    return end
+
+
+def _read_completion_lead(buf: bytes) -> tuple[str, str, str, int, int]:
+    """item_id, batch_id, consumer and status of a Completion, and the position after status."""
+    item_id, pos = read_str(buf, HEADER_SIZE)
+    _job_id, pos = read_str(buf, pos)
+    batch_id, pos = read_str(buf, pos)
+    consumer, pos = read_str(buf, pos)
+    _name, pos = read_str(buf, pos)
+    status, pos = _read_status(buf, pos)
+    return item_id, batch_id, consumer, status, pos
+
+
+def _completion_head(value: bytes) -> CompletionHead:
+    """:func:`decode_completion_head` of a message whose header is Completion's."""
+    try:
+        item_id, batch_id, consumer, status, pos = _read_completion_lead(value)
+        flag = value[-1]
+        # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3), flag (1)
+        if flag > 1 or len(value) - pos < 9:
+            raise Malformed("the record does not end in a boolean")
+    except MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
+    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
+
+
+def decode_completion_head(value: bytes | bytearray | memoryview | None) -> CompletionHead:
+    """The fields the processor applies a completion with.
+
+    Only the leading fields are parsed: ``cache_hit``, the record's last field, is a boolean, so in
+    a well-formed message it is the last byte. The fields in between (reason, token counts, output,
+    timings) are the consumer's report, not read by the processor; ``tokenfabric audit`` decodes
+    every completion in full. :func:`decode_completion_head_strict` checks the whole record (tests).
+    """
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] != _COMPLETION:
+        check_header(value, "Completion")
+    return _completion_head(value)
+
+
+def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) -> CompletionHead:
+    """:func:`decode_completion_head`, checking every field of the record on the way."""
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] != _COMPLETION:
+        check_header(value, "Completion")
+    try:
+        buf = value
+        item_id, batch_id, consumer, status, pos = _read_completion_lead(buf)
+        pos = _skip_reason(buf, pos)
+        for _field in ("input_tokens", "output_tokens", "padded_tokens"):
+            _n, pos = read_int(buf, pos)
+        pos = _skip_bytes(buf, pos)
+        for _field in ("queued_ms", "engine_ms", "completed_ms"):
+            _n, pos = read_long(buf, pos)
+        flag = buf[pos]
+        if flag > 1:
+            raise Malformed(f"boolean byte {flag}")
+        pos += 1
+    except MALFORMED as exc:
+        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
+    finish(value, pos, "Completion")
+    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
+
+
+class CompletionsHead(NamedTuple):
+    """What the processor applies a results message with, whichever form it has.
+
+    ``items`` holds ``(item_id, ok, cache_hit)`` per item: plain tuples, measured cheaper to build
+    and unpack than one :class:`CompletionHead` per item (docs/wire-format.md).
+    """
+
+    batch_id: str
+    consumer: str
+    items: list[tuple[str, bool, bool]]
+
+
+def decode_completions_head(value: bytes | bytearray | memoryview | None) -> CompletionsHead:
+    """The processor's reading of a results message: a ``Completion`` or a ``CompletionBatch``.
+
+    A batch is walked to its end (its items are what the processor needs) and checked as
+    :func:`decode_completions` checks it: what that decoder refuses, this one refuses too
+    (it is stricter where fastavro is lax: over-long varints, negative indexes, boolean bytes).
+    A single ``Completion`` is read as :func:`decode_completion_head` reads it.
+    """
+    value = as_bytes(value)
+    header = value[:HEADER_SIZE]
+    if header == _COMPLETION_BATCH:
+        try:
+            head, pos = _read_batch_head(value)
+        except MALFORMED as exc:
+            raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
+        finish(value, pos, "CompletionBatch")
+        return head
+    if header != _COMPLETION:
+        check_header(value, "Completion")
+    one = _completion_head(value)
+    return CompletionsHead(one.batch_id, one.consumer, [(one.item_id, one.ok, one.cache_hit)])
+
+
+# The usual one-byte encodings, tested before calling a reader: a function call per field is most
+# of the cost of walking an item. A byte under 0x80 is a whole varint, and any one-byte varint fits
+# an int; the zigzag of the status index 0, 1, 2 is the byte 0, 2, 4.
+_STATUS_BYTE = {2 * i: i for i in range(len(STATUSES))}
+
+
+def _read_batch_head(buf: bytes) -> tuple[CompletionsHead, int]:
+    batch_id, pos = read_str(buf, HEADER_SIZE)
+    consumer, pos = read_str(buf, pos)
+    _name, pos = read_str(buf, pos)
+    _padded, pos = read_int(buf, pos)
+    _engine_ms, pos = read_long(buf, pos)
+    _completed_ms, pos = read_long(buf, pos)
+    items: list[tuple[str, bool, bool]] = []
+    append = items.append
+    count, pos = read_block_count(buf, pos)
+    while count:
+        for _ in range(count):
+            item_id, pos = read_str(buf, pos)
+            status = _STATUS_BYTE.get(buf[pos])
+            if status is None:
+                status, pos = _read_status(buf, pos)
+            else:
+                pos += 1
+            flag = buf[pos]
+            if flag > 1:
+                raise Malformed(f"boolean byte {flag}")
+            append((item_id, status == 0, flag == 1))
+            pos = _skip_outcome_rest(buf, pos + 1)
+        count, pos = read_block_count(buf, pos)
+    return CompletionsHead(batch_id, consumer, items), pos
+
+
+def _skip_outcome_rest(buf: bytes, pos: int) -> int:
+    """Past an ItemOutcome's fields after ``cache_hit``: job_id, reason, two ints, output, queued_ms."""
+    if buf[pos] == 0:  # no job_id
+        pos += 1
+    else:
+        _job_id, pos = read_str(buf, pos)
+    pos = _skip_reason(buf, pos)
+    for _field in ("input_tokens", "output_tokens"):
+        if buf[pos] < 0x80:
+            pos += 1
+        else:
+            _n, pos = read_int(buf, pos)
+    pos = _skip_bytes(buf, pos)
+    if buf[pos] < 0x80:  # queued_ms
+        return pos + 1
+    _queued_ms, pos = read_long(buf, pos)
+    return pos

@@ -1,0 +1,283 @@
+"""The wire format: the only module that turns Kafka message bytes into Python values and back.
+
+Every message is Avro *single-object encoding* (Avro spec, "Single object encoding"): the two bytes
+``C3 01``, the 8-byte little-endian CRC-64-AVRO (Rabin) fingerprint of the writer schema's Parsing
+Canonical Form, then the record in plain Avro binary. Any language's Avro library can write it
+(Java's ``BinaryMessageEncoder``, Go's goavro ``SingleFromNative``), and the fingerprint tells a
+reader which of our schemas a message claims to be without a schema registry. See
+docs/wire-format.md for the schemas field by field.
+
+Why two decoders for ``TokenItem``: it is the processor's hot path (every input message), and a
+hand-written decoder for its fixed field layout is measured faster than fastavro's generic
+``schemaless_reader`` (numbers in docs/wire-format.md, ``benchmarks/bench_codec.py`` reproduces
+them), and stricter where fastavro is laxer than the spec. The fastavro path is kept as the
+reference: the tests check that both give the same record or the same error on generated input
+(except that fastavro accepts over-long varints and negative union indexes), and that the
+hand-written encoder writes the same bytes as fastavro's writer.
+Batches reuse the same hand-written item code. The other records are not hot and go through
+fastavro, except that ``CompletionBatch`` is written by hand too: splitting one that is too large
+for a Kafka message needs each item's exact encoded size.
+
+Decoding is a trust boundary: anything that is not a well-formed message of the expected schema
+raises :class:`DecodeError` (and nothing else), with a short ``reason`` fit for a dead-letter record
+or a metric label. Encoders refuse, with ``ValueError``, what the decoders would reject.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Literal, cast
+
+from processor.core.contract import Contract
+from processor.core.signature import shape_signature
+from processor.wire.errors import DecodeError
+
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def tokens_from_ids(ids: Iterable[int]) -> bytes:
+    """Pack token ids as little-endian uint32 (the ``tokens`` field)."""
+    try:
+        packed = array(_U32, ids)
+    except OverflowError as exc:
+        raise ValueError(f"token id out of uint32 range: {exc}") from None
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def ids_from_tokens(tokens: bytes | bytearray | memoryview) -> array[int]:
+    """Unpack the ``tokens`` field into an ``array('I')`` of token ids."""
+    ids = array(_U32)
+    ids.frombytes(tokens)  # ValueError unless a multiple of 4 bytes
+    if _BIG_ENDIAN:
+        ids.byteswap()
+    return ids
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenItemRecord:
+    """A decoded ``TokenItem``. ``shape`` is the unsigned signature; ``tokens`` stays packed."""
+
+    item_id: str
+    job_id: str = ""
+    model: str
+    shape: int
+    token_count: int
+    tokens: bytes
+    shape_components: tuple[str, ...] | None = None
+    produced_ms: int
+    output_budget: int | None = None
+    metadata: dict[str, str] | None = None
+
+    def token_ids(self) -> array[int]:
+        return ids_from_tokens(self.tokens)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchRecord:
+    """A decoded ``Batch`` (what a consumer reads). ``shape`` is unsigned."""
+
+    batch_id: str
+    consumer: str
+    model: str
+    shape: int
+    lane: int
+    padded_length: int
+    pad_multiple: int
+    created_ms: int
+    oversized: bool = False
+    items: list[TokenItemRecord]
+
+
+Status = Literal["ok", "failed", "rejected"]
+
+
+STATUSES: tuple[Status, ...] = ("ok", "failed", "rejected")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRecord:
+    """The outcome of one item. ``padded_tokens`` is the item's share: its batch's padded length."""
+
+    item_id: str
+    job_id: str = ""
+    batch_id: str = ""
+    consumer: str = ""
+    model: str
+    status: Status
+    reason: str | None = None
+    input_tokens: int
+    output_tokens: int = 0
+    padded_tokens: int = 0
+    output: bytes = b""
+    queued_ms: int = 0
+    engine_ms: int = 0
+    completed_ms: int
+    cache_hit: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemOutcomeRecord:
+    """One item's part of a :class:`CompletionBatchRecord`: a Completion less the batch's fields."""
+
+    item_id: str
+    status: Status
+    cache_hit: bool = False
+    job_id: str = ""
+    reason: str | None = None
+    input_tokens: int
+    output_tokens: int = 0
+    output: bytes = b""
+    queued_ms: int = 0
+
+
+#: How a consumer writes a batch's completions: one ``CompletionBatch`` message per batch (split only
+#: when too large for one Kafka message), or one ``Completion`` message per item.
+CompletionForm = Literal["batch", "item"]
+
+
+COMPLETION_FORMS: tuple[CompletionForm, ...] = ("batch", "item")
+
+
+#: The fields a batch's completions share, written once in a ``CompletionBatch``.
+BATCH_COMPLETION_FIELDS = ("batch_id", "consumer", "model", "padded_tokens", "engine_ms", "completed_ms")
+
+
+_OUTCOME_FIELDS = tuple(f.name for f in fields(ItemOutcomeRecord))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionBatchRecord:
+    """The outcomes of (some of) one batch's items: one message instead of one per item.
+
+    It says exactly what :meth:`completions` says; a batch's shared fields are written once.
+    """
+
+    batch_id: str
+    consumer: str
+    model: str
+    padded_tokens: int = 0
+    engine_ms: int = 0
+    completed_ms: int
+    items: list[ItemOutcomeRecord]
+
+    @classmethod
+    def of(cls, completions: Sequence[CompletionRecord]) -> CompletionBatchRecord:
+        """The batch form of one batch's completions; ``ValueError`` unless they share the batch's fields."""
+        if not completions:
+            raise ValueError("a CompletionBatch needs at least one completion to take its batch fields from")
+        first = completions[0]
+        shared = {name: getattr(first, name) for name in BATCH_COMPLETION_FIELDS}
+        for c in completions:
+            other = next((n for n in BATCH_COMPLETION_FIELDS if getattr(c, n) != shared[n]), None)
+            if other is not None:
+                raise ValueError(
+                    f"completion {c.item_id!r}: {other}={getattr(c, other)!r}, "
+                    f"its batch's first completion has {shared[other]!r}"
+                )
+        items = [ItemOutcomeRecord(**{n: getattr(c, n) for n in _OUTCOME_FIELDS}) for c in completions]
+        return cls(**shared, items=items)
+
+    def completions(self) -> list[CompletionRecord]:
+        """One :class:`CompletionRecord` per item, the batch's fields copied into each."""
+        shared = {name: getattr(self, name) for name in BATCH_COMPLETION_FIELDS}
+        return [CompletionRecord(**shared, **{n: getattr(o, n) for n in _OUTCOME_FIELDS}) for o in self.items]
+
+
+@dataclass(frozen=True, slots=True)
+class ContractRecord:
+    """A consumer's announcement: its :class:`Contract` and when it was made."""
+
+    contract: Contract
+    announced_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerSnapshotRecord:
+    instance: str
+    taken_ms: int
+    sequence: int
+    counters: dict[str, int]
+    per_model: dict[str, dict[str, int]]
+    per_consumer: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetterRecord:
+    reason: str
+    source_topic: str
+    partition: int
+    offset: int
+    original: bytes
+    original_key: bytes | None = None
+    dead_ms: int
+
+
+def new_token_item(
+    item_id: str,
+    model: str,
+    token_ids: Sequence[int],
+    produced_ms: int,
+    *,
+    job_id: str = "",
+    shape_components: Sequence[str] | None = None,
+    shape: int | None = None,
+    output_budget: int | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> TokenItemRecord:
+    """Build a record the way a producer would: shape from the components unless given."""
+    if shape is None:
+        shape = shape_signature(shape_components or ())
+    return TokenItemRecord(
+        item_id=item_id,
+        job_id=job_id,
+        model=model,
+        shape=shape,
+        token_count=len(token_ids),
+        tokens=tokens_from_ids(token_ids),
+        shape_components=None if shape_components is None else tuple(shape_components),
+        produced_ms=produced_ms,
+        output_budget=output_budget,
+        metadata=None if metadata is None else dict(metadata),
+    )
+
+
+def verify_shape(rec: TokenItemRecord) -> bool | None:
+    """Whether ``shape`` matches ``shape_components`` (None when no components were sent).
+
+    Not done on decode: the shape is the producer's claim and the hot path trusts it.
+    """
+    if rec.shape_components is None:
+        return None
+    return shape_signature(rec.shape_components) == rec.shape
+
+
+def item_problem(item_id: str, model: str, token_count: int, tokens: bytes) -> tuple[str, str] | None:
+    """The one place the item rules live; decoders raise it, encoders refuse it."""
+    if not item_id:
+        return "empty-item-id", "item_id is empty"
+    if not model:
+        return "empty-model", f"item {item_id!r}: model is empty"
+    if token_count < 1:
+        return "negative-token-count", f"item {item_id!r}: token_count {token_count} < 1"
+    if len(tokens) != 4 * token_count:
+        return (
+            "token-count-mismatch",
+            f"item {item_id!r}: {len(tokens)} token bytes, expected 4 * {token_count} = {4 * token_count}",
+        )
+    return None
+
+
+def check_item(rec: TokenItemRecord) -> None:
+    """Structure first, then meaning: callers check trailing bytes before the item rules."""
+    tokens = rec.tokens
+    token_count = rec.token_count
+    if not rec.item_id or not rec.model or token_count < 1 or len(tokens) != 4 * token_count:
+        raise DecodeError(*cast(tuple[str, str], item_problem(rec.item_id, rec.model, token_count, tokens)))

@@ -1,0 +1,145 @@
+"""TODO: docstring."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastavro.schema import fingerprint as _fastavro_fingerprint
+from fastavro.schema import parse_schema, to_parsing_canonical_form
+
+from processor.wire.errors import DecodeError
+
+NAMESPACE = "tokenfabric"
+
+
+#: Record names in load order: Batch refers to TokenItem by name, so TokenItem comes first.
+RECORD_NAMES = (
+    "TokenItem", "Batch", "Completion", "CompletionBatch", "ConsumerContract", "LedgerSnapshot", "DeadLetter",
+)  # fmt: skip
+
+
+MAGIC = b"\xc3\x01"
+
+
+HEADER_SIZE = 10
+
+
+def rabin_fingerprint(data: bytes) -> int:
+    """CRC-64-AVRO of ``data`` as an unsigned 64-bit integer (the Avro spec's reference algorithm)."""
+    fp = _RABIN_EMPTY
+    for byte in data:
+        fp = (fp >> 8) ^ _RABIN_TABLE[(fp ^ byte) & 0xFF]
+    return fp
+
+
+def _rabin_table() -> list[int]:
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (_RABIN_EMPTY & -(fp & 1))
+        table.append(fp)
+    return table
+
+
+_RABIN_EMPTY = 0xC15D213AA4D7A795
+
+
+_RABIN_TABLE = _rabin_table()
+
+
+def schema_dir() -> Path:
+    """Where the .avsc files are read from.
+
+    The packaged copy (``processor/wire/avsc``) wins so an installed wheel works; a source
+    checkout without it falls back to the repository's ``schemas/``. A test keeps both identical.
+    """
+    packaged = Path(__file__).resolve().with_name("avsc")
+    if (packaged / "TokenItem.avsc").is_file():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "schemas"
+
+
+def _load_schemas() -> tuple[dict[str, Any], dict[str, str]]:
+    named: dict[str, Any] = {}
+    parsed: dict[str, Any] = {}
+    canonical: dict[str, str] = {}
+    folder = schema_dir()
+    for name in RECORD_NAMES:
+        raw = json.loads((folder / f"{name}.avsc").read_text(encoding="utf-8"))
+        # expand=True inlines TokenItem into Batch, as the canonical form requires.
+        schema = parse_schema(raw, named, expand=True)
+        parsed[name] = schema
+        canonical[name] = to_parsing_canonical_form(schema)
+    return parsed, canonical
+
+
+PARSED, CANONICAL_FORMS = _load_schemas()
+
+
+#: Unsigned CRC-64-AVRO fingerprint of each record's Parsing Canonical Form, by short name.
+FINGERPRINTS: dict[str, int] = {n: rabin_fingerprint(CANONICAL_FORMS[n].encode()) for n in RECORD_NAMES}
+
+
+#: The 10-byte single-object header of each record, by short name.
+HEADERS: dict[str, bytes] = {n: MAGIC + FINGERPRINTS[n].to_bytes(8, "little") for n in RECORD_NAMES}
+
+
+NAME_BY_FP_BYTES = {h[2:]: n for n, h in HEADERS.items()}
+
+
+TOKEN_ITEM_HEADER = HEADERS["TokenItem"]
+
+
+BATCH_HEADER = HEADERS["Batch"]
+
+
+COMPLETION_BATCH_HEADER = HEADERS["CompletionBatch"]
+
+
+def fastavro_fingerprint(name: str) -> int:
+    """fastavro's own CRC-64-AVRO of a record's canonical form (a cross-check for the tests)."""
+    hex_le = _fastavro_fingerprint(CANONICAL_FORMS[name], "CRC-64-AVRO")
+    return int.from_bytes(bytes.fromhex(hex_le), "little")
+
+
+def parsed_schema(name: str) -> Any:
+    """The fastavro-parsed (expanded) schema of a record, by short name."""
+    return PARSED[name]
+
+
+def schema_of(value: bytes | bytearray | memoryview | None) -> str:
+    """Short record name a message's header claims, without decoding the body."""
+    view = as_bytes(value)
+    if len(view) < HEADER_SIZE or view[:2] != MAGIC:
+        raise DecodeError("bad-magic", "not an Avro single-object message (no C3 01 header)")
+    name = NAME_BY_FP_BYTES.get(view[2:HEADER_SIZE])
+    if name is None:
+        raise DecodeError("unknown-schema", f"unknown schema fingerprint {view[2:HEADER_SIZE].hex()}")
+    return name
+
+
+def as_bytes(value: bytes | bytearray | memoryview | None) -> bytes:
+    if type(value) is bytes:
+        return value
+    if value is None:
+        return b""
+    return bytes(value)
+
+
+def check_header(value: bytes, name: str) -> None:
+    if len(value) < HEADER_SIZE or value[:2] != MAGIC:
+        raise DecodeError(
+            "bad-magic", f"not an Avro single-object message (expected {name}, no C3 01 header)"
+        )
+    other = NAME_BY_FP_BYTES.get(value[2:HEADER_SIZE])
+    if other is None:
+        raise DecodeError("unknown-schema", f"unknown schema fingerprint {value[2:HEADER_SIZE].hex()}")
+    raise DecodeError("unknown-schema", f"message is a {NAMESPACE}.{other}, expected {NAMESPACE}.{name}")
+
+
+def finish(value: bytes, pos: int, name: str) -> None:
+    if pos != len(value):
+        raise DecodeError("trailing-bytes", f"{len(value) - pos} bytes after the end of the {name} record")
