@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         "invocation": " ".join(["python", "benchmarks/run_all.py", *_invocation(argv)]),
     }
     if args.own_broker:
-        from processor.local.broker import KAFKA_VERSION
+        from processor.local.jars import KAFKA_VERSION
 
         meta["versions"]["broker"] = f"Apache Kafka {KAFKA_VERSION}"
     args.out.write_text(render(results, meta, preserved_sections(args.out)))

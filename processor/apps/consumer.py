@@ -42,7 +42,7 @@ from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from processor.core.contract import Contract
+from processor.core.contract import Contract, contract_violation
 from processor.engines.base import Engine, ItemResult
 from processor.kafka.clients import with_kafka_logger
 from processor.kafka.exits import DeliveryFailed
@@ -51,7 +51,6 @@ from processor.kafka.watchdog import CallWatchdog, guarded
 from processor.wire.completions import encode_completion, encode_completion_batches
 from processor.wire.control import encode_contract, encode_dead_letter
 from processor.wire.errors import DecodeError
-from processor.wire.heads import BatchHead
 from processor.wire.items import decode_batch
 from processor.wire.records import (
     COMPLETION_FORMS,
@@ -111,35 +110,6 @@ def group_id(consumer: str) -> str:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def contract_violation(contract: Contract, batch: BatchRecord | BatchHead) -> str | None:
-    """Why ``batch`` breaks ``contract``, or None when it respects it.
-
-    The consumer checks its own promise rather than trusting the processor: a bug or a stale
-    contract upstream must show up as rejected items with a reason, not as an engine that runs out
-    of memory. A single item may exceed the budget (an oversized item always travels alone). The
-    budget is the contract's batching rule (``Contract.rule``, the one dispatch packs by), measured
-    at the batch's own ``padded_length``: that is what the engine will pad to.
-    """
-    n = len(batch.items)
-    if batch.consumer != contract.consumer:
-        return f"batch addressed to consumer {batch.consumer!r}, this is {contract.consumer!r}"
-    if batch.model != contract.model:
-        return f"batch model {batch.model!r}, contract model {contract.model!r}"
-    if n > contract.max_items:
-        return f"{n} items > contract max_items {contract.max_items}"
-    longest = max((item.token_count for item in batch.items), default=0)
-    if batch.padded_length < longest:
-        return f"padded_length {batch.padded_length} < longest item {longest} tokens"
-    mixed = sorted({item.model for item in batch.items if item.model != batch.model})
-    if mixed:
-        return f"items of model(s) {', '.join(mixed)} in a batch for {batch.model!r}"
-    rule = contract.rule
-    outputs = sum(rule.output_tokens(item.output_budget) for item in batch.items)
-    if n > 1 and not rule.fits(n, batch.padded_length, outputs):
-        return f"{rule.describe(n, batch.padded_length, outputs)} > contract {rule.limit_name} {rule.limit}"
-    return None
 
 
 class ConsumerApp:

@@ -1,4 +1,7 @@
-"""TODO: docstring."""
+"""The processor service's settings, its counters and the hooks its observers implement.
+
+Beside the service so that metrics, health and the CLI can name them without the service's clients.
+"""
 
 from __future__ import annotations
 

@@ -44,7 +44,6 @@ from processor.wire.records import TokenItemRecord
 # zstd 33. lz4 does not pay for itself, so compression is off by default.
 DEFAULT_COMPRESSION = "none"
 
-
 PRODUCER_DEFAULTS: dict[str, str] = {
     "enable.idempotence": "true",
     "acks": "all",
@@ -60,9 +59,7 @@ PRODUCER_DEFAULTS: dict[str, str] = {
 #: Largest token id :func:`synthetic_tokens` emits, exclusive (a 17-bit vocabulary, Llama-3 sized).
 SYNTHETIC_VOCAB = 1 << 17
 
-
 _BLOCK_TOKENS = 1 << 20  # 4 MiB of token ids, built once
-
 
 _BLOCK_SEED = 0x70CE4FAB
 
@@ -92,7 +89,6 @@ def _random_block() -> bytes:
 
 
 _block: bytes | None = None
-
 
 _block_lock = threading.Lock()
 

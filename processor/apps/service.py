@@ -37,7 +37,8 @@ from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
-from processor.kafka.reader import LARGE_FETCH_QUEUE, watermarks
+from processor.kafka.clients import batch_producer_settings, control_settings, ingest_settings
+from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
 from processor.state.commit import AtLeastOnceCommitter, Committer, Placement, TransactionalCommitter
@@ -52,7 +53,6 @@ from processor.wire.items import encode_batch
 from processor.wire.records import DeadLetterRecord, LedgerSnapshotRecord
 
 log = logging.getLogger("tokenfabric.processor")
-
 
 __all__ = ["IngestItem", "ProcessorService", "ProcessorSettings", "ServiceCounters", "ServiceObserver"]
 
@@ -105,45 +105,13 @@ class ProcessorService(PartitionHandover):
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
 
-        self.ingest = Consumer(
-            {
-                **self.conf,
-                "group.id": s.group_id,
-                "enable.auto.commit": "false",
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-                "session.timeout.ms": str(s.session_timeout_ms),
-                "fetch.max.bytes": str(64 * 1024 * 1024),
-                **LARGE_FETCH_QUEUE,
-            }
-        )
-        self.control = Consumer(
-            {
-                **self.conf,
-                "group.id": f"{s.group_id}-control-{s.instance}",
-                "enable.auto.commit": "false",
-                # at-least-once without a committed position: from the beginning, or completions
-                # written while the processor starts would be missed and their slots never freed
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-            }
-        )
-        producer_conf: dict[str, str | bool] = {
-            **self.conf,
-            "enable.idempotence": "true",
-            "linger.ms": "5",
-            "batch.size": str(1024 * 1024),
-            "message.max.bytes": str(64 * 1024 * 1024),
-        }
+        self.ingest = Consumer(ingest_settings(self.conf, s.group_id, s.session_timeout_ms))
+        self.control = Consumer(control_settings(self.conf, f"{s.group_id}-control-{s.instance}"))
         args = (self.ingest, self.control, topics, s.instance, s.commit_interval_ms)
         self.committer: Committer
         if s.exactly_once:
-            producer_conf["transactional.id"] = transactional_id(s.instance, s.group_id)
-            producer_conf["transaction.timeout.ms"] = str(s.transaction_timeout_ms)
-            # The committed transaction is the delivery report. A successful report would copy each
-            # batch back into Python to say so: a third copy of every token (docs/benchmarks.md).
-            producer_conf["delivery.report.only.error"] = True
-            self.producer = Producer(producer_conf)
+            txn = transactional_id(s.instance, s.group_id)
+            self.producer = Producer(batch_producer_settings(self.conf, txn, s.transaction_timeout_ms))
             self.committer = TransactionalCommitter(
                 self.producer,
                 *args,
@@ -152,7 +120,7 @@ class ProcessorService(PartitionHandover):
                 eager_ms=s.eager_commit_ms,
             )
         else:
-            self.producer = Producer(producer_conf)
+            self.producer = Producer(batch_producer_settings(self.conf))
             self.committer = AtLeastOnceCommitter(self.producer, *args)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -174,7 +142,7 @@ class ProcessorService(PartitionHandover):
         if self.exactly_once:
             checkpoint = latest_checkpoint(self.conf, self.topics, self.settings.instance)
             if checkpoint is not None:
-                self.core.ledger = Ledger.restore(checkpoint.counters)
+                self.core.resume_ledger(checkpoint.counters)
                 self._owned_at_checkpoint = checkpoint.counters.get("owned_partitions", -1)
             self._handover_at_start = self.core.ledger.handover_delta()
             self.core.release_all()  # nothing is ours until the group says which partitions are
@@ -319,7 +287,7 @@ class ProcessorService(PartitionHandover):
             msg.key(),
             self.committer.dead_letter(partition, offset),
         )
-        self.core.ledger.dead_lettered += 1
+        self.core.dead_lettered()
         self.counters.dead_lettered += 1
         log.warning("dead-lettered %s[%d]@%d: %s", msg.topic(), partition, offset, reason)
 
@@ -379,7 +347,7 @@ class ProcessorService(PartitionHandover):
             return
         hit = self._cache_hit.setdefault(batch_id, items[0][2])  # the batch's first answer says
         if finished:
-            self.core.ledger.cache(head.consumer, hit)
+            self.core.cache_reported(head.consumer, hit)
             del self._cache_hit[batch_id]
             self.credits.free(batch_id)
             self.committer.batch_finished(batch_id)
@@ -409,7 +377,7 @@ class ProcessorService(PartitionHandover):
         self.counters.batches_produced += 1
 
     def _is_in_flight(self, batch_id: str) -> bool:
-        return batch_id in self.core._in_flight
+        return self.core.is_in_flight(batch_id)
 
     def _done_items(self, batch_id: str) -> list[str]:
         return self.core.done_items(batch_id)

@@ -157,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import TransientFailure
+    from processor.ops.consumer_metrics import ConsumerMetrics
     from processor.ops.health import ServingHealth, start_http
-    from processor.ops.metrics import ConsumerMetrics
 
     try:
         if not CONSUMER_ID.match(args.id):

@@ -1,13 +1,28 @@
-"""``tokenfabric kafka start|stop|status|jars``: the local broker of processor.local.broker, as a command.
+"""``tokenfabric kafka start|stop|status|jars``: the local broker of :mod:`processor.local.broker`.
 
-Everything after ``kafka`` is handed to :func:`processor.local.broker.main` untouched (its ``--help``
-included), so the two entry points can never drift apart.
+Everything after ``kafka`` goes to :func:`main` untouched (its ``--help`` included); ``main`` is also
+what tests and ``python -m processor kafka`` call.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from pathlib import Path
+
+from processor.local.broker import (
+    HOST,
+    BrokerInfo,
+    broker_status,
+    default_state_dir,
+    start_broker,
+    stop_broker,
+)
+from processor.local.jars import KAFKA_VERSION, KafkaLocalError, jars_dir
+
+log = logging.getLogger(__name__)
+
 
 ACTIONS = ("start", "stop", "status", "jars")
 
@@ -28,8 +43,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from processor.local.broker import main
-
     argv: list[str] = list(args.kafka_args)
     if not argv or argv[0] not in (*ACTIONS, "-h", "--help"):
         got = f"unknown action {argv[0]!r}" if argv else "no action"
@@ -42,3 +55,63 @@ def run(args: argparse.Namespace) -> int:
     if args.state_dir is not None:
         argv = ["--state-dir", args.state_dir, *argv]
     return main(argv)
+
+
+def _print_info(info: BrokerInfo) -> None:
+    print(f"bootstrap={info.bootstrap}")
+    print(f"pid={info.pid}")
+    print(f"data_dir={info.data_dir}")
+    print(f"log_dir={info.log_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``start|stop|status`` a local broker; ``start`` prints ``bootstrap=HOST:PORT`` first."""
+    parser = argparse.ArgumentParser(
+        prog="tokenfabric kafka",
+        description=f"A local single-node Apache Kafka {KAFKA_VERSION} broker (KRaft) on {HOST}.",
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=None,
+        help=f"broker state: data, logs, broker.json (default: {default_state_dir()})",
+    )  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="start a broker unless one is running; print bootstrap=...")
+    start.add_argument("--port", type=int, default=None, help="client port (default: a free one)")
+    start.add_argument("--heap-mb", type=int, default=768, help="JVM max heap in MiB (default: 768)")
+    start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    sub.add_parser("stop", help="stop the broker (exit 0 also when none runs)")
+    sub.add_parser("status", help="print the running broker (exit 1 when none runs)")
+    sub.add_parser("jars", help="resolve the jars and print their folder")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="kafka: %(message)s", stream=sys.stderr)
+    state_dir: Path = args.state_dir or default_state_dir()
+    try:
+        return _run_command(args, state_dir)
+    except KafkaLocalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run_command(args: argparse.Namespace, state_dir: Path) -> int:
+    if args.command == "start":
+        info = broker_status(state_dir)
+        if info is None:
+            info = start_broker(state_dir, port=args.port, heap_mb=args.heap_mb, timeout_s=args.timeout)
+        else:
+            log.info("already running (pid %d)", info.pid)
+        _print_info(info)
+        return 0
+    if args.command == "stop":
+        print("stopped" if stop_broker(state_dir) else "not running")
+        return 0
+    if args.command == "status":
+        info = broker_status(state_dir)
+        if info is None:
+            print("not running")
+            return 1
+        _print_info(info)
+        return 0
+    if args.command == "jars":
+        print(jars_dir())
+        return 0
+    raise AssertionError(args.command)

@@ -12,7 +12,8 @@ from typing import IO
 
 from processor.cli.options import add_lane_arguments, add_trace_reading_arguments, lanes_from
 from processor.core.contract import BATCHING_MODES
-from processor.sim.simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, render_table, simulate
+from processor.sim.report import render_table
+from processor.sim.simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, simulate
 from processor.sim.traces import FORMATS, TraceError, read_trace
 
 

@@ -17,8 +17,12 @@ once: the processor never sends more, so a slow card is never buried under work 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from processor.core.item import Batch
 
 CONSUMER_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
@@ -201,3 +205,104 @@ class Contract:
     def is_oversized(self, length: int, output_budget: int | None = None) -> bool:
         """True if a single item of ``length`` tokens (and that output budget) exceeds the budget."""
         return not self.rule.fits(1, length, self.rule.output_tokens(output_budget))
+
+
+# --------------------------------------------------------------------------------------------------
+# The batch rule, checked at both ends
+#
+# The processor checks each batch it emits (``check_batch``: a violation is a bug, and it stops); the
+# consumer checks each batch it receives (``contract_violation``: it rejects the items with the
+# reason). They ask the same ``BatchRule`` and differ on purpose in one point: the processor pads to
+# exactly ``round_up(longest, pad_multiple)``, while a consumer accepts any ``padded_length`` of at
+# least the longest item, since padding more costs compute but breaks nothing the engine relies on.
+
+
+class InvariantViolation(RuntimeError):
+    """A batch was about to break the one-model-one-shape-one-lane rule or its contract."""
+
+
+def check_batch(batch: Batch, contract: Contract) -> None:
+    """Fail-stop check of a batch at the point of emission."""
+    items = batch.items
+    if not items:
+        raise InvariantViolation(f"batch {batch.batch_id}: empty")
+    for it in items:
+        if it.model != batch.model or it.shape != batch.shape or it.lane != batch.lane:
+            raise InvariantViolation(
+                f"batch {batch.batch_id}: item {it.id!r} is model {it.model!r} shape {it.shape:#x} "
+                f"lane {it.lane}, batch is model {batch.model!r} shape {batch.shape:#x} lane {batch.lane}"
+            )
+    if batch.model != contract.model:
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: model {batch.model!r} sent to a {contract.model!r} consumer"
+        )
+    if len(items) > contract.max_items:
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
+        )
+    longest = max(it.length for it in items)
+    if batch.padded_length != contract.padded_length(longest):
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
+            f"{contract.pad_multiple})"
+        )
+    rule = contract.rule
+    outputs = sum(rule.output_tokens(it.output_budget) for it in items) if rule.counts_output else 0
+    if len(items) > 1 and not rule.fits(len(items), longest, outputs):
+        raise InvariantViolation(
+            f"batch {batch.batch_id}: {rule.load(len(items), longest, outputs)} {rule.load_unit} > "
+            f"{rule.limit_name} {rule.limit}"
+        )
+
+
+class ItemView(Protocol):
+    """What the consumer's check reads of an item: a decoded record or a batch head's item."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def token_count(self) -> int: ...
+    @property
+    def output_budget(self) -> int | None: ...
+
+
+class BatchView(Protocol):
+    """What the consumer's check reads of a batch (``BatchRecord`` and ``BatchHead`` both are one)."""
+
+    @property
+    def consumer(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def padded_length(self) -> int: ...
+    @property
+    def items(self) -> Sequence[ItemView]: ...
+
+
+def contract_violation(contract: Contract, batch: BatchView) -> str | None:
+    """Why ``batch`` breaks ``contract``, or None when it respects it.
+
+    The consumer checks its own promise rather than trusting the processor: a bug or a stale
+    contract upstream must show up as rejected items with a reason, not as an engine that runs out
+    of memory. A single item may exceed the budget (an oversized item always travels alone). The
+    budget is the contract's batching rule (``Contract.rule``, the one dispatch packs by), measured
+    at the batch's own ``padded_length``: that is what the engine will pad to.
+    """
+    n = len(batch.items)
+    if batch.consumer != contract.consumer:
+        return f"batch addressed to consumer {batch.consumer!r}, this is {contract.consumer!r}"
+    if batch.model != contract.model:
+        return f"batch model {batch.model!r}, contract model {contract.model!r}"
+    if n > contract.max_items:
+        return f"{n} items > contract max_items {contract.max_items}"
+    longest = max((item.token_count for item in batch.items), default=0)
+    if batch.padded_length < longest:
+        return f"padded_length {batch.padded_length} < longest item {longest} tokens"
+    mixed = sorted({item.model for item in batch.items if item.model != batch.model})
+    if mixed:
+        return f"items of model(s) {', '.join(mixed)} in a batch for {batch.model!r}"
+    rule = contract.rule
+    outputs = sum(rule.output_tokens(item.output_budget) for item in batch.items)
+    if n > 1 and not rule.fits(n, batch.padded_length, outputs):
+        return f"{rule.describe(n, batch.padded_length, outputs)} > contract {rule.limit_name} {rule.limit}"
+    return None

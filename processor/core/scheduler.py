@@ -26,18 +26,15 @@ a mixed batch.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from processor.core.accounting import Ledger, LedgerImbalance
-from processor.core.contract import Contract
+from processor.core.contract import Contract, check_batch
 from processor.core.item import Batch, Item
 from processor.core.lanes import Lane, LaneSettings, LaneTable, ShapeKey, ShapeLanes
-
-
-class InvariantViolation(RuntimeError):
-    """A batch was about to break the one-model-one-shape-one-lane rule or its contract."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +87,9 @@ class Scheduler:
     """The scheduling core: lanes, contracts, dispatch and the ledger, driven by ``now_ms``.
 
     Owned by one thread. Adapters call ``submit`` for each decoded item, ``dispatch`` when slots may
-    be free, and ``complete``/``item_done`` when results come back.
+    be free, and ``complete``/``item_done`` when results come back. The scheduler is the ledger's only
+    writer: what an adapter learns that the ledger counts (a dead-lettered input, a cache report, a
+    checkpoint to resume from) it reports through the methods under "the ledger" below.
     """
 
     def __init__(
@@ -426,6 +425,20 @@ class Scheduler:
             self._enqueue(item, now_ms)
         return items
 
+    # -- the ledger ------------------------------------------------------------------------------
+
+    def resume_ledger(self, snapshot: dict[str, int]) -> None:
+        """Continue from a checkpointed ledger (:meth:`Ledger.snapshot`); only before any item arrives."""
+        self.ledger = Ledger.restore(snapshot)
+
+    def dead_lettered(self) -> None:
+        """An input that never became an item (undecodable or invalid): counted, never queued."""
+        self.ledger.dead_lettered += 1
+
+    def cache_reported(self, consumer: str, hit: bool) -> None:
+        """A finished batch's engine said whether its prefix was already in the KV cache."""
+        self.ledger.cache(consumer, hit)
+
     # -- housekeeping and views ----------------------------------------------------------------
 
     def tick(self, now_ms: int) -> int:
@@ -434,6 +447,23 @@ class Scheduler:
 
     def in_flight_batches(self) -> Iterable[Batch]:
         return (flight.batch for _, flight in self._in_flight.values())
+
+    def is_in_flight(self, batch_id: str) -> bool:
+        return batch_id in self._in_flight
+
+    def oldest_waiting_ms(self, model: str, scan_limit: int) -> int | None:
+        """Arrival time of ``model``'s oldest item not yet dispatched, looking at most ``scan_limit``
+        items into its arrival queue (dispatched items leave it lazily, so the first is nearly always
+        at the front); None when none of those waits.
+
+        For observers on other threads: the owner thread may change the queue meanwhile, and then
+        this raises ``RuntimeError`` ("deque mutated during iteration"); ask again.
+        """
+        arrivals = self._arrivals.get(model)
+        if not arrivals:
+            return None
+        first = next((it for it in itertools.islice(arrivals, scan_limit) if not it.dispatched), None)
+        return None if first is None else first.arrival_ms
 
     @property
     def shape_switches(self) -> int:
@@ -472,37 +502,3 @@ class Scheduler:
 
 def _waiting_tokens(sl: ShapeLanes) -> int:
     return sl.waiting_tokens
-
-
-def check_batch(batch: Batch, contract: Contract) -> None:
-    """Fail-stop check of a batch at the point of emission."""
-    items = batch.items
-    if not items:
-        raise InvariantViolation(f"batch {batch.batch_id}: empty")
-    for it in items:
-        if it.model != batch.model or it.shape != batch.shape or it.lane != batch.lane:
-            raise InvariantViolation(
-                f"batch {batch.batch_id}: item {it.id!r} is model {it.model!r} shape {it.shape:#x} "
-                f"lane {it.lane}, batch is model {batch.model!r} shape {batch.shape:#x} lane {batch.lane}"
-            )
-    if batch.model != contract.model:
-        raise InvariantViolation(
-            f"batch {batch.batch_id}: model {batch.model!r} sent to a {contract.model!r} consumer"
-        )
-    if len(items) > contract.max_items:
-        raise InvariantViolation(
-            f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
-        )
-    longest = max(it.length for it in items)
-    if batch.padded_length != contract.padded_length(longest):
-        raise InvariantViolation(
-            f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
-            f"{contract.pad_multiple})"
-        )
-    rule = contract.rule
-    outputs = sum(rule.output_tokens(it.output_budget) for it in items) if rule.counts_output else 0
-    if len(items) > 1 and not rule.fits(len(items), longest, outputs):
-        raise InvariantViolation(
-            f"batch {batch.batch_id}: {rule.load(len(items), longest, outputs)} {rule.load_unit} > "
-            f"{rule.limit_name} {rule.limit}"
-        )

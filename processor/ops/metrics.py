@@ -18,7 +18,6 @@ Names and meanings: docs/metrics.md (keep the two in step; tests/test_metrics.py
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,21 +37,24 @@ from processor.apps.observe import ServiceCounters, ServiceObserver
 from processor.core.accounting import ConsumerBook, ModelBook, Tally
 
 if TYPE_CHECKING:
-    from processor.apps.consumer import ConsumerApp
     from processor.core.scheduler import Scheduler
 
 K = TypeVar("K")
+
 V = TypeVar("V")
+
 
 #: Commit of ingest offsets (or a transaction): a broker round trip, milliseconds to seconds.
 COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 #: Building and queueing a ledger checkpoint: in memory, microseconds to tens of milliseconds.
 CHECKPOINT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-#: One batch's engine time: a forward pass, milliseconds to a minute.
-ENGINE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
 
 #: Arrivals examined per model when looking for the oldest waiting item (see ``_oldest_waiting_ms``).
 OLDEST_SCAN_LIMIT = 100_000
+
 
 #: ``ServiceCounters`` field -> (metric name, help). Fields the service lacks are skipped.
 SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
@@ -390,20 +392,15 @@ def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
     A model with nothing queued is answered from the ledger without looking at its deque.
     """
     out: dict[str, int | None] = {}
-    queued = {model: book.queued.items for model, book in _items(core.ledger.models)}
-    for model, arrivals in _items(core._arrivals):
-        if queued.get(model, 0) <= 0:
+    for model, book in _items(core.ledger.models):
+        if book.queued.items <= 0:
             out[model] = None
             continue
         for _ in range(3):
             try:
-                first = next(
-                    (it for it in itertools.islice(arrivals, OLDEST_SCAN_LIMIT) if not it.dispatched), None
-                )
+                out[model] = core.oldest_waiting_ms(model, OLDEST_SCAN_LIMIT)
             except RuntimeError:  # "deque mutated during iteration": the owner thread moved on
                 continue
-            if first is not None:
-                out[model] = first.arrival_ms
             break
     return out
 
@@ -432,7 +429,7 @@ class ServiceLatency(ServiceObserver):
         self.checkpoint.observe(seconds)
 
 
-def _with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:
+def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:
     """Add the process, platform and GC collectors (CPU, memory, open fds, Python version)."""
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)
@@ -446,75 +443,7 @@ def processor_registry(
 
     A registry per service rather than the global one, so tests can run several side by side.
     """
-    registry = _with_process_metrics(CollectorRegistry(auto_describe=False))
+    registry = with_process_metrics(CollectorRegistry(auto_describe=False))
     registry.register(ProcessorCollector(service, clock))
     service.observer = ServiceLatency(registry)
     return registry
-
-
-# -- the consumer app -------------------------------------------------------------------------
-
-
-class ConsumerMetrics:
-    """A consumer app's registry: its ``ConsumerStats`` read per scrape, plus engine time per batch.
-
-    Build it before the app (its :meth:`engine_ran` is the app's ``on_engine`` hook), then
-    :meth:`watch` the app.
-    """
-
-    def __init__(self, consumer: str, registry: CollectorRegistry | None = None) -> None:
-        self.consumer = consumer
-        self.registry = registry or _with_process_metrics(CollectorRegistry(auto_describe=False))
-        self._engine = Histogram(
-            "tokenfabric_consumer_app_engine_seconds",
-            "Engine time of one batch (batches the contract check rejected never reach the engine).",
-            labelnames=["consumer"],
-            buckets=ENGINE_BUCKETS,
-            registry=self.registry,
-        ).labels(consumer)
-
-    def engine_ran(self, seconds: float) -> None:
-        self._engine.observe(seconds)
-
-    def watch(self, app: ConsumerApp) -> None:
-        self.registry.register(ConsumerAppCollector(app))
-
-
-class ConsumerAppCollector(Collector):
-    """``app.stats`` as counters (the app replaces ``stats`` when ``run`` starts: read it each time)."""
-
-    def __init__(self, app: ConsumerApp) -> None:
-        self.app = app
-
-    def describe(self) -> Iterable[Metric]:
-        return ()
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self.app.stats
-        consumer, model = self.app.contract.consumer, self.app.contract.model
-        labels = ["consumer", "model"]
-        key = [consumer, model]
-        items = CounterMetricFamily(
-            "tokenfabric_consumer_app_items",
-            "Items answered, by completion status.",
-            labels=[*labels, "status"],
-        )
-        for status in ("ok", "failed", "rejected"):
-            items.add_metric([*key, status], getattr(stats, status))
-        yield items
-        for name, doc, value in (
-            ("batches", "Batches read, dead-lettered ones included.", stats.batches),
-            ("dead_lettered", "Undecodable batches sent to the dead-letter topic.", stats.dead_lettered),
-            ("input_tokens", "Prompt tokens of batches the engine ran.", stats.input_tokens),
-            ("output_tokens", "Tokens generated (items answered ok).", stats.output_tokens),
-            (
-                "padded_tokens",
-                "Padded tokens of batches the engine ran: items x padded length.",
-                stats.padded_tokens,
-            ),
-            ("cache_hits", "Batches the engine served from its prefix cache.", stats.cache_hits),
-            ("cache_lookups", "Batches the engine ran, each one prefix-cache lookup.", stats.cache_lookups),
-        ):
-            fam = CounterMetricFamily(f"tokenfabric_consumer_app_{name}", doc, labels=labels)
-            fam.add_metric(key, value)
-            yield fam

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from processor.sim.simulator import SimReport
+from processor.sim.report import SimReport
 
 
 def plot_simulation(reports: Sequence[SimReport], path: str) -> None:

@@ -32,7 +32,6 @@ from processor.state.offsets import DeadMark, OffsetTracker
 
 log = logging.getLogger("tokenfabric.processor")
 
-
 Deliver = Callable[[Any, Any], None]
 
 

@@ -1,4 +1,4 @@
-"""TODO: docstring."""
+"""The processor's item: a core item that remembers where in the ingest topic it came from."""
 
 from __future__ import annotations
 

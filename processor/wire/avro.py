@@ -1,11 +1,16 @@
-"""TODO: docstring."""
+"""Avro binary primitives, written by hand: zigzag varints, strings, bytes, blocks, unions.
+
+The readers take ``(buf, pos)`` and return ``(value, next_pos)``; they raise :class:`Malformed` (or
+``IndexError`` at the end of the buffer) and never ``DecodeError``: the record decoders above them turn
+those into one ``avro-decode`` reason. The encoders refuse, with ``ValueError``, a value its Avro type
+cannot hold, naming the field.
+"""
 
 from __future__ import annotations
 
 from processor.wire.errors import Malformed
 
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
-
 
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -86,12 +91,9 @@ def skip_long(buf: bytes, pos: int) -> int:
 # same holds for 9-byte keys; the dictionaries are bounded, past that the varint is decoded.
 _SIGNATURES_10: dict[bytes, int] = {}
 
-
 _SIGNATURES_9: dict[bytes, int] = {}
 
-
 _MAX_SIGNATURES = 1 << 16
-
 
 U64 = 0xFFFFFFFFFFFFFFFF
 

@@ -1,4 +1,9 @@
-"""TODO: docstring."""
+"""Completion and CompletionBatch: what consumer apps write to the results topic.
+
+``CompletionBatch`` (one message per batch, the default) is written by hand: splitting one that is
+too large for a Kafka message needs each item's exact encoded size (``encode_completion_batches``).
+``decode_completions`` reads either form into one list of completions.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,6 @@ def decode_completion(value: bytes | bytearray | memoryview | None) -> Completio
 
 
 _COMPLETION_FIELDS = tuple(f["name"] for f in PARSED["Completion"]["fields"])
-
 
 _STATUS_BYTES = {status: encode_long(i) for i, status in enumerate(STATUSES)}
 

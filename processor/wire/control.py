@@ -1,4 +1,8 @@
-"""TODO: docstring."""
+"""The control records: consumer contracts, ledger snapshots, dead letters, and ``decode_any``.
+
+Contracts written by an older consumer (before ``CONTRACT_FIELDS_ADDED``) are still read, under
+``PREVIOUS_CONTRACT_HEADER``.
+"""
 
 from __future__ import annotations
 
@@ -86,7 +90,6 @@ _PREVIOUS_CONTRACT = _previous_contract_schema()
 PREVIOUS_CONTRACT_HEADER = MAGIC + rabin_fingerprint(
     to_parsing_canonical_form(_PREVIOUS_CONTRACT).encode()
 ).to_bytes(8, "little")
-
 
 NAME_BY_FP_BYTES[PREVIOUS_CONTRACT_HEADER[2:]] = "ConsumerContract"
 

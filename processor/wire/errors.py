@@ -1,4 +1,9 @@
-"""TODO: docstring."""
+"""Decoding is a trust boundary: what a decoder raises, and the internal signal of a malformed body.
+
+Anything that is not a well-formed message of the expected schema raises :class:`DecodeError` (and
+nothing else), with a short ``reason`` fit for a dead-letter record or a metric label. Encoders
+refuse, with ``ValueError``, what the decoders would reject.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""TODO: docstring."""
+"""fastavro as the reference codec, and the path for the records that are not hot.
+
+Contracts, ledger snapshots, dead letters and single completions go through fastavro's schemaless
+reader and writer, with the int and long ranges checked that fastavro leaves unchecked.
+``decode_token_item_fastavro`` is the reference the hand-written item decoder is tested against.
+"""
 
 from __future__ import annotations
 
@@ -31,9 +36,7 @@ def _number_fields(schema: Mapping[str, Any]) -> tuple[tuple[str, int, int], ...
 
 _ITEM_OUTCOME = next(f for f in PARSED["CompletionBatch"]["fields"] if f["name"] == "items")["type"]["items"]
 
-
 _NUMBER_FIELDS = {name: _number_fields(PARSED[name]) for name in RECORD_NAMES}
-
 
 _NUMBER_FIELDS["ItemOutcome"] = _number_fields(_ITEM_OUTCOME)
 

@@ -1,4 +1,13 @@
-"""TODO: docstring."""
+"""TokenItem and Batch, encoded and decoded by hand (the hot path).
+
+Why by hand: every input message is a ``TokenItem``, and a decoder for its fixed field layout is
+measured faster than fastavro's generic ``schemaless_reader`` (numbers in docs/wire-format.md,
+``benchmarks/bench_codec.py`` reproduces them), and stricter where fastavro is laxer than the spec.
+The fastavro path (:mod:`processor.wire.fastavro_io`) is kept as the reference: the tests check that
+both give the same record or the same error on generated input (except that fastavro accepts
+over-long varints and negative union indexes), and that the hand-written encoder writes the same bytes
+as fastavro's writer. Batches reuse the same item code.
+"""
 
 from __future__ import annotations
 
@@ -47,11 +56,9 @@ _ITEM_FIELDS = (
 if tuple(f.name for f in fields(TokenItemRecord)) != _ITEM_FIELDS:  # pragma: no cover
     raise ImportError("codec: TokenItemRecord fields changed; update _new_item_record")
 
-
 (_s_id, _s_job, _s_model, _s_shape, _s_count, _s_tokens, _s_comp, _s_ms, _s_budget, _s_meta) = (
     getattr(TokenItemRecord, name).__set__ for name in _ITEM_FIELDS
 )
-
 
 _object_new = object.__new__
 

@@ -1,26 +1,9 @@
-"""The wire format: the only module that turns Kafka message bytes into Python values and back.
+"""The records at the boundary: typed, frozen values for every message the pipeline writes or reads.
 
-Every message is Avro *single-object encoding* (Avro spec, "Single object encoding"): the two bytes
-``C3 01``, the 8-byte little-endian CRC-64-AVRO (Rabin) fingerprint of the writer schema's Parsing
-Canonical Form, then the record in plain Avro binary. Any language's Avro library can write it
-(Java's ``BinaryMessageEncoder``, Go's goavro ``SingleFromNative``), and the fingerprint tells a
-reader which of our schemas a message claims to be without a schema registry. See
-docs/wire-format.md for the schemas field by field.
-
-Why two decoders for ``TokenItem``: it is the processor's hot path (every input message), and a
-hand-written decoder for its fixed field layout is measured faster than fastavro's generic
-``schemaless_reader`` (numbers in docs/wire-format.md, ``benchmarks/bench_codec.py`` reproduces
-them), and stricter where fastavro is laxer than the spec. The fastavro path is kept as the
-reference: the tests check that both give the same record or the same error on generated input
-(except that fastavro accepts over-long varints and negative union indexes), and that the
-hand-written encoder writes the same bytes as fastavro's writer.
-Batches reuse the same hand-written item code. The other records are not hot and go through
-fastavro, except that ``CompletionBatch`` is written by hand too: splitting one that is too large
-for a Kafka message needs each item's exact encoded size.
-
-Decoding is a trust boundary: anything that is not a well-formed message of the expected schema
-raises :class:`DecodeError` (and nothing else), with a short ``reason`` fit for a dead-letter record
-or a metric label. Encoders refuse, with ``ValueError``, what the decoders would reject.
+``TokenItemRecord`` and ``BatchRecord`` keep token ids packed (``tokens_from_ids`` and
+``ids_from_tokens`` convert); ``new_token_item`` builds a valid item and ``check_item`` states the item
+rules every decoder applies (a non-empty id and model, at least one token, four bytes per token).
+The modules beside this one turn these records into bytes and back; nothing here reads bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +19,6 @@ from processor.core.signature import shape_signature
 from processor.wire.errors import DecodeError
 
 _U32 = next(code for code in "IL" if array(code).itemsize == 4)
-
 
 _BIG_ENDIAN = sys.byteorder == "big"
 
@@ -98,7 +80,6 @@ class BatchRecord:
 
 Status = Literal["ok", "failed", "rejected"]
 
-
 STATUSES: tuple[Status, ...] = ("ok", "failed", "rejected")
 
 
@@ -142,13 +123,11 @@ class ItemOutcomeRecord:
 #: when too large for one Kafka message), or one ``Completion`` message per item.
 CompletionForm = Literal["batch", "item"]
 
-
 COMPLETION_FORMS: tuple[CompletionForm, ...] = ("batch", "item")
 
 
 #: The fields a batch's completions share, written once in a ``CompletionBatch``.
 BATCH_COMPLETION_FIELDS = ("batch_id", "consumer", "model", "padded_tokens", "engine_ms", "completed_ms")
-
 
 _OUTCOME_FIELDS = tuple(f.name for f in fields(ItemOutcomeRecord))
 

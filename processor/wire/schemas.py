@@ -1,4 +1,13 @@
-"""TODO: docstring."""
+"""The schemas, their fingerprints and the single-object header every message starts with.
+
+Every message is Avro *single-object encoding* (Avro spec, "Single object encoding"): the two bytes
+``C3 01``, the 8-byte little-endian CRC-64-AVRO (Rabin) fingerprint of the writer schema's Parsing
+Canonical Form, then the record in plain Avro binary. Any language's Avro library can write it
+(Java's ``BinaryMessageEncoder``, Go's goavro ``SingleFromNative``), and the fingerprint tells a
+reader which of our schemas a message claims to be without a schema registry. See
+docs/wire-format.md for the schemas field by field. The ``.avsc`` files ship in ``avsc/`` beside
+this module (byte-identical to the repository's ``schemas/``, which a test checks).
+"""
 
 from __future__ import annotations
 
@@ -19,9 +28,7 @@ RECORD_NAMES = (
     "TokenItem", "Batch", "Completion", "CompletionBatch", "ConsumerContract", "LedgerSnapshot", "DeadLetter",
 )  # fmt: skip
 
-
 MAGIC = b"\xc3\x01"
-
 
 HEADER_SIZE = 10
 
@@ -45,7 +52,6 @@ def _rabin_table() -> list[int]:
 
 
 _RABIN_EMPTY = 0xC15D213AA4D7A795
-
 
 _RABIN_TABLE = _rabin_table()
 
@@ -86,15 +92,11 @@ FINGERPRINTS: dict[str, int] = {n: rabin_fingerprint(CANONICAL_FORMS[n].encode()
 #: The 10-byte single-object header of each record, by short name.
 HEADERS: dict[str, bytes] = {n: MAGIC + FINGERPRINTS[n].to_bytes(8, "little") for n in RECORD_NAMES}
 
-
 NAME_BY_FP_BYTES = {h[2:]: n for n, h in HEADERS.items()}
-
 
 TOKEN_ITEM_HEADER = HEADERS["TokenItem"]
 
-
 BATCH_HEADER = HEADERS["Batch"]
-
 
 COMPLETION_BATCH_HEADER = HEADERS["CompletionBatch"]
 

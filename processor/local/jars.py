@@ -1,0 +1,125 @@
+"""The local broker's jars, resolved from Maven Central once into a cache outside the repository.
+
+A marker file holds the pom's SHA-256, so a complete copy is reused offline; a lock keeps two
+processes from resolving at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.1.2"  # keep in step with <kafka.version> in processor/local/data/pom.xml
+
+PACKAGE_KAFKA_DIR = Path(__file__).resolve().with_name("data")
+
+_POM = PACKAGE_KAFKA_DIR / "pom.xml"
+
+_COPY_DEPENDENCIES = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
+
+_MVN_TIMEOUT_S = 900.0
+
+
+class KafkaLocalError(RuntimeError):
+    """The local broker could not be set up, started or stopped."""
+
+
+def cache_root() -> Path:
+    """Where downloaded artefacts are cached: ``$TOKENFABRIC_CACHE`` or ``~/.cache/tokenfabric``."""
+    env = os.environ.get("TOKENFABRIC_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tokenfabric"
+
+
+def jars_dir() -> Path:
+    """Return the folder that holds every runtime jar of the broker, resolving it with Maven if needed.
+
+    The jars are in ``<cache_root>/kafka-<version>/lib``. The folder counts as complete when the marker
+    file next to it holds the SHA-256 of the packaged pom. Until then, ``mvn copy-dependencies`` fills
+    a staging folder that then replaces ``lib``. A file lock keeps concurrent callers from racing.
+    """
+    home = cache_root() / f"kafka-{KAFKA_VERSION}"
+    lib = home / "lib"
+    marker = home / "lib.complete"
+    digest = hashlib.sha256(_POM.read_bytes()).hexdigest()
+    if _marker_matches(marker, digest) and lib.is_dir():
+        return lib
+    home.mkdir(parents=True, exist_ok=True)
+    with _file_lock(home / ".lock"):
+        if _marker_matches(marker, digest) and lib.is_dir():  # another process finished meanwhile
+            return lib
+        marker.unlink(missing_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="staging-", dir=home))
+        try:
+            _copy_dependencies(staging)
+            if lib.exists():
+                shutil.rmtree(lib)
+            (staging / "lib").rename(lib)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        write_atomic(marker, digest + "\n")
+    return lib
+
+
+def _copy_dependencies(staging: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaLocalError(
+            f"Maven (mvn) is not on PATH: it is needed once to download the Kafka {KAFKA_VERSION} jars"
+        )
+    # Work on a copy of the pom: the installed package may be read-only.
+    shutil.copyfile(_POM, staging / "pom.xml")
+    cmd = [
+        mvn, "-B", "-q", "-f", str(staging / "pom.xml"), _COPY_DEPENDENCIES,
+        "-DincludeScope=runtime", f"-DoutputDirectory={staging / 'lib'}",
+    ]  # fmt: skip
+    log.info("resolving Kafka %s jars with Maven (one-off) ...", KAFKA_VERSION)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=staging, capture_output=True, text=True, timeout=_MVN_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise KafkaLocalError(f"mvn did not finish within {_MVN_TIMEOUT_S:.0f} s: {shlex.join(cmd)}") from exc
+    if proc.returncode != 0 or not any((staging / "lib").glob("kafka_2.13-*.jar")):
+        output = tail_text(proc.stdout + proc.stderr, 40)
+        raise KafkaLocalError(f"mvn failed (exit {proc.returncode}): {shlex.join(cmd)}\n{output}")
+    log.info("Kafka jars resolved in %.1f s", time.monotonic() - started)
+
+
+def _marker_matches(marker: Path, digest: str) -> bool:
+    try:
+        return marker.read_text().strip() == digest
+    except FileNotFoundError:
+        return False
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def tail_text(text: str, lines: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])

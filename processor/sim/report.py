@@ -1,0 +1,236 @@
+"""What a simulation measured, per policy and per consumer, and the table that prints it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from processor.core.item import Batch
+
+
+@dataclass(slots=True)
+class ConsumerFigures:
+    batches: int = 0
+    items: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    budget_tokens: int = 0
+    fill_padded_tokens: int = 0
+    cache_hits: int = 0
+    shape_switches: int = 0
+    mixed_shape_batches: int = 0
+    oversized: int = 0
+    busy_ms: float = 0.0
+    batching: str = "tokens"
+    # KV memory, measured when the card's contract gives memory_bytes and kv_bytes_per_token (in any
+    # batching mode, so tokens and rows batching can be shown overflowing what memory batching keeps).
+    memory_bytes: int = 0
+    kv_batches: int = 0
+    kv_bytes: int = 0
+    kv_bytes_peak: int = 0
+    over_memory: int = 0
+    """Batches whose KV bytes exceed memory_bytes, not counting the contract's own oversized ones."""
+
+    @property
+    def kv_peak_fill(self) -> float:
+        """The largest batch's KV bytes / memory_bytes (batches that are not oversized)."""
+        return self.kv_bytes_peak / self.memory_bytes if self.memory_bytes else 0.0
+
+    @property
+    def kv_fill(self) -> float:
+        """Mean KV bytes per batch / memory_bytes (batches that are not oversized)."""
+        return self.kv_bytes / (self.kv_batches * self.memory_bytes) if self.kv_batches else 0.0
+
+
+@dataclass(slots=True)
+class Sample:
+    t_ms: int
+    waiting_items: int
+    waiting_tokens: int
+    lanes_in_use: int
+
+
+@dataclass(slots=True)
+class SimReport:
+    policy: str
+    batching: str | None = None
+    """The batching mode every consumer was run in, when the command line chose one."""
+    items: int = 0
+    batches: int = 0
+    tokens_received: int = 0
+    tokens_routed: int = 0
+    tokens_completed: int = 0
+    padded_tokens: int = 0
+    budget_tokens: int = 0
+    fill_padded_tokens: int = 0
+    mixed_shape_batches: int = 0
+    shape_switches: int = 0
+    cache_hits: int = 0
+    lanes_in_use_peak: int = 0
+    lane_pressure_peak: float = 0.0
+    lane_reuses: int = 0
+    new_lanes: int = 0
+    idle_reclaims: int = 0
+    oversized: int = 0
+    makespan_ms: float = 0.0
+    waits_ms: list[int] = field(default_factory=list)
+    consumers: dict[str, ConsumerFigures] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def padding_waste(self) -> float:
+        return (self.padded_tokens - self.tokens_routed) / self.padded_tokens if self.padded_tokens else 0.0
+
+    @property
+    def budget_fill(self) -> float:
+        """Padded tokens / (batches x budget), over batches that are not single oversized items."""
+        return self.fill_padded_tokens / self.budget_tokens if self.budget_tokens else 0.0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cache_hits / self.batches if self.batches else 0.0
+
+    @property
+    def label(self) -> str:
+        """The policy, with the batching mode when the run chose one (``lanes/memory``)."""
+        return self.policy if self.batching is None else f"{self.policy}/{self.batching}"
+
+    @property
+    def kv_peak_fill(self) -> float:
+        """The worst consumer's largest batch, in KV bytes / its memory_bytes (0 without KV numbers)."""
+        return max((f.kv_peak_fill for f in self.consumers.values()), default=0.0)
+
+    @property
+    def over_memory(self) -> int:
+        return sum(f.over_memory for f in self.consumers.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_completed * 1000.0 / self.makespan_ms if self.makespan_ms else 0.0
+
+    def wait_percentile(self, q: float) -> int:
+        if not self.waits_ms:
+            return 0
+        ordered = sorted(self.waits_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "batching": self.batching,
+            "items": self.items,
+            "batches": self.batches,
+            "tokens_received": self.tokens_received,
+            "tokens_routed": self.tokens_routed,
+            "tokens_completed": self.tokens_completed,
+            "padded_tokens": self.padded_tokens,
+            "padding_waste": round(self.padding_waste, 6),
+            "budget_fill": round(self.budget_fill, 6),
+            "mixed_shape_batches": self.mixed_shape_batches,
+            "shape_switches": self.shape_switches,
+            "cache_hit_rate": round(self.cache_hit_rate, 6),
+            "lanes_in_use_peak": self.lanes_in_use_peak,
+            "lane_pressure_peak": round(self.lane_pressure_peak, 6),
+            "lane_reuses": self.lane_reuses,
+            "new_lanes": self.new_lanes,
+            "idle_reclaims": self.idle_reclaims,
+            "wait_ms": {
+                "p50": self.wait_percentile(0.5),
+                "p99": self.wait_percentile(0.99),
+                "max": max(self.waits_ms, default=0),
+            },
+            "makespan_ms": round(self.makespan_ms, 3),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "oversized": self.oversized,
+            "kv_peak_fill": round(self.kv_peak_fill, 6),
+            "over_memory_batches": self.over_memory,
+            "consumers": {
+                name: {
+                    "batches": f.batches,
+                    "items": f.items,
+                    "real_tokens": f.real_tokens,
+                    "padded_tokens": f.padded_tokens,
+                    "padding_waste": round((f.padded_tokens - f.real_tokens) / f.padded_tokens, 6)
+                    if f.padded_tokens
+                    else 0.0,
+                    "budget_fill": round(f.fill_padded_tokens / f.budget_tokens, 6)
+                    if f.budget_tokens
+                    else 0.0,
+                    "cache_hit_rate": round(f.cache_hits / f.batches, 6) if f.batches else 0.0,
+                    "shape_switches": f.shape_switches,
+                    "oversized": f.oversized,
+                    "busy_ms": round(f.busy_ms, 3),
+                    "batching": f.batching,
+                    "memory_bytes": f.memory_bytes,
+                    "kv_bytes_peak": f.kv_bytes_peak,
+                    "kv_peak_fill": round(f.kv_peak_fill, 6),
+                    "kv_fill": round(f.kv_fill, 6),
+                    "over_memory_batches": f.over_memory,
+                }
+                for name, f in self.consumers.items()
+            },
+        }
+
+
+def batch_line(batch: Batch) -> str:
+    return json.dumps(
+        {
+            "batch_id": batch.batch_id,
+            "consumer": batch.consumer,
+            "model": batch.model,
+            "shape": batch.shape,
+            "lane": batch.lane,
+            "t_ms": batch.created_ms,
+            "padded_length": batch.padded_length,
+            "items": [[it.id, it.length] for it in batch.items],
+        },
+        separators=(",", ":"),
+    )
+
+
+def render_table(reports: Iterable[SimReport]) -> str:
+    """A human table: one column per policy (per policy and batching mode when the run chose modes)."""
+    reports = list(reports)
+    rows: list[tuple[str, Callable[[SimReport], str]]] = [
+        ("items", lambda r: f"{r.items:,}"),
+        ("batches", lambda r: f"{r.batches:,}"),
+        ("tokens received", lambda r: f"{r.tokens_received:,}"),
+        ("tokens routed", lambda r: f"{r.tokens_routed:,}"),
+        ("padded tokens", lambda r: f"{r.padded_tokens:,}"),
+        ("padding waste", lambda r: f"{r.padding_waste:.3%}"),
+        ("budget fill", lambda r: f"{r.budget_fill:.1%}"),
+        ("mixed-shape batches", lambda r: f"{r.mixed_shape_batches:,}"),
+        ("shape switches", lambda r: f"{r.shape_switches:,}"),
+        ("cache hit rate", lambda r: f"{r.cache_hit_rate:.1%}"),
+        ("lanes in use (peak)", lambda r: f"{r.lanes_in_use_peak:,}"),
+        ("lane pressure (peak)", lambda r: f"{r.lane_pressure_peak:.3f}"),
+        ("lane reuses / new lanes", lambda r: f"{r.lane_reuses:,} / {r.new_lanes:,}"),
+        ("oversized", lambda r: f"{r.oversized:,}"),
+        (
+            "wait p50 / p99 / max ms",
+            lambda r: (
+                f"{r.wait_percentile(0.5):,} / {r.wait_percentile(0.99):,} / {max(r.waits_ms, default=0):,}"
+            ),
+        ),
+        ("makespan (virtual s)", lambda r: f"{r.makespan_ms / 1000:,.1f}"),
+        ("tokens/s (virtual)", lambda r: f"{r.tokens_per_s:,.0f}"),
+    ]
+    if any(f.memory_bytes for r in reports for f in r.consumers.values()):
+        rows += [
+            ("KV bytes peak / memory_bytes", lambda r: f"{r.kv_peak_fill:.1%}"),
+            ("batches over memory_bytes", lambda r: f"{r.over_memory:,}"),
+        ]
+    width = max(len(name) for name, _ in rows)
+    cols = [[fmt(r) for _, fmt in rows] for r in reports]
+    col_w = [max(len(r.label), *(len(v) for v in col)) for r, col in zip(reports, cols, strict=True)]
+    lines = [
+        "".ljust(width) + "  " + "  ".join(r.label.rjust(w) for r, w in zip(reports, col_w, strict=True))
+    ]
+    for i, (name, _) in enumerate(rows):
+        lines.append(
+            name.ljust(width) + "  " + "  ".join(col[i].rjust(w) for col, w in zip(cols, col_w, strict=True))
+        )
+    return "\n".join(lines)
