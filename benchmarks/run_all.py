@@ -217,7 +217,7 @@ def render(results: dict[str, Any], meta: dict[str, Any], preserved: dict[str, s
         "each run; "
         f'"{PROFILE_SECTION[3:]}" and "{EMBED_SECTION[3:]}" are written by hand and carried over. '
         "Scripts print ratios against baselines measured in the same run; nothing here is asserted by "
-        "the test suite (`tests/test_benchmarks_smoke.py` checks only that the harness works).",
+        "the test suite (`tests/broker/test_benchmarks.py` checks only that the harness works).",
         "## Machine and versions",
         _machine_table(results, meta),
         "## Targets",

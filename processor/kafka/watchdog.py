@@ -3,7 +3,7 @@ restarts it.
 
 Why this exists: in librdkafka 2.16 (the newest confluent-kafka wheel), ``send_offsets_to_transaction``
 can block forever, past its own timeout, once the group coordinator's broker has gone away and come
-back (confluentinc/librdkafka#5456 and #5511, open upstream). ``tests/test_broker_restart.py`` hits it
+back (confluentinc/librdkafka#5456 and #5511, open upstream). ``tests/broker/test_broker_restart.py`` hits it
 when it restarts its single broker. A thread stuck inside the C library cannot be interrupted, and every
 piece of progress is transactional, so a crash is the one recovery that is always correct: the
 restarted process fences the stuck transaction, restores from the last commit and goes on

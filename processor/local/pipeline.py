@@ -193,7 +193,9 @@ def child_env(bootstrap: str) -> dict[str, str]:
     env = dict(os.environ)
     env["KAFKA_BOOTSTRAP"] = bootstrap
     env["PYTHONUNBUFFERED"] = "1"
-    root = str(Path(__file__).resolve().parent.parent)
+    # the folder that holds the ``processor`` package (a checkout or site-packages), so the children
+    # run this very code whatever their working directory
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 

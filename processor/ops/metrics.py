@@ -12,7 +12,7 @@ step old and the figures of one scrape are not one atomic snapshot (see ``ledger
 Only the two latency histograms are observed as events: a commit or a checkpoint happens about
 once a second, off the per-item path, through the service's :class:`ServiceObserver` hooks.
 
-Names and meanings: docs/metrics.md (keep the two in step; tests/test_metrics.py checks it).
+Names and meanings: docs/metrics.md (keep the two in step; tests/ops/test_metrics.py checks it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Virtual time: the simulator, the baseline policies, the card cost model, traces and plots.
 
 Drives the same core as the processor, without Kafka; imports the core alone.
-Public face: ``simulator`` (simulate), ``baselines``, ``cardmodel``, ``traces`` (read_shipped),
-``tracegen``, ``plots``.
+Public face: ``simulator`` (simulate), ``report`` (SimReport), ``baselines``, ``cardmodel``,
+``traces`` (read_shipped), ``tracegen``, ``plots``.
 """

@@ -11,7 +11,7 @@ and the consumer never holds more than ``max_inflight`` batches, during a rebala
 The slots are spread evenly over the partitions. With contiguous partition ranges (Kafka's range
 assignor), every instance owns at least one slot of every consumer when ``max_inflight >= instances``
 and the number of instances divides the number of partitions, or whenever ``max_inflight >=
-partitions`` (``tests/test_handover.py`` checks the first by property). Otherwise an instance can
+partitions`` (``tests/state/test_handover.py`` checks the first by property). Otherwise an instance can
 own none (4 instances on 6 partitions with ``max_inflight`` 4: the slots sit on partitions 0, 2, 3
 and 5), and cannot send that consumer work; ``tokenfabric status`` shows each instance's share.
 

@@ -1,0 +1,84 @@
+"""The consumer app (processor/apps/consumer.py) without a broker: the completions it writes for a
+batch, in either form. Against a broker: tests/broker/test_producer_consumer.py."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+from confluent_kafka import Message
+
+from processor.apps.consumer import ConsumerApp
+from processor.core.signature import shape_signature
+from processor.engines.sim import SimEngine
+from processor.kafka.topics import TopicNames
+from processor.sim.cardmodel import CardSpec
+from processor.wire.completions import decode_completions
+from processor.wire.items import encode_batch
+from processor.wire.records import CompletionForm
+from processor.wire.schemas import schema_of
+from tests.apps.helpers import card_contract, outgoing_batch, token_record
+
+
+class _KeptProducer:
+    """Stands in for the app's Kafka producer: keeps what is produced, delivers all of it at once."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: object = None) -> None:
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+class _BatchMessage:
+    """The one method of a Kafka message that :meth:`ConsumerApp.handle` reads for a good batch."""
+
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+
+    def value(self) -> bytes:
+        return self._value
+
+
+@pytest.mark.parametrize(
+    ("completions", "max_bytes", "messages"),
+    [("batch", 900_000, 1), ("batch", 120, 3), ("item", 900_000, 5)],
+    ids=["batch", "batch-split", "item"],
+)
+def test_the_consumer_app_writes_a_batchs_completions_in_its_form(
+    completions: CompletionForm, max_bytes: int, messages: int
+) -> None:
+    """No broker: the app's producer is replaced and one batch of five items handed to ``handle``.
+    At 120 bytes a CompletionBatch holds two of these items, so the batch goes out in three."""
+    names = TopicNames("unit")
+    engine = SimEngine(CardSpec(), time_scale=0.0)
+    app = ConsumerApp(
+        {}, names, card_contract("card-a"), engine, completions=completions, max_completion_bytes=max_bytes
+    )
+    kept = _KeptProducer()
+    app._producer = cast(Any, kept)
+    records = [token_record(f"item-{n}", 8 + n, shape_signature(["s"])) for n in range(5)]
+    batch = encode_batch(outgoing_batch("b-1", "card-a", records, padded_length=16))
+    app.handle(cast(Message, _BatchMessage(batch)))
+    assert len(kept.sent) == messages
+    done = [c for _topic, _key, value in kept.sent for c in decode_completions(value)]
+    assert [c.item_id for c in done] == [r.item_id for r in records]  # every item once, in order
+    assert {(c.batch_id, c.consumer, c.padded_tokens, c.status) for c in done} == {
+        ("b-1", "card-a", 16, "ok")
+    }
+    form = "Completion" if completions == "item" else "CompletionBatch"
+    for topic, key, value in kept.sent:
+        first = decode_completions(value)[0]
+        assert (topic, schema_of(value)) == (names.results, form)
+        assert len(value) <= max_bytes
+        assert key == (first.item_id if completions == "item" else first.batch_id).encode()
+    assert (app.stats.items, app.stats.ok) == (5, 5)
+
+
+def test_the_consumer_app_refuses_an_unknown_completions_form() -> None:
+    engine = SimEngine(CardSpec(), time_scale=0.0)
+    with pytest.raises(ValueError, match="completions must be one of batch, item, got 'each'"):
+        ConsumerApp({}, TopicNames("unit"), card_contract(), engine, completions=cast(Any, "each"))

@@ -1,0 +1,81 @@
+"""The broker goes away mid-run and comes back; the run ends exactly once with a clean audit.
+
+The processor and two consumers run as real processes under a tiny supervisor (the test), as they
+would under Kubernetes. librdkafka reconnects by itself, except that ``send_offsets_to_transaction``
+can block forever after the coordinator's broker restarts (librdkafka#5456/#5511): the watchdog then
+ends the process with exit code 75 and the supervisor starts it again, which exactly-once makes safe
+(processor/kafka/watchdog.py). A process whose messages timed out while the broker was away exits 75 too
+(processor/kafka/exits.py). The test records which processes needed a restart.
+
+This test restarts a broker, so it starts its own (on loopback, from the cached jars) even when
+``KAFKA_BOOTSTRAP`` names a shared one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from processor.kafka.exits import EXIT_TEMPFAIL
+from processor.local import broker as kafka_local
+from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, running_rig
+
+pytestmark = pytest.mark.kafka
+log = logging.getLogger(__name__)
+
+WATCHDOG = ("--stuck-exit-s", "15")
+
+
+@pytest.fixture
+def private_broker(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    state = tmp_path / "kafka"
+    info = kafka_local.start_broker(state)
+    try:
+        yield state, info.bootstrap
+    finally:
+        kafka_local.stop_broker(state)
+
+
+def supervise_until_done(rig: Rig, n: int, timeout_s: float) -> list[str]:
+    """Restart what the watchdog ended until every item completed; returns the restarted names."""
+    restarted: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while rig.completed() < n:
+        restarted += rig.respawn_exited(EXIT_TEMPFAIL)
+        for name, proc in rig.pipeline.procs.items():
+            code = proc.poll()
+            assert code in (None, EXIT_TEMPFAIL), (
+                f"{name} exited with {code}; see its log in {rig.pipeline.log_dir}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {rig.completed():,} of {n:,} completed in {timeout_s:.0f} s")
+        time.sleep(0.5)
+    return restarted
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["clean restart", "broker SIGKILL"])
+def test_the_pipeline_rides_out_a_broker_restart(
+    private_broker: tuple[Path, str], tmp_path: Path, kill: bool
+) -> None:
+    state, bootstrap = private_broker
+    with running_rig(bootstrap, tmp_path, consumer_threads=False) as rig:
+        for contract in CARDS:
+            rig.spawn_consumer(contract.consumer, contract, overhead_ms=5, extra=WATCHDOG)
+        ids, tokens, producer = produce_paced(rig, 6_000, seed=23, seconds=20)
+        rig.spawn_processor("processor", extra=("--transaction-timeout-ms", "60000", *WATCHDOG))
+        rig.wait_completed(500, timeout_s=120)  # mid-run: batches in flight, items waiting
+        down = time.monotonic()
+        kafka_local.restart_broker(state, kill=kill)
+        outage_s = time.monotonic() - down
+        producer.join()
+        restarted = supervise_until_done(rig, len(ids), timeout_s=300)
+        log.warning("broker away %.1f s; restarted by the watchdog: %s", outage_s, restarted or "none")
+        codes = rig.pipeline.stop()
+    live = [name for name, code in codes.items() if code != EXIT_TEMPFAIL]
+    assert all(codes[name] == 0 for name in live), codes
+    assert outage_s > 1.0  # the broker really was away for a while
+    assert_exactly_once(rig, ids, tokens)

@@ -1,0 +1,178 @@
+"""Fault tests: kill the processor at seeded random instants, fence a zombie, and check nothing was lost
+or doubled by reading every topic back (read_committed), not by asking the processor.
+
+The processor runs as a real subprocess (``tokenfabric processor``) so SIGKILL and SIGSTOP are real;
+the two consumer apps run in threads of the test with an instant simulated engine.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from processor.cli.tokenfabric import main
+from processor.core.contract import Contract
+from processor.kafka.reader import read_topic
+from processor.kafka.topics import create_topics, topic_specs
+from processor.ops.audit import audit
+from processor.ops.status import gather
+from processor.wire.control import encode_contract, encode_ledger_snapshot
+from processor.wire.records import ContractRecord, LedgerSnapshotRecord
+from processor.wire.schemas import schema_of
+from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce, running_rig
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def rig(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """The rig; a test parametrized indirectly on ``rig`` names the consumers' completions form."""
+    with running_rig(kafka_bootstrap, tmp_path, completions=getattr(request, "param", "batch")) as r:
+        yield r
+
+
+def test_processor_killed_at_five_random_instants_dispatches_every_item_exactly_once(rig: Rig) -> None:
+    ids, tokens = produce(rig, 20_000, seed=7)
+    rng = random.Random(20261129)
+    for kill in range(5):
+        rig.spawn_processor(f"processor-{kill}")
+        time.sleep(rng.uniform(1.5, 5.0))  # mid-consume, mid-dispatch or mid-commit: wherever it is
+        proc = rig.pipeline.procs[f"processor-{kill}"]
+        assert proc.poll() is None, f"processor-{kill} died on its own"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    rig.spawn_processor("processor-final")
+    rig.wait_completed(len(ids), timeout_s=240)
+    codes = rig.pipeline.stop()
+    assert codes["processor-final"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+def test_a_zombie_processor_is_fenced_and_emits_nothing(rig: Rig) -> None:
+    ids, tokens = produce(rig, 5_000, seed=11)
+    rig.spawn_processor("old")
+    time.sleep(3)
+    old = rig.pipeline.procs["old"]
+    old.send_signal(signal.SIGSTOP)  # paused, as a GC pause or a frozen VM would
+    rig.spawn_processor("new")
+    time.sleep(4)  # the replacement fences the old transactional id and takes over
+    old.send_signal(signal.SIGCONT)
+    rig.wait_completed(len(ids), timeout_s=240)
+    old_code = old.wait(60)
+    assert old_code == 1, "the zombie should stop on being fenced, and not ask for a restart (75)"
+    codes = rig.pipeline.stop()
+    assert codes["new"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+def test_a_processor_that_cannot_deliver_exits_75_and_its_restart_loses_nothing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A consumer's batch topic is missing (a deploy not finished), so the processor's batches time
+    out: it exits 75, having committed nothing past its last commit. Once the topic exists, a
+    restarted processor dispatches every item exactly once."""
+    from confluent_kafka.admin import AdminClient
+
+    small = CARDS[0]
+    with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
+        admin = AdminClient(rig.conf)
+        for future in admin.delete_topics([rig.topics.batches(small.consumer)]).values():
+            future.result(30)
+        announce = encode_contract(ContractRecord(small, int(time.time() * 1000)))
+        producer = Producer(rig.conf)
+        producer.produce(rig.topics.contracts, announce, small.consumer.encode())
+        assert producer.flush(30) == 0
+        ids, tokens = produce(rig, 2_000, seed=29)
+        quick = tmp_path / "quick.properties"
+        quick.write_text("message.timeout.ms=3000\n")
+        rig.spawn_processor("impatient", extra=("--kafka-config", str(quick)))
+        code = rig.pipeline.procs["impatient"].wait(120)
+        log = (rig.pipeline.log_dir / "impatient.log").read_text()
+        assert code == 75, log
+        assert "a produce failed" in log and "a restart recovers" in log
+        assert gather(rig.conf, rig.topics, group=rig.group).total("routed_items") == 0  # nothing committed
+        create_topics(rig.conf, topic_specs(rig.topics, consumers=[c.consumer for c in CARDS]))
+        for contract in CARDS:
+            rig.spawn_consumer(contract.consumer, contract, overhead_ms=1)
+        rig.spawn_processor("restarted")
+        rig.wait_completed(len(ids), timeout_s=180)
+        codes = rig.pipeline.stop()
+    assert codes["restarted"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+@pytest.mark.parametrize(
+    ("rig", "form"), [("batch", "CompletionBatch"), ("item", "Completion")], indirect=["rig"]
+)
+def test_the_audit_catches_a_phantom_in_the_checkpoint(rig: Rig, form: str) -> None:
+    """A checkpoint that claims items waiting that are not there (the reference system's bug). First
+    the run balances, exactly once, whichever form the consumers write their completions in."""
+    ids, tokens = produce(rig, 500, seed=3)
+    rig.spawn_processor("processor")
+    rig.wait_completed(len(ids), timeout_s=120)
+    assert rig.pipeline.stop()["processor"] == 0
+    assert {schema_of(m.value()) for m in read_topic(rig.conf, rig.topics.results)} == {form}
+    assert_exactly_once(rig, ids, tokens)
+    audit_cli = [
+        "audit",
+        "--bootstrap",
+        rig.bootstrap,
+        "--topic-prefix",
+        rig.topics.prefix,
+        "--group",
+        rig.group,
+    ]
+    assert main(audit_cli) == 0
+    latest = gather(rig.conf, rig.topics, group=rig.group).checkpoints["p0"]
+    phantom = dict(latest.counters, queued_items=latest.counters["queued_items"] + 1_000_000)
+    forged = LedgerSnapshotRecord(
+        instance="p0",
+        taken_ms=latest.taken_ms + 1,
+        sequence=latest.sequence + 1,
+        counters=phantom,
+        per_model={},
+        per_consumer={},
+    )
+    from confluent_kafka import Producer
+
+    producer = Producer(rig.conf)
+    producer.produce(rig.topics.accounting, key=b"p0", value=encode_ledger_snapshot(forged))
+    producer.flush(30)
+    assert main(audit_cli) == 1
+    report = audit(rig.conf, rig.topics, rig.group)
+    assert not report.clean
+    assert any("queued_items: checkpoint says 1,000,000" in d for d in report.differences), report.differences
+
+
+def test_a_consumer_killed_mid_batch_loses_and_doubles_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Both consumers are real processes whose engine takes 20 ms a batch, so each of the three SIGKILLs
+    most likely lands inside a batch; the replacements must not complete anything twice."""
+    with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
+
+        def spawn_consumer(name: str, contract: Contract) -> None:
+            rig.spawn_consumer(name, contract)
+
+        try:
+            for contract in CARDS:
+                spawn_consumer(contract.consumer, contract)
+            rig.spawn_processor("processor")
+            ids, tokens = produce(rig, 3_000, seed=5)
+            rng = random.Random(42)
+            for kill in range(3):
+                time.sleep(rng.uniform(1.0, 3.0))
+                victim = CARDS[kill % 2]
+                proc = rig.pipeline.procs[victim.consumer if kill < 2 else f"{victim.consumer}-1"]
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                spawn_consumer(f"{victim.consumer}-{kill + 1}", victim)
+            rig.wait_completed(len(ids), timeout_s=240)
+        finally:
+            codes = rig.pipeline.stop()
+    assert codes["processor"] == 0
+    assert_exactly_once(rig, ids, tokens)

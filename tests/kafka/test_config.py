@@ -1,0 +1,146 @@
+"""Kafka client settings: file, environment and flags in the documented order; secrets never printed.
+
+The SASL round trip against a real secured broker is tests/broker/test_sasl.py; these tests need no broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from processor.cli.tokenfabric import COMMANDS, build_parser
+from processor.kafka.config import ConfigError, client_config, describe, from_env, read_properties, redacted
+
+SECRET = "s3cr3t-Pa55word"
+
+
+def _props(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "kafka.properties"
+    path.write_text(text)
+    return path
+
+
+def test_file_then_environment_then_flag(tmp_path: Path) -> None:
+    path = _props(
+        tmp_path,
+        "# comment\n! also a comment\n\nbootstrap.servers = file:9092\nsecurity.protocol=SASL_SSL\n"
+        "sasl.mechanism: SCRAM-SHA-512\nclient.id=from-file\n",
+    )
+    env = {"TOKENFABRIC_KAFKA_CLIENT_ID": "from-env", "TOKENFABRIC_KAFKA_SASL_PASSWORD": SECRET}
+    conf = client_config(None, str(path), env)
+    assert conf == {
+        "bootstrap.servers": "file:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "client.id": "from-env",
+        "sasl.password": SECRET,
+    }
+    assert client_config("flag:1", str(path), env)["bootstrap.servers"] == "flag:1"
+    env["TOKENFABRIC_KAFKA_BOOTSTRAP_SERVERS"] = "env:2"
+    assert client_config(None, str(path), env)["bootstrap.servers"] == "env:2"
+
+
+def test_the_file_can_come_from_the_environment_and_bootstrap_from_kafka_bootstrap(tmp_path: Path) -> None:
+    path = _props(tmp_path, "security.protocol=SASL_PLAINTEXT\n")
+    conf = client_config(env={"TOKENFABRIC_KAFKA_CONFIG": str(path), "KAFKA_BOOTSTRAP": "kb:9092"})
+    assert conf == {"security.protocol": "SASL_PLAINTEXT", "bootstrap.servers": "kb:9092"}
+
+
+def test_names_under_the_prefix_that_are_not_properties_are_left_alone() -> None:
+    # TOKENFABRIC_KAFKA_JVM_OPTS is the local broker's: as a client property it would break every client.
+    env = {
+        "TOKENFABRIC_KAFKA_JVM_OPTS": "-Djava.io.tmpdir=/x",
+        "TOKENFABRIC_KAFKA_CONFIG": "/etc/kafka.properties",
+        "TOKENFABRIC_KAFKA_": "nothing",
+        "KAFKA_BOOTSTRAP": "not-a-property",
+        "TOKENFABRIC_KAFKA_SSL_CA_LOCATION": "/ca.pem",
+    }
+    assert from_env(env) == {"ssl.ca.location": "/ca.pem"}
+
+
+def test_environment_names_become_real_librdkafka_properties() -> None:
+    env = {
+        "TOKENFABRIC_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "TOKENFABRIC_KAFKA_SASL_MECHANISM": "PLAIN",
+        "TOKENFABRIC_KAFKA_SASL_USERNAME": "alice",
+        "TOKENFABRIC_KAFKA_SASL_PASSWORD": SECRET,
+        "TOKENFABRIC_KAFKA_SOCKET_KEEPALIVE_ENABLE": "true",
+        "TOKENFABRIC_KAFKA_ENABLE_SSL_CERTIFICATE_VERIFICATION": "false",
+    }
+    conf = client_config("127.0.0.1:1", env=env)
+    Producer(conf).flush(0)  # an unknown property name raises KafkaException here
+
+
+def test_a_malformed_line_is_reported_without_its_content(tmp_path: Path) -> None:
+    path = _props(tmp_path, "bootstrap.servers=a:1\n" + SECRET + "\n")
+    with pytest.raises(ConfigError) as err:
+        read_properties(path)
+    assert f"{path}:2" in str(err.value)
+    assert SECRET not in str(err.value)
+    with pytest.raises(ConfigError, match="No such file"):
+        read_properties(tmp_path / "missing.properties")
+
+
+def test_values_keep_their_separators(tmp_path: Path) -> None:
+    path = _props(tmp_path, "sasl.password=a=b:c\nbootstrap.servers=h1:9092,h2:9092\n")
+    assert read_properties(path) == {"sasl.password": "a=b:c", "bootstrap.servers": "h1:9092,h2:9092"}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sasl.password",
+        "ssl.key.password",
+        "ssl.keystore.password",
+        "ssl.key.pem",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.config",
+        "sasl.jaas.config",
+    ],
+)
+def test_redacted_hides_secrets(key: str) -> None:
+    out = redacted({key: SECRET, "sasl.username": "alice", "ssl.key.location": "/k.pem"})
+    assert out == {key: "***", "sasl.username": "alice", "ssl.key.location": "/k.pem"}
+
+
+def test_describe_is_one_safe_line() -> None:
+    conf = {
+        "bootstrap.servers": "b:9092",
+        "sasl.password": SECRET,
+        "sasl.username": "alice",
+        "logger": logging.getLogger("x"),
+        "error_cb": print,
+    }
+    line = describe(conf)
+    assert SECRET not in line
+    assert line == "bootstrap.servers=b:9092, sasl.password=***, sasl.username=alice"
+
+
+KAFKA_COMMANDS = sorted(set(COMMANDS) - {"simulate", "kafka", "demo"})
+
+
+@pytest.mark.parametrize("command", KAFKA_COMMANDS)
+def test_every_kafka_command_takes_the_shared_settings(command: str, tmp_path: Path) -> None:
+    """Each command that talks to Kafka parses --bootstrap/--kafka-config into client_config."""
+    parser = build_parser(command)
+    sub = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    flags = {s for a in sub._actions for s in a.option_strings}
+    assert {"--bootstrap", "--kafka-config", "--topic-prefix"} <= flags
+
+    from processor.cli.options import kafka_settings
+
+    path = _props(tmp_path, "security.protocol=SASL_SSL\n")
+    required = {
+        "topics": ["create"],
+        "produce": ["--trace", "x"],
+        "consumer": ["--id", "c"],
+        "submit": ["d.jsonl", "--job", "j", "--template", "t.toml"],
+        "collect": ["--job", "j", "--out", "o.jsonl"],
+        "collector": ["--out-dir", "d"],
+    }.get(command, [])
+    args = parser.parse_args([command, *required, "--bootstrap", "b:1", "--kafka-config", str(path)])
+    conf, _ = kafka_settings(args)
+    assert conf["security.protocol"] == "SASL_SSL" and conf["bootstrap.servers"] == "b:1"

@@ -1,0 +1,315 @@
+"""Handing lane state between processor instances, without Kafka.
+
+The scheduler's release and adopt, with the ledger balancing throughout; then PartitionHandover
+(processor/state/handover.py) itself, on a stand-in service whose restore is a prepared changelog:
+what an assignment adopts, what a revocation lets go of, and the restart check."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from processor.apps.observe import ProcessorSettings, ServiceCounters
+from processor.core.accounting import LedgerImbalance
+from processor.core.contract import Contract
+from processor.core.item import Batch
+from processor.core.scheduler import Scheduler
+from processor.kafka.topics import TopicNames
+from processor.state import changelog
+from processor.state import handover as handover_module
+from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
+from processor.state.credits import CreditBook
+from processor.state.handover import PartitionHandover
+from processor.state.ingest import IngestItem
+from processor.state.restore import RestoredState
+from processor.wire.heads import ItemHead, decode_item_head
+from processor.wire.items import encode_token_item
+from processor.wire.records import new_token_item
+from tests.core.helpers import MODEL, make_contract, make_items, make_scheduler, submit_all
+
+# -- release and adopt in the core -------------------------------------------------------------
+
+
+def _emit_one(sched: Scheduler) -> Batch:
+    batches = sched.dispatch(0)
+    assert batches
+    return batches[0]
+
+
+def test_release_then_adopt_restores_the_same_work_and_balances() -> None:
+    sched = make_scheduler(make_contract(inflight=1, items=2, budget=4096))
+    items = submit_all(sched, make_items([100, 104, 108, 112]))
+    batch = _emit_one(sched)
+    first = batch.items[0]
+    assert sched.item_done(batch.batch_id, first.id, True, 1) is False  # half answered
+    done = sched.done_items(batch.batch_id)
+    assert done == [first.id]
+    waiting = [it for it in items if not it.dispatched]
+    before = sched.ledger.handover_delta()
+
+    sched.release_all()
+    sched.check(deep=True)
+    assert sched.table.waiting_items == 0 and not list(sched.in_flight_batches())
+
+    for it in waiting:
+        sched.adopt_waiting(it, 2)
+    assert sched.adopt_in_flight(batch, 2, set(done))
+    sched.check(deep=True)
+    assert sched.ledger.handover_delta() == before  # adopted exactly what was released
+    # the answered item stays answered: its replayed completion is not counted twice
+    assert sched.item_done(batch.batch_id, first.id, True, 3) is None
+    assert sched.item_done(batch.batch_id, batch.items[1].id, True, 3) is True
+    completed = sched.ledger.total("completed")
+    assert completed.items == 2
+    sched.check(deep=True)
+
+
+def test_a_scheduler_limited_to_its_share_of_slots_sends_no_more() -> None:
+    sched = make_scheduler()
+    sched.set_contract(make_contract(inflight=4, items=1), slots=1)
+    submit_all(sched, make_items([100] * 5))
+    assert len(sched.dispatch(0)) == 1
+    sched.set_contract(make_contract(inflight=4, items=1), slots=0)
+    assert sched.dispatch(0) == []
+
+
+def test_adopting_a_batch_of_a_retired_consumer_puts_its_outstanding_items_back() -> None:
+    sched = make_scheduler(make_contract("gone", inflight=1, items=2))
+    submit_all(sched, make_items([100, 100]))
+    batch = _emit_one(sched)
+    sched.item_done(batch.batch_id, batch.items[0].id, True, 1)
+    done = set(sched.done_items(batch.batch_id))
+
+    other = Scheduler()
+    other.set_contract(make_contract("alive", model=MODEL))
+    assert not other.adopt_in_flight(batch, 2, done)
+    assert other.table.waiting_items == 1  # only the unanswered item waits again
+    other.check(deep=True)
+
+
+# -- PartitionHandover: the service's rebalance callbacks ------------------------------------------
+
+PARTITIONS = 4
+CARD = Contract("c", "m", budget_tokens=4096, max_items=8, pad_multiple=8, max_inflight=4)
+SHAPE = ["system: be brief"]
+
+
+def head(item_id: str, length: int) -> ItemHead:
+    """An ingest message's head, decoded from the bytes a producer would write."""
+    return decode_item_head(
+        encode_token_item(new_token_item(item_id, "m", range(1, length + 1), 0, shape_components=SHAPE))
+    )
+
+
+class Service(PartitionHandover):
+    """The attributes and methods of ProcessorService that the callbacks use, around a real scheduler,
+    credit book and committer; commits and control-consumer assignments are counted, not made."""
+
+    def __init__(self, committer_kind: str = "transactional") -> None:
+        self.conf = {"bootstrap.servers": "127.0.0.1:1"}
+        self.topics = TopicNames("handover")
+        self.settings = ProcessorSettings(instance="p0", group_id="handover-proc")
+        self.counters = ServiceCounters()
+        self.core = Scheduler()
+        self.credits = CreditBook(PARTITIONS)
+        self.owned = frozenset()
+        self.restoring_since_s = None
+        self.last_step_s = 0.0
+        self._clock = lambda: 123.0
+        self._closing = False
+        self._results_pos = {}
+        self._handover_at_start = None
+        self._owned_at_checkpoint = -1
+        self.commits: list[bool] = []
+        self.control_assignments = 0
+        args: tuple[Any, ...] = (None, None, None, self.topics, "p0", 500)
+        if committer_kind == "transactional":
+            self.committer = TransactionalCommitter(
+                *args, is_in_flight=self.core.is_in_flight, done_items=self.core.done_items, eager_ms=50
+            )
+        else:
+            self.committer = AtLeastOnceCommitter(*args)
+
+    def now_ms(self) -> int:
+        return 1_000
+
+    def _commit(self, force: bool = False) -> None:
+        self.commits.append(force)
+
+    def _assign_control(self) -> None:
+        self.control_assignments += 1
+
+    def _set_contract(self, contract: Contract) -> None:
+        self.core.set_contract(contract, self.credits.share(contract.max_inflight))
+
+
+@dataclass
+class Changelog:
+    """What the changelog and ingest topics hold for some partitions, and what restore was asked."""
+
+    waiting: dict[tuple[int, int], tuple[int, ItemHead]] = field(default_factory=dict)  # ref -> home, head
+    batches: list[tuple[int, changelog.BatchEntry]] = field(default_factory=list)  # (partition, entry)
+    heads: dict[tuple[int, int], ItemHead] = field(default_factory=dict)  # items of the batches
+    contracts: dict[str, Contract] = field(default_factory=lambda: {CARD.consumer: CARD})
+    asked: list[tuple[str, list[int] | None]] = field(default_factory=list)
+
+    def restore(self, conf, topics, group, partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
+        """Stands in for processor.state.restore.restore: the records go through a real fold."""
+        self.asked.append((group, partitions))
+        state = changelog.ChangelogState()
+        sets = changelog.WaitingSets()
+        sets.add_all(changelog.WaitingRef(home, *ref) for ref, (home, _h) in self.waiting.items())
+        for home, key, value in sets.flush():
+            state.apply(key, value, home)
+        for partition, entry in self.batches:
+            state.apply(changelog.batch_key(entry.batch_id), entry.value(), partition)
+        on_contracts(self.contracts)
+        for ref, home in state.waiting.items():
+            on_waiting(ref, home, self.waiting[ref][1])
+        return RestoredState(sorted(partitions), state, dict(self.heads), self.contracts, seconds=0.5)
+
+
+@pytest.fixture
+def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Changelog]:
+    """Partitions 0 and 1 as their last commit left them: three waiting items, a batch of ``c`` half
+    answered in slot 1, and a batch of a consumer that has since retired."""
+    log = Changelog()
+    log.waiting = {(0, 10): (0, head("w1", 100)), (0, 11): (0, head("w2", 50)), (1, 5): (1, head("w3", 20))}
+    log.heads = {(0, 3): head("b1-a", 30), (1, 4): head("b1-b", 40), (1, 6): head("gone-a", 60)}
+    log.batches = [
+        (
+            1,
+            changelog.BatchEntry(
+                "b1", "c", 0, 40, 8, 900, False, ((0, 3), (1, 4)), 1, (0,), ((0, 17), (2, 30))
+            ),
+        ),
+        (0, changelog.BatchEntry("b2", "retired", 0, 64, 8, 900, False, ((1, 6),), 0, (), ((1, 2),))),
+    ]
+    monkeypatch.setattr(handover_module, "restore", log.restore)
+    yield log
+    gc.unfreeze()  # _take_over freezes what it restored; give this test process its collector back
+
+
+def assign(svc: Service, partitions: list[int]) -> None:
+    svc._on_assign(None, [TopicPartition("handover.ingest", p) for p in partitions])
+
+
+def revoke(svc: Service, partitions: list[int]) -> None:
+    svc._on_revoke(None, [TopicPartition("handover.ingest", p) for p in partitions])
+
+
+def test_an_assignment_adopts_exactly_what_the_changelog_of_its_partitions_holds(restored: Changelog) -> None:
+    svc = Service()
+    svc._results_pos = {0: 50, 1: 1, 2: 20}
+    assign(svc, [1, 0])
+    assert restored.asked == [("handover-proc", [0, 1])]  # only the assigned partitions, sorted
+    assert svc.owned == frozenset({0, 1}) and svc.credits.owned_partitions == frozenset({0, 1})
+    core = svc.core
+    # the three waiting items, and the retired consumer's item put back in a lane: four wait
+    assert core.table.waiting_items == 4
+    assert core.table.waiting_tokens == 100 + 50 + 20 + 60
+    assert core.is_in_flight("b1") and not core.is_in_flight("b2")
+    assert core.done_items("b1") == ["b1-a"]  # the answered item stays answered
+    assert core.item_done("b1", "b1-a", True, 2_000) is None  # its replayed completion counts nothing
+    assert core.item_done("b1", "b1-b", True, 2_000) is True  # the outstanding one finishes the batch
+    core.check(deep=True)
+    # b1 holds slot 1 of c again; of c's four slots partitions 0 and 1 own two, so one is left
+    assert svc.credits.held("c") == 1
+    assert svc.credits.take("c", CARD.max_inflight, "next") == (0, 0)
+    with pytest.raises(RuntimeError, match="no free in-flight slot"):
+        svc.credits.take("c", CARD.max_inflight, "one-too-many")
+    assert core.consumers["c"].slots == 2  # the contract was set with this instance's share
+    # completions are read again from where b1's could first appear, only where that is earlier
+    assert svc._results_pos == {0: 17, 1: 1, 2: 20} and svc.control_assignments == 1
+    assert (svc.counters.assignments, svc.counters.restored_items, svc.counters.restored_batches) == (1, 3, 2)
+    assert svc.restoring_since_s is None and svc.last_step_s == 123.0
+
+
+def test_adopted_waiting_items_are_logged_where_their_records_live(restored: Changelog) -> None:
+    svc = Service()
+    assign(svc, [0, 1])
+    waiting = {it.id: it for it in svc.core.table.waiting()}
+    assert {i: (it.home, it.logged) for i, it in waiting.items() if i.startswith("w")} == {
+        "w1": (0, True),
+        "w2": (0, True),
+        "w3": (1, True),
+    }
+    # the retired consumer's item is back in a lane, homed in its batch's partition, to be logged anew
+    assert (waiting["gone-a"].home, waiting["gone-a"].logged) == (0, False)
+
+
+def test_a_revocation_commits_then_lets_go_of_everything(restored: Changelog) -> None:
+    svc = Service()
+    assign(svc, [0, 1])
+    before = svc.core.ledger.handover_delta()
+    revoke(svc, [0, 1])
+    assert svc.commits == [True]  # forced, while the partitions are still ours
+    core = svc.core
+    assert core.table.waiting_items == 0 and not list(core.in_flight_batches())
+    assert svc.owned == frozenset() and svc.credits.held("c") == 0 and svc.credits.share(4) == 0
+    assert core.consumers["c"].slots == 0 and core.dispatch(5_000) == []  # nothing more may be sent
+    core.check(deep=True)
+    # what this instance adopted it released again, to the item and token: the next owner adopts it
+    after = core.ledger.handover_delta()
+    assert before["m"] == (5, 100 + 50 + 20 + 40 + 60) and after["m"] == (0, 0)
+    assert restored.asked == [("handover-proc", [0, 1])]
+
+
+def test_a_revocation_while_closing_does_nothing(restored: Changelog) -> None:
+    svc = Service()
+    assign(svc, [0, 1])
+    svc._closing = True
+    revoke(svc, [0, 1])
+    assert svc.commits == [] and svc.core.table.waiting_items == 4 and svc.owned == frozenset({0, 1})
+
+
+def test_at_least_once_keeps_its_lanes_and_forgets_only_the_revoked_offsets() -> None:
+    svc = Service("at-least-once")
+    committer = svc.committer
+    assert isinstance(committer, AtLeastOnceCommitter)
+    for partition, offset in ((0, 7), (1, 3)):
+        item = IngestItem(head(f"i{partition}", 10), 0, partition, offset)
+        committer.item_seen(item)
+        svc.core.submit(item, 0)
+    assign(svc, [0, 1])  # at-least-once restores nothing
+    assert svc.owned == frozenset() and svc.core.table.waiting_items == 2
+    revoke(svc, [1])
+    assert svc.commits == [True]
+    assert committer.offsets.committable() == {0: 7}  # partition 1's offsets are the next owner's
+    assert svc.core.table.waiting_items == 2  # the items stay: they are re-read and deduplicated
+
+
+def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_counted(
+    restored: Changelog,
+) -> None:
+    def restart(held: list[tuple[str, int]]) -> Service:
+        """A service that resumed a checkpoint counting ``held`` items as waiting, as start() does."""
+        svc = Service()
+        for item_id, length in held:
+            svc.core.submit(IngestItem(head(item_id, length), 0, 0, 0), 0)
+        svc._handover_at_start = svc.core.ledger.handover_delta()
+        svc._owned_at_checkpoint = PARTITIONS
+        svc.core.release_all()
+        return svc
+
+    restored.batches = []
+    restored.waiting[(2, 1)] = (2, head("w4", 8))
+    counted = [("w1", 100), ("w2", 50), ("w3", 20), ("w4", 8)]
+    svc = restart(counted)
+    assign(svc, list(range(PARTITIONS)))  # the changelog holds exactly what was counted: fine
+    assert svc._handover_at_start is None and svc.core.table.waiting_items == 4
+
+    phantom = restart([*counted, ("w5", 30)])  # the checkpoint claims an item the changelog lacks
+    with pytest.raises(
+        LedgerImbalance, match=r"restore: model m: the checkpoint counted -1 items / -30 tokens"
+    ):
+        assign(phantom, list(range(PARTITIONS)))
+
+    partial = restart([*counted, ("w5", 30)])
+    assign(partial, [0, 1, 2])  # not every partition came back: state may rightly be elsewhere
+    assert partial.core.table.waiting_items == 4
