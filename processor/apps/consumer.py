@@ -5,7 +5,7 @@ Lifecycle of :meth:`ConsumerApp.run`:
 1. Create the consumer's batch topic if it is missing (the processor may start after the consumer).
 2. Announce the contract on the contracts topic (compacted, keyed by consumer id) and wait for the
    broker's acknowledgement: the processor learns the consumer exists and what it accepts.
-3. Read the batch topic in the group ``tokenfabric-consumer-<id>`` (``read_committed``, so batches of
+3. Read the batch topic in the group ``<prefix>-consumer-<id>`` (``read_committed``, so batches of
    an aborted processor transaction are never run; no auto-commit).
 4. For each batch: decode it, check it against the consumer's *own* contract, run the engine, produce
    its completions to the results topic, flush, and only then commit the batch's offset. By default
@@ -14,8 +14,8 @@ Lifecycle of :meth:`ConsumerApp.run`:
    item keyed by ``item_id``, for results readers that only understand that record.
 
 Delivery guarantee: **exactly-once** by default. A batch's completions and its batch-topic offset
-commit in one transaction (``transactional.id`` ``tokenfabric-consumer-<id>``), so a crash re-runs the
-batch and ``read_committed`` readers never see the first attempt's completions. With
+commit in one transaction (``transactional.id`` ``<prefix>-consumer-<id>``, the pipeline's), so a
+crash re-runs the batch and ``read_committed`` readers never see the first attempt's completions. With
 ``exactly_once=False`` (``--at-least-once``) completions are flushed before the offset moves: nothing
 is lost, and a crash between the two writes a batch's completions a second time (same ``item_id``,
 same ``batch_id``: readers dedupe on the pair).
@@ -102,10 +102,6 @@ class ConsumerStats:
             f"{self.batches} batches, {self.items} items (ok {self.ok}, failed {self.failed}, "
             f"rejected {self.rejected}), {self.dead_lettered} dead-lettered, engine {self.engine_ms} ms"
         )
-
-
-def group_id(consumer: str) -> str:
-    return f"tokenfabric-consumer-{consumer}"
 
 
 def _now_ms() -> int:
@@ -235,7 +231,7 @@ class ConsumerApp:
         producer_conf: dict[str, str | bool] = {**self.conf, **PRODUCER_SETTINGS}
         if self.exactly_once:
             # Stable per consumer id: a restarted app fences its predecessor's open transaction.
-            producer_conf["transactional.id"] = f"tokenfabric-consumer-{self.contract.consumer}"
+            producer_conf["transactional.id"] = self.topics.consumer_group(self.contract.consumer)
         self._producer = Producer(with_kafka_logger(producer_conf))
         if self.exactly_once:
             self._producer.init_transactions(60)
@@ -248,7 +244,7 @@ class ConsumerApp:
                 with_kafka_logger(
                     {
                         **self.conf,
-                        "group.id": group_id(self.contract.consumer),
+                        "group.id": self.topics.consumer_group(self.contract.consumer),
                         "enable.auto.commit": "false",
                         "isolation.level": "read_committed",
                         "auto.offset.reset": "earliest",

@@ -15,7 +15,8 @@ from processor.core.scheduler import DispatchSettings
 class ProcessorSettings:
     instance: str = "processor-0"
     """Names this instance's transactional id, checkpoints and batch ids: keep it stable across restarts."""
-    group_id: str = "tokenfabric-processor"
+    group_id: str = ""
+    """The ingest consumer group; empty means the pipeline's (``TopicNames.processor_group``)."""
     exactly_once: bool = True
     """Transactions, changelog and restore (see processor/state/commit.py); False is at-least-once."""
     consume_batch: int = 5000

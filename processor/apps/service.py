@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -76,7 +77,10 @@ class ProcessorService(PartitionHandover):
     ) -> None:
         self.conf = dict(conf)
         self.topics = topics
-        self.settings = s = settings or ProcessorSettings()
+        s = settings or ProcessorSettings()
+        if not s.group_id:
+            s = replace(s, group_id=topics.processor_group)
+        self.settings = s
         self._clock = clock
         self._t0 = clock()
         self.core = Scheduler(

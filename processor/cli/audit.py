@@ -10,7 +10,10 @@ from processor.cli.options import add_kafka_arguments, kafka_settings
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
-    p.add_argument("--group", default="tokenfabric-processor", help="the processors' ingest consumer group")
+    p.add_argument(
+        "--group", default="",
+        help="the processors' ingest consumer group (default: <topic prefix>-processor)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,10 @@ from processor.wire.records import LedgerSnapshotRecord
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
-    p.add_argument("--group", default="tokenfabric-processor", help="the processors' ingest consumer group")
+    p.add_argument(
+        "--group", default="",
+        help="the processors' ingest consumer group (default: <topic prefix>-processor)"
+    )
     p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval with --watch (default: 2)")
 

@@ -1,6 +1,11 @@
-"""Topic names and the settings each topic is created with.
+"""A pipeline's Kafka names (topics, consumer groups, transactional ids) and each topic's settings.
 
-Names derive from one prefix so two deployments can share a cluster. Ingest is keyed by shape
+Every name derives from one prefix, the pipeline's name, so two pipelines can share a cluster without
+fencing or reading each other: ``<prefix>.<topic>`` for topics, ``<prefix>-processor`` for the
+processors' group (``<group>-<instance>`` their transactional ids, ``<group>-control-<instance>``
+their control readers), ``<prefix>-consumer-<id>`` for a consumer app's group and transactional id.
+The default prefix gives the names of earlier versions, so a deployed pipeline keeps its offsets.
+docs/operations.md lists them for ACLs. Ingest is keyed by shape
 signature, so a shape lives in one partition and processors scale out by partition. Contracts,
 accounting and jobs are compacted: the latest value per key is the state, and a tombstone retires it.
 """
@@ -15,7 +20,18 @@ DEFAULT_PREFIX = "tokenfabric"
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
+    """The names one pipeline owns on its cluster, all derived from ``prefix``."""
+
     prefix: str = DEFAULT_PREFIX
+
+    @property
+    def processor_group(self) -> str:
+        """The processors' ingest consumer group (the default of ``--group``)."""
+        return f"{self.prefix}-processor"
+
+    def consumer_group(self, consumer: str) -> str:
+        """A consumer app's group on its batch topic; also its transactional id."""
+        return f"{self.prefix}-consumer-{consumer}"
 
     @property
     def ingest(self) -> str:

@@ -86,7 +86,7 @@ def batch_topics(conf: Mapping[str, str], topics: TopicNames) -> list[str]:
 def audit(
     conf: Mapping[str, str],
     topics: TopicNames,
-    group: str = "tokenfabric-processor",
+    group: str = "",
     progress: Callable[[str], None] | None = None,
 ) -> AuditReport:
     """``progress`` is told the name of each topic as the audit starts reading it."""

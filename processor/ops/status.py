@@ -69,7 +69,7 @@ def ingest_lag(
         consumer.close()
 
 
-def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabric-processor") -> StatusView:
+def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "") -> StatusView:
     view = StatusView()
     for msg in read_topic(conf, topics.contracts):
         key = (msg.key() or b"").decode("utf-8", "replace")
@@ -83,5 +83,5 @@ def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "tokenfabri
         previous = view.checkpoints.get(cp.instance)
         if previous is None or (cp.taken_ms, cp.sequence) >= (previous.taken_ms, previous.sequence):
             view.checkpoints[cp.instance] = cp
-    view.ingest_lag, view.ingest_end = ingest_lag(conf, topics.ingest, group)
+    view.ingest_lag, view.ingest_end = ingest_lag(conf, topics.ingest, group or topics.processor_group)
     return view

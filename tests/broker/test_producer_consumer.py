@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Message
 
 from processor import cli
-from processor.apps.consumer import ConsumerApp, group_id
+from processor.apps.consumer import ConsumerApp
 from processor.apps.producer import shape_key, synthetic_tokens
 from processor.core.signature import shape_signature
 from processor.engines.base import Engine, ItemResult
@@ -295,7 +295,7 @@ def test_consumer_app_answers_every_item_then_commits(
     assert announced.key() == b"card-a"
     assert decode_contract(announced.value()).contract == contract
 
-    reader = Consumer({**_conf(kafka_bootstrap), "group.id": group_id("card-a")})
+    reader = Consumer({**_conf(kafka_bootstrap), "group.id": names.consumer_group("card-a")})
     try:
         (committed,) = reader.committed([TopicPartition(names.batches("card-a"), 0)], timeout=TIMEOUT_S)
     finally:
