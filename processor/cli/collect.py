@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.poll_s > 0:
             raise ValueError(f"--poll-s must be > 0, got {args.poll_s}")
         output_format(args.out)
-        conf, topics = kafka_settings(args)
+        conf, topics = kafka_settings(args, reach=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

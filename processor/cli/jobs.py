@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.kafka.config import ConfigError
 
     try:
-        conf, topics = kafka_settings(args)
+        conf, topics = kafka_settings(args, reach=True)
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

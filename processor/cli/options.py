@@ -34,9 +34,14 @@ def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def kafka_settings(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
-    """The client config and topic names the Kafka options ask for; raises ``ConfigError``."""
+def kafka_settings(args: argparse.Namespace, *, reach: bool = False) -> tuple[dict[str, str], TopicNames]:
+    """The client config and topic names the Kafka options ask for; raises ``ConfigError``.
+
+    ``reach``: a short command first checks that the cluster answers, and raises
+    :class:`~processor.kafka.reach.BrokerUnreachable` (one line, exit 69, from :func:`main`) if not.
+    """
     from processor.kafka.config import client_config
+    from processor.kafka.reach import probe
     from processor.local.broker import local_bootstrap
 
     if not _PREFIX.match(args.topic_prefix):
@@ -44,6 +49,8 @@ def kafka_settings(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames
             f"--topic-prefix {args.topic_prefix!r}: 1-100 of A-Z a-z 0-9 . _ - (it starts each topic name)"
         )
     conf = client_config(args.bootstrap, args.kafka_config, fallback=local_bootstrap)
+    if reach:
+        probe(conf)
     return conf, TopicNames(args.topic_prefix)
 
 

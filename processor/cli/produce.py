@@ -82,11 +82,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--shape-blocks must be >= 0, got {args.shape_blocks}")
         if args.speed is not None and not args.speed > 0:
             raise ValueError(f"--speed must be > 0, got {args.speed}")
-        conf, topics = kafka_settings(args)
         path, fmt = _trace_path(args)
         records = read_trace(
             path, fmt, shape_blocks=args.shape_blocks, default_model=args.model, limit=args.limit
         )
+        conf, topics = kafka_settings(args, reach=True)  # local mistakes first, then the network
     except (TraceError, ConfigError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

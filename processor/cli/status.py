@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.kafka.config import ConfigError
 
     try:
-        conf, topics = kafka_settings(args)
+        conf, topics = kafka_settings(args, reach=True)
     except ConfigError as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 2

@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         plan = plan_from(args)
-        conf, topics = kafka_settings(args)
+        conf, topics = kafka_settings(args, reach=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -62,7 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args))
+    from processor.kafka.reach import EXIT_UNREACHABLE, BrokerUnreachable
+
+    try:
+        return int(module.run(args))
+    except BrokerUnreachable as exc:
+        print(f"tokenfabric {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         for consumer in args.consumer:
             if not CONSUMER_ID.match(consumer):
                 raise ConfigError(f"--consumer {consumer!r}: a consumer id is 1-200 of A-Z a-z 0-9 . _ -")
-        conf, names = kafka_settings(args)
+        conf, names = kafka_settings(args, reach=True)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
