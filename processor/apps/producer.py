@@ -2,7 +2,9 @@
 
 Why the key is the shape signature (8 bytes big-endian): the processor scales out by ingest partition
 and batches never mix shapes, so every item of a shape must reach the same processor instance. The
-default partitioner hashes the key, which gives exactly that.
+partitioner hashes the key, which gives exactly that, and it is murmur2 (``murmur2_random``), the
+Java client's default, not librdkafka's CRC32: a shape's items then land in one partition whichever
+client wrote them (docs/producers.md, "Use one partitioner for every producer").
 
 Delivery is asynchronous: :meth:`TokenProducer.send` only queues. Failures surface in the delivery
 callback, are counted, and :meth:`TokenProducer.flush` raises :class:`ProduceError` when any happened,
@@ -50,6 +52,8 @@ PRODUCER_DEFAULTS: dict[str, str] = {
     "linger.ms": "5",
     "batch.size": str(1 << 20),
     "compression.type": DEFAULT_COMPRESSION,
+    # Java's partitioner (murmur2 of the key), so producers in other languages agree on partitions.
+    "partitioner": "murmur2_random",
     # The ingest topic accepts 64 MiB messages (topics.RETAINED); a very long prompt must not be
     # refused client-side at librdkafka's 1 MB default.
     "message.max.bytes": str(64 << 20),
