@@ -16,6 +16,7 @@ from processor.local.broker import (
     BrokerInfo,
     broker_status,
     default_state_dir,
+    restart_broker,
     start_broker,
     stop_broker,
 )
@@ -24,7 +25,7 @@ from processor.local.jars import KAFKA_VERSION, KafkaLocalError, jars_dir
 log = logging.getLogger(__name__)
 
 
-ACTIONS = ("start", "stop", "status", "jars")
+ACTIONS = ("start", "stop", "restart", "status", "jars")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -80,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--heap-mb", type=int, default=768, help="JVM max heap in MiB (default: 768)")
     start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
     sub.add_parser("stop", help="stop the broker (exit 0 also when none runs)")
+    restart = sub.add_parser(
+        "restart", help="stop the broker and start it again on the same port, its topics and data kept"
+    )
+    restart.add_argument("--heap-mb", type=int, default=768, help="JVM max heap in MiB (default: 768)")
+    restart.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
     sub.add_parser("status", help="print the running broker (exit 1 when none runs)")
     sub.add_parser("jars", help="resolve the jars and print their folder")
     args = parser.parse_args(argv)
@@ -103,6 +109,9 @@ def _run_command(args: argparse.Namespace, state_dir: Path) -> int:
         return 0
     if args.command == "stop":
         print("stopped" if stop_broker(state_dir) else "not running")
+        return 0
+    if args.command == "restart":
+        _print_info(restart_broker(state_dir, heap_mb=args.heap_mb, timeout_s=args.timeout))
         return 0
     if args.command == "status":
         info = broker_status(state_dir)

@@ -140,3 +140,26 @@ def test_cli_start_is_idempotent_then_stop(tmp_path: Path, capsys: pytest.Captur
     assert kafka_cli.main([*state, "status"]) == 1
     assert kafka_cli.main([*state, "stop"]) == 0
     assert capsys.readouterr().out == "not running\nnot running\n"
+
+
+@pytest.mark.kafka
+def test_cli_restart_keeps_the_port_the_topics_and_the_messages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = ["--state-dir", str(tmp_path)]
+    try:
+        assert kafka_cli.main([*state, "start", "--heap-mb", "384"]) == 0
+        first = capsys.readouterr().out.splitlines()
+        bootstrap = first[0].removeprefix("bootstrap=")
+        topic = _create_topic(bootstrap)
+        producer = Producer({"bootstrap.servers": bootstrap})
+        producer.produce(topic, b"kept across the restart")
+        assert producer.flush(TIMEOUT_S) == 0
+
+        assert kafka_cli.main([*state, "restart", "--heap-mb", "384"]) == 0
+        again = capsys.readouterr().out.splitlines()
+        assert again[0] == f"bootstrap={bootstrap}"  # the same port: clients reconnect by themselves
+        assert again[1] != first[1]  # a new JVM
+        assert _consume_to_end(bootstrap, topic) == [b"kept across the restart"]
+    finally:
+        assert kafka_cli.main([*state, "stop"]) == 0

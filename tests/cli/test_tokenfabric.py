@@ -43,7 +43,7 @@ CARD = ["consumer", "--id", "c1", "--model", "m", "--budget", "64", "--items", "
         (["topics", "create", "--ingest-partitions", "0"], "--ingest-partitions must be >= 1"),
         (["topics", "delete"], "invalid choice: 'delete'"),
         (["topics", "create", "--consumer", "no/slash"], "--consumer 'no/slash'"),
-        (["kafka", "restart"], "unknown action 'restart'"),
+        (["kafka", "reboot"], "unknown action 'reboot'"),
         (["kafka"], "no action"),
     ],
 )
