@@ -437,6 +437,7 @@ class ConsumerApp:
         )
         rec = DeadLetterRecord(
             reason=exc.reason,
+            detail=str(exc),
             source_topic=msg.topic() or self.batch_topic,
             partition=msg.partition() or 0,
             offset=msg.offset() or 0,

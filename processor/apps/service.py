@@ -269,15 +269,16 @@ class ProcessorService(PartitionHandover):
         try:
             head = decode_item_head(msg.value())
         except DecodeError as exc:
-            self._dead_letter(msg, f"{exc.reason}: {exc}", partition, offset)
+            self._dead_letter(msg, exc, partition, offset)
             return
         item = IngestItem(head, now, partition, offset)
         self.committer.item_seen(item)
         self.core.submit(item, now)
 
-    def _dead_letter(self, msg: Any, reason: str, partition: int, offset: int) -> None:
+    def _dead_letter(self, msg: Any, exc: DecodeError, partition: int, offset: int) -> None:
         record = DeadLetterRecord(
-            reason=reason,
+            reason=exc.reason,
+            detail=str(exc),
             source_topic=msg.topic(),
             partition=partition,
             offset=offset,
@@ -293,7 +294,7 @@ class ProcessorService(PartitionHandover):
         )
         self.core.dead_lettered()
         self.counters.dead_lettered += 1
-        log.warning("dead-lettered %s[%d]@%d: %s", msg.topic(), partition, offset, reason)
+        log.warning("dead-lettered %s[%d]@%d: %s: %s", msg.topic(), partition, offset, exc.reason, exc)
 
     def _control(self, now: int) -> None:
         for msg in self.control.consume(num_messages=10_000, timeout=0):

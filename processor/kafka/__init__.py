@@ -2,5 +2,6 @@
 
 Imports no other project package, so anything above may use it. Public face: ``config`` (client
 settings from flags, files and the environment), ``clients`` (the librdkafka logger), ``topics``
-(TopicNames), ``reader`` (read a topic to its end), ``exits`` (exit codes), ``watchdog``.
+(TopicNames), ``reader`` (read a topic to its end), ``reach`` (probe the cluster), ``exits`` (exit codes),
+``watchdog``.
 """

@@ -62,7 +62,7 @@ def decode_contract(value: bytes | bytearray | memoryview | None) -> ContractRec
     """
     value = as_bytes(value)
     if value[:HEADER_SIZE] == PREVIOUS_CONTRACT_HEADER:
-        d = _decode_previous_contract(value)
+        d = _PREVIOUS_CONTRACT.decode(value)
     else:
         d = fastavro_decode(value, "ConsumerContract")
     announced_ms = d.pop("announced_ms")
@@ -73,38 +73,44 @@ def decode_contract(value: bytes | bytearray | memoryview | None) -> ContractRec
     return ContractRecord(contract, announced_ms)
 
 
+class _Previous:
+    """A record's schema before it gained ``added`` fields (each with a default): still read, never
+    written. Its header is registered, so ``schema_of`` names the record, and :meth:`decode` resolves
+    a message written with it to the current schema, Avro filling the defaults."""
+
+    def __init__(self, name: str, added: tuple[str, ...]) -> None:
+        self.name = name
+        raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
+        raw["fields"] = [f for f in raw["fields"] if f["name"] not in added]
+        self.schema = parse_schema(raw, {}, expand=True)
+        fingerprint = rabin_fingerprint(to_parsing_canonical_form(self.schema).encode())
+        self.header = MAGIC + fingerprint.to_bytes(8, "little")
+        NAME_BY_FP_BYTES[self.header[2:]] = name
+
+    def decode(self, value: bytes) -> dict[str, Any]:
+        stream = io.BytesIO(value)
+        stream.seek(HEADER_SIZE)
+        try:
+            reader = PARSED[self.name]
+            record = cast(dict[str, Any], fastavro.schemaless_reader(stream, self.schema, reader, False))
+            check_ints(self.name, record)
+        except FASTAVRO_ERRORS as exc:
+            raise DecodeError("avro-decode", f"malformed {self.name}: {type(exc).__name__}: {exc}") from None
+        finish(value, stream.tell(), self.name)
+        return record
+
+
 #: Fields ``ConsumerContract`` gained with batching modes; without them it is the previous schema.
 CONTRACT_FIELDS_ADDED = ("batching", "memory_bytes", "kv_bytes_per_token", "default_output_tokens")
-
-
-def _previous_contract_schema() -> Any:
-    raw = json.loads((schema_dir() / "ConsumerContract.avsc").read_text(encoding="utf-8"))
-    raw["fields"] = [f for f in raw["fields"] if f["name"] not in CONTRACT_FIELDS_ADDED]
-    return parse_schema(raw, {}, expand=True)
-
-
-_PREVIOUS_CONTRACT = _previous_contract_schema()
-
-
+_PREVIOUS_CONTRACT = _Previous("ConsumerContract", CONTRACT_FIELDS_ADDED)
 #: The single-object header of announcements written with the previous ConsumerContract schema.
-PREVIOUS_CONTRACT_HEADER = MAGIC + rabin_fingerprint(
-    to_parsing_canonical_form(_PREVIOUS_CONTRACT).encode()
-).to_bytes(8, "little")
+PREVIOUS_CONTRACT_HEADER = _PREVIOUS_CONTRACT.header
 
-NAME_BY_FP_BYTES[PREVIOUS_CONTRACT_HEADER[2:]] = "ConsumerContract"
-
-
-def _decode_previous_contract(value: bytes) -> dict[str, Any]:
-    stream = io.BytesIO(value)
-    stream.seek(HEADER_SIZE)
-    try:
-        reader = PARSED["ConsumerContract"]
-        record = cast(dict[str, Any], fastavro.schemaless_reader(stream, _PREVIOUS_CONTRACT, reader, False))
-        check_ints("ConsumerContract", record)
-    except FASTAVRO_ERRORS as exc:
-        raise DecodeError("avro-decode", f"malformed ConsumerContract: {type(exc).__name__}: {exc}") from None
-    finish(value, stream.tell(), "ConsumerContract")
-    return record
+#: ``DeadLetter`` gained ``detail`` when ``reason`` became the short code alone.
+DEAD_LETTER_FIELDS_ADDED = ("detail",)
+_PREVIOUS_DEAD_LETTER = _Previous("DeadLetter", DEAD_LETTER_FIELDS_ADDED)
+#: The header of dead letters written before ``detail`` (their ``reason`` reads "code: detail").
+PREVIOUS_DEAD_LETTER_HEADER = _PREVIOUS_DEAD_LETTER.header
 
 
 def encode_ledger_snapshot(rec: LedgerSnapshotRecord) -> bytes:
@@ -136,11 +142,16 @@ def encode_dead_letter(rec: DeadLetterRecord) -> bytes:
             "original": bytes(rec.original),
             "original_key": None if rec.original_key is None else bytes(rec.original_key),
             "dead_ms": rec.dead_ms,
+            "detail": rec.detail,
         },
     )
 
 
 def decode_dead_letter(value: bytes | bytearray | memoryview | None) -> DeadLetterRecord:
+    """A dead letter, also one written before ``detail`` existed (``PREVIOUS_DEAD_LETTER_HEADER``)."""
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] == PREVIOUS_DEAD_LETTER_HEADER:
+        return DeadLetterRecord(**_PREVIOUS_DEAD_LETTER.decode(value))
     return DeadLetterRecord(**fastavro_decode(value, "DeadLetter"))
 
 

@@ -197,6 +197,8 @@ class DeadLetterRecord:
     original: bytes
     original_key: bytes | None = None
     dead_ms: int
+    detail: str | None = None
+    """What exactly was wrong, for a person (``reason`` is the short code); None in older records."""
 
 
 def new_token_item(

@@ -111,6 +111,7 @@ def test_malformed_messages_are_dead_lettered_and_the_processor_keeps_going(pipe
         expected = bad[d.original]
         if expected is not None:
             assert d.reason.startswith(expected), d.reason
+            assert d.reason == expected and d.detail, (d.reason, d.detail)  # the code alone, then why
         assert d.source_topic == pipeline.topics.ingest
     wait_for(lambda: pipeline.processor.core.ledger.total("completed").items >= 1, 60, "the good item")
     assert pipeline.processor.core.ledger.dead_lettered == len(bad)

@@ -308,6 +308,7 @@ dead_letters = st.builds(
     original=st.binary(max_size=60),
     original_key=st.none() | st.binary(max_size=10),
     dead_ms=int64,
+    detail=st.none() | text,
 )
 positive = st.integers(1, (1 << 31) - 1)
 consumer_ids = st.text(alphabet="azAZ09._-", min_size=1, max_size=12)

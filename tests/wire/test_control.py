@@ -3,8 +3,11 @@ letters round trip, and ``decode_any`` reads any record by its header."""
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
+import fastavro
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,6 +16,7 @@ from processor.core.contract import Contract
 from processor.wire.completions import decode_completion, encode_completion, encode_completion_batch
 from processor.wire.control import (
     PREVIOUS_CONTRACT_HEADER,
+    PREVIOUS_DEAD_LETTER_HEADER,
     decode_any,
     decode_contract,
     decode_dead_letter,
@@ -32,6 +36,7 @@ from processor.wire.records import (
     LedgerSnapshotRecord,
 )
 from processor.wire.schemas import HEADERS, parsed_schema, schema_of
+from tests.common import ROOT
 from tests.core.helpers import MODEL
 from tests.wire.helpers import (
     BATCH_ITEMS,
@@ -204,3 +209,54 @@ def _avro_body(record: dict[str, Any]) -> bytes:
     out = io.BytesIO()
     fastavro.schemaless_writer(out, parsed_schema("ConsumerContract"), record)
     return out.getvalue()
+
+
+# ------------------------------------------------------------------------------ dead letters before detail
+
+
+def test_a_dead_letter_written_before_detail_still_decodes() -> None:
+    # DeadLetter before `detail` (header c3 01 cd de c9 b4 40 20 37 d5, as docs/wire-format.md listed
+    # it), its reason still "code: detail"; written here with fastavro and that schema.
+    assert PREVIOUS_DEAD_LETTER_HEADER.hex(" ") == "c3 01 cd de c9 b4 40 20 37 d5"
+    assert HEADERS["DeadLetter"] != PREVIOUS_DEAD_LETTER_HEADER
+    old = _previous_schema("DeadLetter", "detail")
+    body = io.BytesIO()
+    fastavro.schemaless_writer(
+        body,
+        old,
+        {
+            "reason": "bad-magic: not an Avro single-object message",
+            "source_topic": "tokenfabric.ingest",
+            "partition": 1,
+            "offset": 7,
+            "original": b"junk",
+            "original_key": None,
+            "dead_ms": 5,
+        },
+    )
+    rec = decode_dead_letter(PREVIOUS_DEAD_LETTER_HEADER + body.getvalue())
+    assert (rec.reason, rec.detail, rec.offset, rec.original) == (
+        "bad-magic: not an Avro single-object message", None, 7, b"junk"
+    )
+    assert schema_of(PREVIOUS_DEAD_LETTER_HEADER + body.getvalue()) == "DeadLetter"
+
+
+def test_a_dead_letter_keeps_the_code_and_the_detail_apart() -> None:
+    rec = DeadLetterRecord(
+        reason="token-count-mismatch",
+        detail="item 'a': 12 token bytes, expected 4 * 2 = 8",
+        source_topic="t",
+        partition=0,
+        offset=0,
+        original=b"",
+        dead_ms=1,
+    )
+    value = encode_dead_letter(rec)
+    assert value[:10] == HEADERS["DeadLetter"]
+    assert decode_dead_letter(value) == rec
+
+
+def _previous_schema(name: str, *added: str) -> Any:
+    raw = json.loads((ROOT / "schemas" / f"{name}.avsc").read_text(encoding="utf-8"))
+    raw["fields"] = [f for f in raw["fields"] if f["name"] not in added]
+    return fastavro.parse_schema(raw)
