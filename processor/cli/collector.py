@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import add_kafka_arguments, kafka_settings
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--once", action="store_true", help="collect what is there now, then exit")
     add_kafka_arguments(p)
+    add_log_arguments(p)
 
 
 class CollectorService:
@@ -170,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(args.log_level, args.log_format)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     service: CollectorService | None = None

@@ -18,6 +18,7 @@ import sys
 import threading
 from types import FrameType
 
+from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
     add_kafka_arguments,
     add_watchdog_argument,
@@ -97,7 +98,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--retire", action="store_true", help="publish a tombstone for this consumer's contract and exit"
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="log one line per batch")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="log one line per batch (--log-level DEBUG)"
+    )
+    add_log_arguments(p)
     add_kafka_arguments(p)
     add_watchdog_argument(p)
     add_http_arguments(p, CONSUMER_PORT, health_checks=False)
@@ -187,11 +191,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        stream=sys.stderr,
-        format=f"consumer {args.id}: %(message)s",
-    )
+    setup_logging("DEBUG" if args.verbose else args.log_level, args.log_format)
     logging.getLogger("tokenfabric.consumer").info("kafka client settings: %s", describe(conf))
     metrics = ConsumerMetrics(contract.consumer)
     app = ConsumerApp(

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 
+from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
     add_kafka_arguments,
     add_lane_arguments,
@@ -67,7 +68,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "owner of its partitions restores after at most this long (default: 10000)",
     )
     add_watchdog_argument(p)
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_arguments(p)
     add_lane_arguments(p)
     add_http_arguments(p, PROCESSOR_PORT, health_checks=True)
 
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.ops.health import ProcessorHealth, start_http
     from processor.ops.metrics import processor_registry
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, args.log_format)
     try:
         conf, topics = kafka_settings(args)
         lanes, dispatch = lanes_from(args)
