@@ -48,7 +48,7 @@ def probe(conf: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    logger = logging.getLogger(f"tokenfabric.kafka.probe.{id(conf)}")
+    logger = logging.getLogger("tokenfabric.kafka.probe")
     logger.propagate = False
     logger.setLevel(logging.DEBUG)
     kept = _Keep()
