@@ -73,3 +73,35 @@ class ServiceObserver:
 
     def checkpointed(self, seconds: float) -> None:
         """A ledger checkpoint was produced; ``seconds`` is the time to build and queue it."""
+
+
+#: How long a model's items must wait with no contract for it before the processor says so: contracts
+#: are read from the beginning at every start, a step or two after the first ingest messages.
+UNSERVED_GRACE_MS = 5_000
+
+
+class UnservedWatch:
+    """Which models to warn about, once: items wait and no consumer has a contract for the model.
+
+    :meth:`update` takes ``Scheduler.unserved()`` and returns the models that have just been unserved
+    for ``grace_ms``. A model is named again only after it was served (or had nothing waiting) in
+    between, so a log carries one line per change, not one per tick.
+    """
+
+    def __init__(self, grace_ms: int = UNSERVED_GRACE_MS) -> None:
+        self.grace_ms = grace_ms
+        self._since: dict[str, int] = {}
+        self._said: set[str] = set()
+
+    def update(self, unserved: dict[str, tuple[int, int]], now_ms: int) -> list[tuple[str, int, int]]:
+        """(model, items, tokens) of each model to warn about now."""
+        for model in [m for m in self._since if m not in unserved]:
+            del self._since[model]
+            self._said.discard(model)
+        out: list[tuple[str, int, int]] = []
+        for model, (items, tokens) in sorted(unserved.items()):
+            since = self._since.setdefault(model, now_ms)
+            if model not in self._said and now_ms - since >= self.grace_ms:
+                self._said.add(model)
+                out.append((model, items, tokens))
+        return out

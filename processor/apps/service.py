@@ -33,7 +33,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from processor.apps.observe import ProcessorSettings, ServiceCounters, ServiceObserver
+from processor.apps.observe import ProcessorSettings, ServiceCounters, ServiceObserver, UnservedWatch
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
@@ -95,6 +95,8 @@ class ProcessorService(PartitionHandover):
         self._checkpoint_seq = 0
         self._cache_hit: dict[str, bool] = {}
         self._last_tick = -1 << 62
+        self.unserved_watch = UnservedWatch()
+        self._last_completion_ms: dict[str, int] = {}  # per consumer: its latest result's timestamp
         self._closing = False
         self._uncommitted_batches = 0  # exactly-once: produced in the open transaction
         self.ingest_paused = False
@@ -235,10 +237,21 @@ class ProcessorService(PartitionHandover):
         if now - self._last_tick >= s.tick_interval_ms:
             self.core.tick(now)
             self._last_tick = now
+            self._say_unserved(now)
         self._backpressure()
         self._commit()
         self.last_step_s = self._clock()
         return len(msgs)
+
+    def _say_unserved(self, now: int) -> None:
+        """One WARNING per model whose items wait with no contract for it (``UnservedWatch``)."""
+        for model, items, tokens in self.unserved_watch.update(self.core.unserved(), now):
+            log.warning(
+                "model %s: %d items (%d tokens) wait and no consumer serves it (no contract for the model)",
+                model,
+                items,
+                tokens,
+            )
 
     def _backpressure(self) -> None:
         """Pause ingest at the cap, resume once 10% of it has drained (hysteresis: no flapping)."""
@@ -341,6 +354,8 @@ class ProcessorService(PartitionHandover):
         if not replay:
             self._results_seen[partition] = offset + 1
         batch_id, items, counters = head.batch_id, head.items, self.counters
+        last = self._last_completion_ms
+        last[head.consumer] = max(last.get(head.consumer, 0), msg.timestamp()[1])  # replays are older
         counters.completions += len(items)  # items, not messages: a message may hold a whole batch
         applied, finished = self.core.items_done(batch_id, items, now)
         if applied < len(items):
@@ -462,6 +477,7 @@ class ProcessorService(PartitionHandover):
                 "max_items": c.max_items,
                 "pad_multiple": c.pad_multiple,
                 "shape_switches": state.shape_switches,
+                "last_completion_ms": self._last_completion_ms.get(name, 0),
             }
         self._checkpoint_seq += 1
         return LedgerSnapshotRecord(

@@ -1,17 +1,36 @@
-"""``tokenfabric status``: one screen of what the pipeline holds, read from its topics."""
+"""``tokenfabric status``: what the pipeline holds and who is alive, read from its topics.
+
+Plain text that fits the terminal (80 columns when there is none: ``kubectl exec`` without ``-t``,
+a pipe, a log) without cutting anything: a line too long is folded, never ellipsized, and an id is
+never split. ``--json`` prints the same report as one JSON object (``processor/ops/status.schema.json``,
+docs/operations.md "Status"); ``--watch`` refreshes it with the token rates and the backlog's ETA.
+
+Exit codes: 0; 1 when Kafka fails mid-read or a retirement is refused; 2 for bad arguments.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
+import textwrap
 import time
+from collections.abc import Iterable
 
-from rich.console import Console, Group
 from rich.table import Table
 
 from processor.cli.options import add_kafka_arguments, kafka_settings
-from processor.ops.status import StatusView, gather
-from processor.wire.records import LedgerSnapshotRecord
+from processor.ops.status import (
+    DEFAULT_STALE_S,
+    SCHEMA_PATH,
+    ConsumerRow,
+    StatusReport,
+    StatusView,
+    gather,
+    report,
+    with_rates,
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -19,17 +38,181 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--group", default="",
         help="the processors' ingest consumer group (default: <topic prefix>-processor)"
-    )
-    p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    )  # fmt: skip
+    p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C, with tokens/s and the ETA")
     p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval with --watch (default: 2)")
+    p.add_argument(
+        "--stale-s",
+        type=float,
+        default=DEFAULT_STALE_S,
+        metavar="S",
+        help=f"mark a processor checkpoint or a consumer's last sign of life older than S s STALE "
+        f"(default: {DEFAULT_STALE_S:g})",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object (JSON lines with --watch)")
+    p.add_argument("--schema", action="store_true", help="print the JSON Schema of --json and exit")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--forget-processor",
+        metavar="INSTANCE",
+        help="stop listing a processor instance that is gone for good (stale past --stale-s)",
+    )
+    g.add_argument(
+        "--retire-consumer",
+        metavar="ID",
+        help="withdraw a consumer that is gone (stale past --stale-s): its contract's tombstone",
+    )
 
 
-def _ratio(num: int, den: int) -> str:
-    return f"{num / den:.2%}" if den else "-"
+# -- text -----------------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2%}" if x < 0.01 else f"{x:.1%}"
+
+
+def _age(s: float | None) -> str:
+    """0.4 s, 12 s, 5m12s, 3h05m, 2d03h; '-' when unknown."""
+    if s is None:
+        return "-"
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h < 24 else f"{h // 24}d{h % 24:02d}h"
+
+
+def _columns(rows: list[list[str]], indent: str, right: Iterable[int] = ()) -> list[str]:
+    """Rows aligned in columns (``right``: indices aligned right), two spaces apart."""
+    if not rows:
+        return []
+    right = set(right)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    def line(row: list[str]) -> str:
+        cells = zip(row, widths, strict=True)
+        return indent + "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(cells))
+
+    return [line(r).rstrip() for r in rows]
+
+
+def fold(lines: Iterable[str], width: int) -> list[str]:
+    """Each line as is if it fits, else folded at spaces, continued 4 columns deeper. Words (ids,
+    numbers) are never split: a single word wider than ``width`` stays whole on its own line."""
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()))
+        out.extend(
+            textwrap.wrap(
+                line.strip(),
+                width,
+                initial_indent=indent,
+                subsequent_indent=indent + "    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    return out
+
+
+def _consumer_lines(row: ConsumerRow, stale_s: float) -> list[str]:
+    c = row.contract
+    if row.state == "up":
+        life = f"up: {row.members} member{'s' if row.members != 1 else ''} in its group"
+    else:
+        seen = "never" if row.last_seen_age_s is None else f"{_age(row.last_seen_age_s)} ago"
+        not_in = "not in its group" if row.members is not None else "group not readable"
+        life = f"{'STALE' if row.state == 'stale' else 'down'}: {not_in}, last seen {seen}"
+    done = row.last_completion_age_s
+    life += ", no completion seen" if done is None else f", last completion {_age(done)} ago"
+    unread = "-" if row.unread_batches is None else f"{row.unread_batches:,}"
+    slots = " ".join(f"{i}:{n}" for i, n in row.slots.items()) or "-"
+    oversized = f" ({row.oversized_batches:,} oversized batches apart)" if row.oversized_batches else ""
+    return [
+        f"  {row.consumer}  model {row.model}",
+        f"    {life}",
+        f"    contract  {c.budget_tokens:,} tokens, {c.max_items} items, pad {c.pad_multiple}, "
+        f"{c.max_inflight} in flight ({c.batching} batching)",
+        f"    batches   {row.in_flight_batches}/{c.max_inflight} in flight, {unread} unread on its topic, "
+        f"slots {slots}",
+        f"    tokens    {row.routed_tokens:,} routed, {row.completed_tokens:,} completed "
+        f"in {row.batches:,} batches",
+        f"    fill      {_pct(row.budget_fill)} of budget{oversized}, "
+        f"padding waste {_pct(row.padding_waste)}",
+        f"    cache     {_pct(row.cache_hit_rate)} hits, {row.shape_switches:,} shape switches",
+    ]
+
+
+def render_text(rep: StatusReport, width: int = 80) -> str:
+    """The report as lines no wider than ``width`` (folded, never cut)."""
+    lines = [f"tokenfabric status  {rep.prefix}  {rep.time}"]
+    if rep.rates is not None:
+        r = rep.rates
+        eta = "-" if r.eta_s is None else _age(r.eta_s)
+        lines += [
+            f"rates    received {r.received_tokens_per_s:,.0f} tok/s, completed "
+            f"{r.completed_tokens_per_s:,.0f} tok/s (last {r.interval_s:.1f} s)",
+            f"backlog  {r.backlog_tokens:,} tokens queued or in flight, ETA {eta}",
+        ]
+    lines.append("")
+    ledger = [["ledger", "items", "tokens"]]
+    ledger += [
+        [f"  {stage.replace('_', ' ')}", f"{t.items:,}", f"{t.tokens:,}"] for stage, t in rep.ledger.items()
+    ]
+    ledger.append(["  dead-lettered", f"{rep.dead_lettered_items:,}", ""])
+    lines += _columns(ledger, "", right=(1, 2))
+    ing = rep.ingest
+    state = {
+        "flowing": "flowing",
+        "paused": "PAUSED by backpressure (--max-waiting-tokens)",
+        "stalled": "STALLED: no live processor",
+    }[ing.state]
+    lag = "-" if ing.uncommitted_messages is None else f"{ing.uncommitted_messages:,}"
+    lanes = rep.lanes
+    lines += [
+        "",
+        f"ingest   {state}; {lag} of {ing.messages:,} messages not yet committed",
+        f"lanes    {lanes.in_use:,} in use (pressure {_pct(lanes.pressure)}), "
+        f"{lanes.shape_switches:,} shape switches",
+        f"padding  {_pct(rep.padding_waste)} waste; cache hit rate {_pct(rep.cache_hit_rate)}",
+        "",
+        f"processors (age of the last checkpoint; STALE past {rep.stale_after_s:g} s)",
+    ]
+    rows = [
+        [p.instance, "live" if p.state == "live" else "STALE", _age(p.checkpoint_age_s),
+         f"{p.owned_partitions}/{p.ingest_partitions} partitions"]
+        for p in rep.processors
+    ]  # fmt: skip
+    lines += _columns(rows, "  ", right=(2,)) or ["  none has checkpointed"]
+    if rep.retired_processors:
+        lines.append("  retired (--forget-processor): " + ", ".join(rep.retired_processors))
+    if rep.unserved:
+        lines += ["", "UNSERVED: items wait for a model no live consumer serves"]
+        rows = [
+            [u.model, f"{u.items:,} items", f"{u.tokens:,} tokens",
+             f"({', '.join(u.consumers)} not up)" if u.consumers else "(no contract)"]
+            for u in rep.unserved
+        ]  # fmt: skip
+        lines += _columns(rows, "  ", right=(1, 2))
+    lines += ["", f"consumers (last sign of life; STALE past {rep.stale_after_s:g} s)"]
+    for row in rep.consumers:
+        lines += _consumer_lines(row, rep.stale_after_s)
+    if not rep.consumers:
+        lines.append("  none has announced a contract")
+    return "\n".join(fold(lines, width))
 
 
 def ledger_table(view: StatusView, title: str) -> Table:
-    """Items and tokens at each stage of the ledger, summed over the processors' checkpoints."""
+    """Items and tokens at each stage of the ledger, summed over the processors' checkpoints (the
+    demo's summary, in rich)."""
     t = view.total
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("")
@@ -44,103 +227,61 @@ def ledger_table(view: StatusView, title: str) -> Table:
     return table
 
 
-def _count(cp: LedgerSnapshotRecord, key: str) -> int:
-    return cp.counters.get(key, 0)
+# -- running --------------------------------------------------------------------------------------
 
 
-def _shares(view: StatusView, consumer: str) -> str:
-    """Each instance's share of the consumer's in-flight slots, when more than one instance has one."""
-    shares = {
-        name: cp.per_consumer[consumer]["slots"]
-        for name, cp in sorted(view.checkpoints.items())
-        if "slots" in cp.per_consumer.get(consumer, {})
-    }
-    if len(shares) < 2:
-        return ""
-    return " (" + " ".join(f"{name}:{n}" for name, n in shares.items()) + ")"
-
-
-def render(view: StatusView) -> Group:
-    t = view.total
-    summary = ledger_table(view, "tokenfabric")
-    padded = sum(view.consumer_total(c, "padded_tokens") for c in view.contracts)
-    real = sum(view.consumer_total(c, "routed_tokens") for c in view.contracts)
-    hits = sum(view.consumer_total(c, "cache_hits") for c in view.contracts)
-    lookups = sum(view.consumer_total(c, "cache_lookups") for c in view.contracts)
-    capacity = t("shapes") * t("lane_budget") // max(1, len(view.checkpoints))
-    figures = Table(show_header=False, box=None)
-    figures.add_row("padding waste", _ratio(padded - real, padded))
-    figures.add_row("cache hit rate", _ratio(hits, lookups))
-    figures.add_row("lanes in use", f"{t('lanes_in_use'):,} (pressure {_ratio(t('lanes_in_use'), capacity)})")
-    figures.add_row("shape switches", f"{t('shape_switches'):,}")
-    lag = "-" if view.ingest_lag is None else f"{view.ingest_lag:,} of {view.ingest_end:,} messages"
-    figures.add_row("ingest not yet committed", lag)
-    figures.add_row(
-        "ingest", "PAUSED by backpressure (--max-waiting-tokens)" if t("ingest_paused") else "flowing"
-    )
-    figures.add_row(
-        "processors",
-        ", ".join(
-            f"{name} ({_count(cp, 'owned_partitions')}/{_count(cp, 'ingest_partitions')} partitions)"
-            for name, cp in sorted(view.checkpoints.items())
-        )
-        or "none has checkpointed",
-    )
-
-    per = Table(title="consumers", header_style="bold")
-    for col in (
-        "consumer",
-        "model",
-        "budget/items/pad",
-        "in flight",
-        "routed tokens",
-        "completed tokens",
-        "padding waste",
-        "budget fill",
-        "cache hits",
-        "switches",
-    ):
-        per.add_column(col, justify="left" if col in ("consumer", "model") else "right")
-    for name, c in sorted(view.contracts.items()):
-        batches = view.consumer_total(name, "batches")
-        padded_c = view.consumer_total(name, "padded_tokens")
-        routed_c = view.consumer_total(name, "routed_tokens")
-        per.add_row(
-            name,
-            c.model,
-            f"{c.budget_tokens:,}/{c.max_items}/{c.pad_multiple}",
-            f"{view.consumer_gauge(name, 'in_flight_batches')}/{c.max_inflight}" + _shares(view, name),
-            f"{routed_c:,}",
-            f"{view.consumer_total(name, 'completed_tokens'):,}",
-            _ratio(padded_c - routed_c, padded_c),
-            _ratio(padded_c, batches * c.budget_tokens),
-            _ratio(view.consumer_total(name, "cache_hits"), view.consumer_total(name, "cache_lookups")),
-            f"{view.consumer_gauge(name, 'shape_switches'):,}",
-        )
-    return Group(summary, figures, per)
+def _emit(rep: StatusReport, as_json: bool, clear: bool) -> None:
+    if as_json:
+        text = json.dumps(rep.as_json(), separators=(",", ":"))
+    else:
+        text = render_text(rep, shutil.get_terminal_size((80, 24)).columns)
+        if clear:
+            text = "\x1b[H\x1b[2J" + text
+    print(text, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.kafka.config import ConfigError
+    from processor.ops.status import StillAlive, forget_processor, retire_consumer
 
+    if args.schema:
+        print(SCHEMA_PATH.read_text(), end="")
+        return 0
+    if not args.interval_s > 0 or not args.stale_s > 0:
+        print("tokenfabric status: error: --interval-s and --stale-s must be > 0", file=sys.stderr)
+        return 2
     try:
         conf, topics = kafka_settings(args, reach=True)
     except ConfigError as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 2
-    console = Console()
     try:
-        if not args.watch:
-            console.print(render(gather(conf, topics, args.group)))
+        if args.forget_processor or args.retire_consumer:
+            try:
+                if args.forget_processor:
+                    forget_processor(conf, topics, args.forget_processor, args.stale_s)
+                    print(f"processor {args.forget_processor} forgotten: its counters stay, status omits it")
+                else:
+                    retire_consumer(conf, topics, args.retire_consumer, args.stale_s)
+                    print(f"consumer {args.retire_consumer} retired: tombstone on {topics.contracts}")
+            except (KeyError, StillAlive) as exc:
+                print(f"tokenfabric status: {exc.args[0]}", file=sys.stderr)
+                return 1
             return 0
-        from rich.live import Live
-
-        with Live(console=console, auto_refresh=False) as live:
-            while True:
-                live.update(render(gather(conf, topics, args.group)), refresh=True)
-                time.sleep(args.interval_s)
+        previous = None
+        clear = args.watch and not args.json and sys.stdout.isatty()
+        while True:
+            view = gather(conf, topics, args.group, groups=True)
+            rep = with_rates(report(view, topics, args.stale_s), previous)
+            _emit(rep, args.json, clear)
+            if not args.watch:
+                return 0
+            previous = rep
+            if not clear and not args.json:
+                print(flush=True)  # one blank line between refreshes in a pipe or a log
+            time.sleep(args.interval_s)
     except KafkaException as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 1

@@ -72,6 +72,9 @@ class ConsumerBook:
     batches: int = 0
     padded_tokens: int = 0
     oversized: int = 0
+    oversized_padded_tokens: int = 0
+    """Padded tokens of the single-item batches too long for the budget (``oversized``), which
+    ``padded_tokens`` includes: a budget fill is ``padded_tokens`` less these over the other batches."""
     cache_hits: int = 0
     cache_lookups: int = 0
 
@@ -133,6 +136,8 @@ class Ledger:
         c.batches += 1
         c.padded_tokens += padded_tokens
         c.oversized += oversized
+        if oversized:
+            c.oversized_padded_tokens += padded_tokens
 
     def finished(
         self, model: str, consumer: str, ok_items: int, ok_tokens: int, failed_items: int, failed_tokens: int
@@ -263,7 +268,14 @@ class Ledger:
                 t = getattr(c, stage)
                 out[f"{stage}_items#{name}"] = t.items
                 out[f"{stage}_tokens#{name}"] = t.tokens
-            for counter in ("batches", "padded_tokens", "oversized", "cache_hits", "cache_lookups"):
+            for counter in (
+                "batches",
+                "padded_tokens",
+                "oversized",
+                "oversized_padded_tokens",
+                "cache_hits",
+                "cache_lookups",
+            ):
                 out[f"{counter}#{name}"] = getattr(c, counter)
         return out
 

@@ -465,6 +465,17 @@ class Scheduler:
         first = next((it for it in itertools.islice(arrivals, scan_limit) if not it.dispatched), None)
         return None if first is None else first.arrival_ms
 
+    def unserved(self) -> dict[str, tuple[int, int]]:
+        """(items, tokens) waiting per model that no consumer has a contract for: work nobody can take
+        until one announces. Models with nothing waiting are left out. Read by the processor's log
+        (once per model, processor/apps/observe.py) and metrics; from another thread the figures
+        may be a step old."""
+        return {
+            model: (book.queued.items, book.queued.tokens)
+            for model, book in list(self.ledger.models.items())
+            if book.queued.items > 0 and not self._by_model.get(model)
+        }
+
     @property
     def shape_switches(self) -> int:
         return sum(c.shape_switches for c in self.consumers.values())

@@ -1,21 +1,64 @@
-"""Gather what ``tokenfabric status`` shows: contracts, the latest ledger checkpoints, and ingest lag.
+"""Gather what ``tokenfabric status`` shows and judge it: who is alive, what waits, for whom.
 
-Everything comes from topics, not from a processor's memory, so status works against any cluster and
-shows the same figures an audit would start from.
+Everything comes from Kafka, not from a processor's memory, so status works against any cluster and
+shows the same figures an audit would start from:
+
+* contracts (compacted): who may take work, and when each consumer announced;
+* ledger checkpoints (``accounting``, compacted, one key per processor instance): the ledger, the
+  gauges taken beside it, and the checkpoint's wall-clock time. A running processor checkpoints with
+  every commit (every 500 ms by default), so an instance whose checkpoint is older than
+  ``stale_s`` (:data:`DEFAULT_STALE_S`) is marked stale: dead, stuck, or restoring for that long;
+* each consumer's group on its batch topic: live members (the broker drops a member that stops
+  polling within its session timeout, or at once when it closes), the committed offset, and how many
+  batches lie after it (its lag, counted message by message: transaction markers take offsets too);
+* the processors' ingest group: messages not yet committed past.
+
+:func:`report` turns a :class:`StatusView` into a :class:`StatusReport`, typed, from which the CLI
+prints text and ``--json`` prints :meth:`StatusReport.as_json` (its JSON Schema ships beside this
+module, ``status.schema.json``; docs/operations.md describes it).
+
+:func:`forget_processor` retires an instance that is gone for good (scaled down, a crashed test
+instance): it rewrites the instance's last checkpoint with ``retired_ms`` set and no gauges. Its
+counters stay, so totals and the audit still balance; status no longer lists it. An instance that
+runs again under that id checkpoints afresh and is listed again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from processor.core.contract import Contract
 from processor.kafka.reader import passing, read_topic, watermarks
 from processor.kafka.topics import TopicNames
-from processor.wire.control import decode_contract, decode_ledger_snapshot
+from processor.wire.control import decode_contract, decode_ledger_snapshot, encode_ledger_snapshot
 from processor.wire.records import LedgerSnapshotRecord
+
+DEFAULT_STALE_S = 30.0
+"""A processor checkpoint, or a consumer's last sign of life, older than this is STALE."""
+SCHEMA_PATH = Path(__file__).with_name("status.schema.json")
+SCHEMA_ID = "tokenfabric-status/1"
+RETIRED = "retired_ms"
+"""Counter set on a checkpoint rewritten by :func:`forget_processor`: the wall-clock time it was."""
+STAGES = ("received", "queued", "routed", "in_flight", "completed", "failed")
+
+
+@dataclass(slots=True)
+class GroupFacts:
+    """A consumer's group on its batch topic, as the broker reports it (None: not known)."""
+
+    members: int | None = None
+    committed: int | None = None
+    end: int | None = None
+    unread: int | None = None
 
 
 @dataclass(slots=True)
@@ -24,6 +67,11 @@ class StatusView:
     checkpoints: dict[str, LedgerSnapshotRecord] = field(default_factory=dict)
     ingest_lag: int | None = None
     ingest_end: int = 0
+    announced_ms: dict[str, int] = field(default_factory=dict)
+    """When each contract was written (its message timestamp)."""
+    groups: dict[str, GroupFacts] = field(default_factory=dict)
+    read_ms: int = 0
+    """Wall-clock time of the read; ages are measured from it."""
 
     def total(self, key: str) -> int:
         return sum(cp.counters.get(key, 0) for cp in self.checkpoints.values())
@@ -31,7 +79,7 @@ class StatusView:
     def held(self, key: str) -> int:
         """``queued_*`` or ``in_flight_*`` summed over instances, less what was counted twice: state a
         crashed instance's last checkpoint still claims and another instance has adopted since
-        (processor/core/accounting.py)."""
+        (processor/core/accounting.py). A per-model key (``queued_items@m``) works the same."""
         stage, _, unit = key.rpartition("_")
         twice = self.total(f"adopted_{stage}_{unit}") - self.total(f"released_{stage}_{unit}")
         return self.total(key) - twice
@@ -41,6 +89,9 @@ class StatusView:
 
     def consumer_gauge(self, consumer: str, key: str) -> int:
         return sum(cp.per_consumer.get(consumer, {}).get(key, 0) for cp in self.checkpoints.values())
+
+    def retired(self, instance: str) -> bool:
+        return self.checkpoints[instance].counters.get(RETIRED, 0) > 0
 
 
 def ingest_lag(
@@ -69,19 +120,415 @@ def ingest_lag(
         consumer.close()
 
 
-def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "") -> StatusView:
+def consumer_groups(
+    conf: Mapping[str, str], topics: TopicNames, consumers: list[str], timeout_s: float = 10.0
+) -> dict[str, GroupFacts]:
+    """Members, committed offset and unread batches of each consumer's group on its batch topic.
+
+    What the broker will not say (no rights to describe a group, a topic not created yet) stays None.
+    """
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    out = {c: GroupFacts() for c in consumers}
+    if not consumers:
+        return out
+    admin = AdminClient(dict(conf))
+    groups = {topics.consumer_group(c): c for c in consumers}
+    for group, future in admin.describe_consumer_groups(list(groups), request_timeout=timeout_s).items():
+        # on an error (no right to describe it) members stay unknown: judged by the last completion alone
+        with contextlib.suppress(KafkaException):
+            out[groups[group]].members = len(future.result(timeout=timeout_s).members)
+    offsets = {
+        c: admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(topics.consumer_group(c), [TopicPartition(topics.batches(c), 0)])],
+            request_timeout=timeout_s,
+        )[topics.consumer_group(c)]
+        for c in consumers
+    }
+    probe = Consumer({**conf, "group.id": "tokenfabric-status", "enable.auto.commit": "false"})
+    try:
+        for c, future in offsets.items():
+            facts = out[c]
+            try:
+                tps = future.result(timeout=timeout_s).topic_partitions
+                low, high = watermarks(probe, TopicPartition(topics.batches(c), 0), timeout_s)
+            except KafkaException:
+                continue
+            facts.end = high
+            committed = tps[0].offset if tps and tps[0].error is None else -1
+            facts.committed = committed if committed >= 0 else None
+            start = max(low, committed)
+            facts.unread = (
+                0 if start >= high else sum(1 for _ in read_topic(conf, topics.batches(c), starts={0: start}))
+            )
+    finally:
+        probe.close()
+    return out
+
+
+def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "", groups: bool = False) -> StatusView:
+    """Contracts, every instance's latest checkpoint, ingest lag; with ``groups``, each consumer's
+    group too (its members and lag: one more request per consumer)."""
     view = StatusView()
     for msg in read_topic(conf, topics.contracts):
         key = (msg.key() or b"").decode("utf-8", "replace")
         if msg.value() is None:
             view.contracts.pop(key, None)
+            view.announced_ms.pop(key, None)
         else:
             view.contracts[key] = decode_contract(msg.value()).contract
-    # The latest checkpoint of every live processor is near the end; an audit reads it all.
-    for msg in read_topic(conf, topics.accounting, tail=2000):
+            view.announced_ms[key] = msg.timestamp()[1]
+    # Compacted: the whole topic is the latest checkpoint per instance plus the last minute or so of
+    # uncompacted ones; an instance dead for long is still found, wherever its checkpoint sits.
+    for msg in read_topic(conf, topics.accounting):
+        if msg.value() is None:
+            view.checkpoints.pop((msg.key() or b"").decode("utf-8", "replace"), None)
+            continue
         cp = decode_ledger_snapshot(msg.value())
         previous = view.checkpoints.get(cp.instance)
         if previous is None or (cp.taken_ms, cp.sequence) >= (previous.taken_ms, previous.sequence):
             view.checkpoints[cp.instance] = cp
     view.ingest_lag, view.ingest_end = ingest_lag(conf, topics.ingest, group or topics.processor_group)
+    if groups:
+        view.groups = consumer_groups(conf, topics, sorted(view.contracts))
+    view.read_ms = int(time.time() * 1000)
     return view
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    items: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorRow:
+    instance: str
+    state: Literal["live", "stale"]
+    checkpoint_age_s: float
+    owned_partitions: int
+    ingest_partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContractTerms:
+    batching: str
+    budget_tokens: int
+    max_items: int
+    pad_multiple: int
+    max_inflight: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRow:
+    consumer: str
+    model: str
+    state: Literal["up", "down", "stale"]
+    """up: its group has a live member; down: none, but a sign of life within ``stale_s``; stale:
+    none for longer."""
+    members: int | None
+    last_seen_age_s: float | None
+    last_completion_age_s: float | None
+    announced_age_s: float | None
+    contract: ContractTerms
+    in_flight_batches: int
+    unread_batches: int | None
+    slots: dict[str, int]
+    routed_tokens: int
+    completed_tokens: int
+    batches: int
+    oversized_batches: int
+    padding_waste: float | None
+    budget_fill: float | None
+    cache_hit_rate: float | None
+    shape_switches: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnservedModel:
+    model: str
+    items: int
+    tokens: int
+    consumers: list[str]
+    """Consumers with a contract for the model, none of them up (empty: no contract at all)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    interval_s: float
+    received_tokens_per_s: float
+    completed_tokens_per_s: float
+    backlog_tokens: int
+    eta_s: float | None
+    """Backlog over the completed rate; None while nothing completes."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestState:
+    state: Literal["flowing", "paused", "stalled"]
+    uncommitted_messages: int | None
+    messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaneFigures:
+    in_use: int
+    pressure: float | None
+    shape_switches: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """One status, for text and JSON alike; ratios are fractions (0.5 is 50%), ages seconds."""
+
+    taken_ms: int
+    prefix: str
+    stale_after_s: float
+    ledger: dict[str, Tally]
+    dead_lettered_items: int
+    ingest: IngestState
+    lanes: LaneFigures
+    padding_waste: float | None
+    cache_hit_rate: float | None
+    processors: list[ProcessorRow]
+    retired_processors: list[str]
+    consumers: list[ConsumerRow]
+    unserved: list[UnservedModel]
+    rates: Rates | None = None
+
+    @property
+    def time(self) -> str:
+        return datetime.fromtimestamp(self.taken_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented object (``status.schema.json``)."""
+        return {"schema": SCHEMA_ID, "time": self.time, **asdict(self)}
+
+
+def ratio(num: int, den: int) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _age(now_ms: int, then_ms: int) -> float | None:
+    return max(0.0, (now_ms - then_ms) / 1000) if then_ms > 0 else None
+
+
+def _live(view: StatusView, stale_s: float) -> dict[str, LedgerSnapshotRecord]:
+    """The instances that checkpointed within ``stale_s`` and are not retired."""
+    return {
+        name: cp
+        for name, cp in sorted(view.checkpoints.items())
+        if not view.retired(name) and view.read_ms - cp.taken_ms <= stale_s * 1000
+    }
+
+
+def _consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> ConsumerRow:
+    """One consumer. Its gauges (batches in flight, slots) are the live instances' only: a stale
+    instance's last checkpoint still claims batches that another instance may have adopted since."""
+    now = view.read_ms
+    live = _live(view, stale_s)
+
+    def gauge(key: str) -> int:
+        return sum(cp.per_consumer.get(name, {}).get(key, 0) for cp in live.values())
+
+    facts = view.groups.get(name, GroupFacts())
+    last_completion = max((cp.per_consumer.get(name, {}).get("last_completion_ms", 0)
+                           for cp in view.checkpoints.values()), default=0)  # fmt: skip
+    announced = view.announced_ms.get(name, 0)
+    if facts.members:
+        state: Literal["up", "down", "stale"] = "up"
+        seen: float | None = 0.0
+    else:
+        seen = _age(now, max(last_completion, announced))
+        state = "down" if seen is not None and seen <= stale_s else "stale"
+    total = view.consumer_total
+    batches, oversized = total(name, "batches"), total(name, "oversized")
+    padded, routed = total(name, "padded_tokens"), total(name, "routed_tokens")
+    in_budget = padded - total(name, "oversized_padded_tokens")
+    fill = ratio(in_budget, (batches - oversized) * c.budget_tokens) if c.batching == "tokens" else None
+    slots = {
+        instance: cp.per_consumer[name]["slots"]
+        for instance, cp in live.items()
+        if "slots" in cp.per_consumer.get(name, {})
+    }
+    return ConsumerRow(
+        consumer=name,
+        model=c.model,
+        state=state,
+        members=facts.members,
+        last_seen_age_s=seen,
+        last_completion_age_s=_age(now, last_completion),
+        announced_age_s=_age(now, announced),
+        contract=ContractTerms(c.batching, c.budget_tokens, c.max_items, c.pad_multiple, c.max_inflight),
+        in_flight_batches=gauge("in_flight_batches"),
+        unread_batches=facts.unread,
+        slots=slots,
+        routed_tokens=routed,
+        completed_tokens=total(name, "completed_tokens"),
+        batches=batches,
+        oversized_batches=oversized,
+        padding_waste=ratio(padded - routed, padded),
+        # Checkpoints of earlier versions lack the oversized batches' padded tokens: never past 100%.
+        budget_fill=None if fill is None else min(1.0, fill),
+        cache_hit_rate=ratio(total(name, "cache_hits"), total(name, "cache_lookups")),
+        shape_switches=gauge("shape_switches"),
+    )
+
+
+def _unserved(view: StatusView, consumers: list[ConsumerRow]) -> list[UnservedModel]:
+    models = {
+        key.split("@", 1)[1]
+        for cp in view.checkpoints.values()
+        for key in cp.counters
+        if key.startswith("queued_items@")
+    }
+    up = {row.model for row in consumers if row.state == "up"}
+    out = []
+    for model in sorted(models - up):
+        items, tokens = view.held(f"queued_items@{model}"), view.held(f"queued_tokens@{model}")
+        if items > 0:
+            names = sorted(row.consumer for row in consumers if row.model == model)
+            out.append(UnservedModel(model, items, tokens, names))
+    return out
+
+
+def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_S) -> StatusReport:
+    """Judge ``view``: stale instances and consumers, what nobody can take, the ratios."""
+    t = view.total
+    now = view.read_ms
+    processors, retired = [], []
+    for name, cp in sorted(view.checkpoints.items()):
+        if view.retired(name):
+            retired.append(name)
+            continue
+        age = max(0.0, (now - cp.taken_ms) / 1000)
+        processors.append(
+            ProcessorRow(
+                name,
+                "live" if age <= stale_s else "stale",
+                age,
+                cp.counters.get("owned_partitions", 0),
+                cp.counters.get("ingest_partitions", 0),
+            )
+        )
+    live = list(_live(view, stale_s).values())
+    consumers = [_consumer_row(view, n, c, stale_s) for n, c in sorted(view.contracts.items())]
+    ledger = {
+        stage: Tally(view.held(f"{stage}_items"), view.held(f"{stage}_tokens"))
+        if stage in ("queued", "in_flight")
+        else Tally(t(f"{stage}_items"), t(f"{stage}_tokens"))
+        for stage in STAGES
+    }
+    padded = sum(view.consumer_total(c, "padded_tokens") for c in view.contracts)
+    real = sum(view.consumer_total(c, "routed_tokens") for c in view.contracts)
+    in_use = sum(cp.counters.get("lanes_in_use", 0) for cp in live)
+    capacity = sum(cp.counters.get("shapes", 0) * cp.counters.get("lane_budget", 0) for cp in live)
+    if not live:
+        ingest_state: Literal["flowing", "paused", "stalled"] = "stalled"
+    elif any(cp.counters.get("ingest_paused", 0) for cp in live):
+        ingest_state = "paused"
+    else:
+        ingest_state = "flowing"
+    return StatusReport(
+        taken_ms=now,
+        prefix=topics.prefix,
+        stale_after_s=stale_s,
+        ledger=ledger,
+        dead_lettered_items=t("dead_lettered_items"),
+        ingest=IngestState(ingest_state, view.ingest_lag, view.ingest_end),
+        lanes=LaneFigures(in_use, ratio(in_use, capacity), sum(r.shape_switches for r in consumers)),
+        padding_waste=ratio(padded - real, padded),
+        cache_hit_rate=ratio(
+            sum(view.consumer_total(c, "cache_hits") for c in view.contracts),
+            sum(view.consumer_total(c, "cache_lookups") for c in view.contracts),
+        ),
+        processors=processors,
+        retired_processors=retired,
+        consumers=consumers,
+        unserved=_unserved(view, consumers),
+    )
+
+
+def with_rates(current: StatusReport, previous: StatusReport | None) -> StatusReport:
+    """``current`` with the token rates since ``previous`` and the backlog's ETA (``--watch``)."""
+    if previous is None or current.taken_ms <= previous.taken_ms:
+        return current
+    seconds = (current.taken_ms - previous.taken_ms) / 1000
+    received = (current.ledger["received"].tokens - previous.ledger["received"].tokens) / seconds
+    completed = (current.ledger["completed"].tokens - previous.ledger["completed"].tokens) / seconds
+    backlog = current.ledger["queued"].tokens + current.ledger["in_flight"].tokens
+    eta = backlog / completed if completed > 0 else (0.0 if backlog == 0 else None)
+    rates = Rates(seconds, max(0.0, received), max(0.0, completed), backlog, eta)
+    return replace(current, rates=rates)
+
+
+# -- retiring -------------------------------------------------------------------------------------
+
+
+class StillAlive(ValueError):
+    """Refused: the instance or consumer to retire shows signs of life."""
+
+
+def forget_processor(
+    conf: Mapping[str, str], topics: TopicNames, instance: str, stale_s: float = DEFAULT_STALE_S
+) -> None:
+    """Mark a gone instance retired (see the module's docstring); refuses a live one."""
+    view = gather(conf, topics)
+    cp = view.checkpoints.get(instance)
+    if cp is None:
+        known = ", ".join(sorted(view.checkpoints)) or "none"
+        raise KeyError(f"no processor instance {instance!r} has checkpointed (known: {known})")
+    age = (view.read_ms - cp.taken_ms) / 1000
+    if age <= stale_s:
+        raise StillAlive(
+            f"processor {instance} checkpointed {age:.1f} s ago: stop it first "
+            f"(only an instance stale past --stale-s {stale_s:g} can be forgotten)"
+        )
+    retired = LedgerSnapshotRecord(
+        instance=instance,
+        taken_ms=cp.taken_ms,
+        sequence=cp.sequence + 1,
+        counters={**cp.counters, RETIRED: view.read_ms},
+        per_model=cp.per_model,
+        per_consumer={},
+    )
+    _write(conf, topics.accounting, instance.encode(), encode_ledger_snapshot(retired))
+
+
+def retire_consumer(
+    conf: Mapping[str, str], topics: TopicNames, consumer: str, stale_s: float = DEFAULT_STALE_S
+) -> None:
+    """Withdraw a consumer that is gone (its contract's tombstone); refuses one that is up or was
+    seen within ``stale_s``. The processor hands its in-flight batches back to the lanes."""
+    from processor.apps.consumer import retire
+
+    view = gather(conf, topics, groups=True)
+    contract = view.contracts.get(consumer)
+    if contract is None:
+        known = ", ".join(sorted(view.contracts)) or "none"
+        raise KeyError(f"no consumer {consumer!r} has a contract (announced: {known})")
+    row = _consumer_row(view, consumer, contract, stale_s)
+    if row.state != "stale":
+        raise StillAlive(
+            f"consumer {consumer} is {row.state} ({_life(row)}): stop it first "
+            f"(only a consumer stale past --stale-s {stale_s:g} can be retired here; "
+            f"`tokenfabric consumer --id {consumer} --retire` retires any)"
+        )
+    retire(conf, topics, consumer)
+
+
+def _life(row: ConsumerRow) -> str:
+    if row.state == "up":
+        return f"{row.members} member{'s' if row.members != 1 else ''} in its group"
+    return "seen " + ("never" if row.last_seen_age_s is None else f"{row.last_seen_age_s:.0f} s ago")
+
+
+def _write(conf: Mapping[str, str], topic: str, key: bytes, value: bytes, timeout_s: float = 30.0) -> None:
+    producer = Producer({**conf, "enable.idempotence": "true", "acks": "all"})
+    failed: list[str] = []
+    producer.produce(topic, value, key, on_delivery=lambda err, _m: failed.append(err.str()) if err else None)
+    if producer.flush(timeout_s) or failed:
+        raise KafkaException(f"writing to {topic}: {failed[0] if failed else 'not delivered in time'}")

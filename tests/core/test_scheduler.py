@@ -83,6 +83,11 @@ def test_an_oversized_item_goes_alone_and_is_counted() -> None:
     )
     assert sched.oversized == 2
     assert sched.ledger.consumer("c").oversized == 2
+    # their padded tokens are kept apart, so that a budget fill can leave them out (status)
+    book = sched.ledger.consumer("c")
+    assert book.oversized_padded_tokens == 2 * 5000
+    assert book.padded_tokens - book.oversized_padded_tokens == 104
+    assert sched.ledger.snapshot()["oversized_padded_tokens#c"] == 2 * 5000
     for b in batches:
         assert_batch_ok(b, sched.consumers["c"].contract)
 
@@ -472,3 +477,13 @@ def test_a_whole_batch_in_one_message_finishes_it() -> None:
     book = sched.ledger.consumer("c")
     assert (book.completed.items, book.failed.items, book.in_flight.items) == (2, 1, 0)
     sched.check()
+
+
+def test_unserved_names_models_that_wait_with_no_contract() -> None:
+    sched = make_scheduler(make_contract(model="served"))
+    submit_all(sched, make_items([100, 200], model="orphan") + make_items([50], model="served"))
+    assert sched.unserved() == {"orphan": (2, 300)}  # "served" waits too, but has a consumer
+    sched.set_contract(make_contract("d", model="orphan"))
+    assert sched.unserved() == {}
+    sched.retire("d", 0)
+    assert sched.unserved() == {"orphan": (2, 300)}

@@ -1,31 +1,153 @@
-"""The status view (processor/ops/status.py) over several instances' checkpoints."""
+"""The status view and report (processor/ops/status.py) and their text and JSON forms
+(processor/cli/status.py), from checkpoints built here: no broker."""
 
 from __future__ import annotations
+
+import json
+
+import pytest
+
+from processor.cli.status import fold, render_text
+from processor.core.contract import Contract
+from processor.kafka.topics import TopicNames
+from processor.ops.status import (
+    SCHEMA_PATH,
+    GroupFacts,
+    StatusView,
+    report,
+    with_rates,
+)
+from processor.wire.records import LedgerSnapshotRecord
+
+NOW = 1_800_000_000_000
+LONG = "card-a100-80gb-eu-west-1-rack-17-slot-3"  # wider than the old table's consumer column
+
+
+def checkpoint(
+    name: str, counters: dict[str, int], slots: int = 1, age_s: float = 0.3, consumer: str = "c"
+) -> LedgerSnapshotRecord:
+    per_consumer = {consumer: {"slots": slots, "in_flight_batches": 1, "last_completion_ms": NOW - 400}}
+    return LedgerSnapshotRecord(
+        instance=name,
+        taken_ms=int(NOW - age_s * 1000),
+        sequence=1,
+        counters=counters,
+        per_model={},
+        per_consumer=per_consumer,
+    )
 
 
 def test_status_counts_adopted_state_once_while_the_old_owner_is_down() -> None:
     """a crashed holding 10 waiting items; b adopted them. Until a restarts and releases, both
     checkpoints claim the 10; the view (and the audit) must count them once."""
-    from processor.cli.status import render
-    from processor.ops.status import StatusView
-    from processor.wire.records import LedgerSnapshotRecord
-
-    def checkpoint(name: str, counters: dict[str, int], slots: int) -> LedgerSnapshotRecord:
-        per_consumer = {"c": {"slots": slots, "in_flight_batches": 0}}
-        return LedgerSnapshotRecord(
-            instance=name, taken_ms=0, sequence=1, counters=counters, per_model={}, per_consumer=per_consumer
-        )
-
-    view = StatusView()
-    view.checkpoints["a"] = checkpoint("a", {"queued_items": 10, "queued_tokens": 500}, 1)
+    view = StatusView(read_ms=NOW)
+    view.checkpoints["a"] = checkpoint("a", {"queued_items": 10, "queued_tokens": 500})
     view.checkpoints["b"] = checkpoint(
         "b",
         {"queued_items": 12, "queued_tokens": 600, "adopted_queued_items": 10, "adopted_queued_tokens": 500},
-        1,
     )
     assert (view.held("queued_items"), view.held("queued_tokens")) == (12, 600)
     view.checkpoints["a"] = checkpoint(
-        "a", {"queued_items": 0, "released_queued_items": 10, "released_queued_tokens": 500}, 1
+        "a", {"queued_items": 0, "released_queued_items": 10, "released_queued_tokens": 500}
     )
     assert view.held("queued_items") == 12
-    render(view)  # renders with several instances without raising
+    render_text(report(view, TopicNames()))  # renders with several instances without raising
+
+
+def busy_view() -> StatusView:
+    """Two instances (one dead for 5 minutes), a live consumer with a long id, a stale one, and
+    items of a model nobody serves."""
+    counters = {
+        "received_items": 130, "received_tokens": 90_000, "queued_items": 120, "queued_tokens": 45_000,
+        "queued_items@llama-70b": 100, "queued_tokens@llama-70b": 40_000,
+        "queued_items@default": 20, "queued_tokens@default": 5_000,
+        "owned_partitions": 3, "ingest_partitions": 6, "lanes_in_use": 4, "shapes": 4, "lane_budget": 8,
+        f"batches#{LONG}": 10, f"oversized#{LONG}": 2, f"padded_tokens#{LONG}": 4 * 4096 + 2 * 9000,
+        f"oversized_padded_tokens#{LONG}": 2 * 9000, f"routed_tokens#{LONG}": 30_000,
+        f"completed_tokens#{LONG}": 29_000,
+    }  # fmt: skip
+    view = StatusView(read_ms=NOW, ingest_lag=0, ingest_end=130)
+    p0 = "tokenfabric-processor-0"
+    view.checkpoints[p0] = checkpoint(p0, counters, consumer=LONG)
+    view.checkpoints["tokenfabric-processor-1"] = checkpoint(
+        "tokenfabric-processor-1", {"owned_partitions": 3, "ingest_partitions": 6}, age_s=312, consumer=LONG
+    )
+    view.contracts[LONG] = Contract(LONG, "default", budget_tokens=4096, max_items=16, max_inflight=2)
+    view.contracts["gpu-old"] = Contract("gpu-old", "llama-70b", budget_tokens=8192, max_items=32)
+    view.announced_ms = {LONG: NOW - 3_600_000, "gpu-old": NOW - 7_200_000}
+    view.groups = {LONG: GroupFacts(1, committed=9, end=10, unread=0), "gpu-old": GroupFacts(members=0)}
+    return view
+
+
+def test_dead_instances_and_consumers_are_marked_stale_and_unserved_work_is_named() -> None:
+    rep = report(busy_view(), TopicNames(), stale_s=30)
+    states = {p.instance: (p.state, round(p.checkpoint_age_s)) for p in rep.processors}
+    assert states == {"tokenfabric-processor-0": ("live", 0), "tokenfabric-processor-1": ("stale", 312)}
+    consumers = {c.consumer: c for c in rep.consumers}
+    assert consumers[LONG].state == "up" and consumers[LONG].last_completion_age_s == pytest.approx(0.4)
+    assert consumers["gpu-old"].state == "stale"  # not in its group, last seen two hours ago
+    assert [(u.model, u.items, u.tokens, u.consumers) for u in rep.unserved] == [
+        ("llama-70b", 100, 40_000, ["gpu-old"])
+    ]
+    assert rep.ingest.state == "flowing"
+    text = render_text(rep)
+    assert "UNSERVED" in text and "llama-70b" in text and "(gpu-old not up)" in text
+    assert "STALE" in text
+
+
+def test_budget_fill_leaves_oversized_batches_out_and_never_passes_100_percent() -> None:
+    row = next(c for c in report(busy_view(), TopicNames()).consumers if c.consumer == LONG)
+    # 8 batches in budget, 4 * 4096 padded tokens: 50%; the 2 oversized (9000 > 4096 each) apart
+    assert (row.budget_fill, row.oversized_batches) == (pytest.approx(0.5), 2)
+    view = busy_view()
+    view.checkpoints["tokenfabric-processor-0"].counters.pop(f"oversized_padded_tokens#{LONG}")
+    row = next(c for c in report(view, TopicNames()).consumers if c.consumer == LONG)
+    assert row.budget_fill == 1.0  # an older checkpoint without the split: clamped, not 84%+ over
+
+
+def test_the_text_fits_80_columns_and_cuts_no_id() -> None:
+    text = render_text(report(busy_view(), TopicNames()), width=80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    words = text.split()
+    for name in (LONG, "gpu-old", "tokenfabric-processor-0", "tokenfabric-processor-1", "llama-70b"):
+        assert name in words, f"{name} cut or missing"
+    assert "…" not in text
+
+
+def test_fold_never_splits_a_word() -> None:
+    line = "  " + " ".join(["word"] * 30) + " " + "x" * 90
+    out = fold([line], 40)
+    assert all(len(x) <= 40 for x in out[:-1]) and out[-1].strip() == "x" * 90
+    assert " ".join(out).split() == line.split()
+
+
+def test_watch_rates_and_eta() -> None:
+    first = report(busy_view(), TopicNames())
+    view = busy_view()
+    view.read_ms = NOW + 2000
+    cp = view.checkpoints["tokenfabric-processor-0"]
+    cp.counters.update(received_tokens=110_000, completed_tokens=10_000, queued_tokens=25_000)
+    rates = with_rates(report(view, TopicNames()), first).rates
+    assert rates is not None
+    assert (rates.received_tokens_per_s, rates.completed_tokens_per_s) == (10_000, 5_000)
+    assert rates.backlog_tokens == 25_000 and rates.eta_s == pytest.approx(5.0)
+    assert "ETA 5.0 s" in render_text(with_rates(report(view, TopicNames()), first))
+
+
+def test_json_matches_the_documented_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    first = report(busy_view(), TopicNames())
+    for rep in (first, with_rates(first, report(StatusView(read_ms=NOW - 2000), TopicNames()))):
+        doc = json.loads(json.dumps(rep.as_json()))
+        validator.validate(doc)
+    # the schema is strict: a field the code adds without documenting it fails
+    doc["undocumented"] = 1
+    assert not validator.is_valid(doc)
+    # and the text shows what the JSON holds
+    text = render_text(first)
+    for c in doc["consumers"]:
+        assert c["consumer"] in text
