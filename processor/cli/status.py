@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -156,7 +157,7 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
     lines = [f"tokenfabric status  {rep.prefix}  {rep.time}"]
     if rep.rates is not None:
         r = rep.rates
-        eta = "-" if r.eta_s is None else _age(r.eta_s)
+        eta = "- (nothing completes)" if r.eta_s is None else _age(r.eta_s)
         lines += [
             f"rates    received {r.received_tokens_per_s:,.0f} tok/s, completed "
             f"{r.completed_tokens_per_s:,.0f} tok/s (last {r.interval_s:.1f} s)",
@@ -286,4 +287,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # the reader went away (``| head``): nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
