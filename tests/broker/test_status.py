@@ -95,6 +95,26 @@ def test_status_with_a_dead_processor_a_stale_consumer_and_an_unserved_model(
         assert [(c["consumer"], c["state"]) for c in doc["consumers"]] == [("small", "stale")]
         assert doc["unserved"] == [{"model": "orphan", "items": 5, "tokens": 200, "consumers": []}]
 
+        # --watch into a pipe: every refresh whole, the consumers included, and from the second on
+        # the time, the rates and the ETA
+        args = ["--topic-prefix", rig.topics.prefix, "--group", rig.group, "--watch", "--interval-s", "0.5"]
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "processor", "status", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**child_env(rig.bootstrap), "COLUMNS": "80"},
+        )
+        time.sleep(6)
+        watch.send_signal(signal.SIGINT)
+        out, _ = watch.communicate(timeout=30)
+        assert watch.returncode == 0
+        refreshes = out.split("tokenfabric status  ")[1:]
+        assert len(refreshes) >= 2, out
+        assert all("consumers (" in r and "  small  model default" in r for r in refreshes)
+        assert "rates    received 0 tok/s, completed 0 tok/s" in refreshes[1]
+        assert "backlog  200 tokens queued or in flight, ETA - (nothing completes)" in refreshes[1]
+        assert max(len(line) for line in out.splitlines()) <= 80
+
         # retire both; they do not come back, and the ledger still counts what p0 did
         received = doc["ledger"]["received"]["items"]
         for flag, name in (("--forget-processor", "p0"), ("--retire-consumer", "small")):
