@@ -451,6 +451,24 @@ class Scheduler:
     def is_in_flight(self, batch_id: str) -> bool:
         return batch_id in self._in_flight
 
+    def in_flight_batch(self, batch_id: str) -> Batch | None:
+        """The batch ``batch_id`` while it is in flight, else None (its dispatch time for observers)."""
+        entry = self._in_flight.get(batch_id)
+        return None if entry is None else entry[1].batch
+
+    def unserved_waiting(self, served_models: Collection[str]) -> dict[str, int]:
+        """Items waiting per model that none of ``served_models`` is: work nobody can take.
+
+        ``served_models`` is the caller's view of the models live consumers serve (the scheduler
+        knows announced contracts, not liveness). Read from the ledger; models with nothing waiting
+        are left out.
+        """
+        return {
+            model: book.queued.items
+            for model, book in list(self.ledger.models.items())
+            if book.queued.items > 0 and model not in served_models
+        }
+
     def oldest_waiting_ms(self, model: str, scan_limit: int) -> int | None:
         """Arrival time of ``model``'s oldest item not yet dispatched, looking at most ``scan_limit``
         items into its arrival queue (dispatched items leave it lazily, so the first is nearly always

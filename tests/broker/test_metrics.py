@@ -59,25 +59,24 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
             if errors:
                 raise errors[0]
             m = scrape()
-            key = ("tokenfabric_tokens_completed_total", frozenset({("model", "default")}))
+            key = ("tokenfabric_completed_tokens_total", frozenset({("model", "default")}))
             return m.get(key, 0) >= total
 
         wait_for(all_done, 120, "every item to complete", poll_s=0.25)
         m = scrape()
-        assert value(m, "tokenfabric_tokens_received_total", model="default") == total
-        assert value(m, "tokenfabric_items_received_total", model="default") == len(lengths)
-        assert value(m, "tokenfabric_tokens_completed_total", model="default") == total
-        assert value(m, "tokenfabric_items_completed_total", model="default") == len(lengths)
-        assert value(m, "tokenfabric_tokens_routed", model="default") == total
-        assert value(m, "tokenfabric_tokens_queued", model="default") == 0
-        assert value(m, "tokenfabric_tokens_in_flight", model="default") == 0
-        assert value(m, "tokenfabric_waiting_tokens") == 0
-        assert value(m, "tokenfabric_real_tokens_total", consumer="gpu0") == total
+        assert value(m, "tokenfabric_received_tokens_total", model="default") == total
+        assert value(m, "tokenfabric_received_items_total", model="default") == len(lengths)
+        assert value(m, "tokenfabric_completed_tokens_total", model="default") == total
+        assert value(m, "tokenfabric_completed_items_total", model="default") == len(lengths)
+        assert value(m, "tokenfabric_routed_tokens", model="default") == total
+        assert value(m, "tokenfabric_queued_tokens", model="default") == 0
+        assert value(m, "tokenfabric_in_flight_tokens", model="default") == 0
+        assert value(m, "tokenfabric_consumer_real_tokens_total", consumer="gpu0") == total
         for equation in ("received", "routed"):
             assert value(m, "tokenfabric_ledger_imbalance_tokens", model="default", equation=equation) == 0
         assert value(m, "tokenfabric_ledger_ok") == 1
         assert value(m, "tokenfabric_ingest_messages_total") == len(lengths)
-        assert value(m, "tokenfabric_items_dead_lettered_total") == 0
+        assert value(m, "tokenfabric_dead_lettered_messages_total") == 0
         assert "tokenfabric_commit_seconds_count" in {name for name, _ in m}
 
         # The consumer app's own count agrees with the processor's.
@@ -97,11 +96,11 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
             poll_s=0.25,
         )
         a = app_scrape()
-        batches = value(m, "tokenfabric_batches_total", consumer="gpu0")
+        batches = value(m, "tokenfabric_consumer_routed_batches_total", consumer="gpu0")
         assert value(a, "tokenfabric_consumer_app_batches_total", **key) == batches
         assert value(a, "tokenfabric_consumer_app_input_tokens_total", **key) == total
         assert value(a, "tokenfabric_consumer_app_padded_tokens_total", **key) == value(
-            m, "tokenfabric_padded_tokens_total", consumer="gpu0"
+            m, "tokenfabric_consumer_padded_tokens_total", consumer="gpu0"
         )
         assert value(a, "tokenfabric_consumer_app_engine_seconds_count", consumer="gpu0") == batches
 
