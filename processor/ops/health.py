@@ -36,7 +36,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
@@ -44,6 +44,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("tokenfabric.http")
 
@@ -191,7 +193,7 @@ def _handler(registry: CollectorRegistry, health: HealthCheck) -> type[BaseHTTPR
         def _metrics(self, names: list[str] | None) -> None:
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             try:
-                body = encoder(registry.restricted_registry(names) if names else registry)
+                body = encoder(_Only(registry, names) if names else registry)
             except Exception as exc:  # a collector bug must not kill the server: say it, answer 500
                 log.exception("collecting metrics failed")
                 self._send(500, "text/plain; charset=utf-8", f"collecting metrics failed: {exc}\n".encode())
@@ -213,6 +215,23 @@ def _handler(registry: CollectorRegistry, health: HealthCheck) -> type[BaseHTTPR
             log.debug("%s " + format, self.address_string(), *args)
 
     return Handler
+
+
+class _Only(Collector):
+    """``registry`` restricted to the samples named in ``?name[]=`` (as prometheus-client's own
+    server does; its ``restricted_registry`` misses collectors without a ``describe``)."""
+
+    def __init__(self, registry: CollectorRegistry, names: list[str]) -> None:
+        self.registry = registry
+        self.names = set(names)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            samples = [s for s in metric.samples if s.name in self.names]
+            if samples:
+                kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                kept.samples = samples
+                yield kept
 
 
 # -- command-line wiring ------------------------------------------------------------------------

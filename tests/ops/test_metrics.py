@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from processor import __version__
@@ -19,7 +19,7 @@ from processor.core.contract import Contract
 from processor.core.item import Item
 from processor.ops.consumer_metrics import ConsumerMetrics
 from processor.ops.kafka_stats import KafkaStats
-from processor.ops.metrics import processor_registry
+from processor.ops.metrics import FastHistograms, processor_registry
 from processor.sim.cardmodel import CardSpec
 from tests.common import ROOT
 from tests.ops.helpers import FakeService, read_registry, value
@@ -164,6 +164,52 @@ def test_consumer_app_metrics_read_the_apps_stats() -> None:
     assert value(m, "tokenfabric_consumer_app_padded_tokens_total", **key) == 640
     assert value(m, "tokenfabric_consumer_app_engine_seconds_count", consumer="card") == 1
     app.engine.close()
+
+
+def test_the_lock_free_histogram_exposes_what_prometheus_clients_own_would() -> None:
+    """FastHistograms (per-item, owner thread) against prometheus_client's Histogram, same values."""
+    bounds = (0.01, 0.1, 1.0, 10.0)
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    fast = FastHistograms("h_seconds", "h", ["model"], bounds)
+    ours.register(fast)
+    ref = Histogram("h_seconds", "h", ["model"], buckets=bounds, registry=theirs)
+    for v in (0.0, 0.01, 0.010001, 0.5, 1.0, 9.99, 10.0, 11.0, 500.0):
+        fast.of("m").observe(v)
+        ref.labels("m").observe(v)
+    fast.of("m").observe(0.05, times=3)  # one batch's items answered together
+    for _ in range(3):
+        ref.labels("m").observe(0.05)
+    mine = {k: v for k, v in read_registry(ours).items() if not k[0].endswith("_created")}
+    reference = {k: v for k, v in read_registry(theirs).items() if not k[0].endswith("_created")}
+    assert mine == pytest.approx(reference)
+    assert value(mine, "h_seconds_bucket", model="m", le="0.01") == 2  # le is inclusive
+    with pytest.raises(ValueError, match="increase"):
+        FastHistograms("x", "x", [], (1.0, 0.5)).of()
+
+
+def test_consumer_app_end_to_end_counts_from_each_items_producer_timestamp() -> None:
+    from processor.wire.records import BatchRecord, TokenItemRecord
+
+    metrics = ConsumerMetrics("card")
+
+    def item(n: int, produced_ms: int) -> TokenItemRecord:
+        return TokenItemRecord(
+            item_id=f"i{n}", model="m", shape=1, token_count=8, tokens=b"\0" * 32, produced_ms=produced_ms
+        )
+
+    items = [item(0, 9_000), item(1, 7_000), item(2, 0)]
+    batch = BatchRecord(
+        batch_id="b1", consumer="card", model="m", shape=1, lane=0, padded_length=16, pad_multiple=8,
+        created_ms=10_000, items=items,
+    )  # fmt: skip
+    metrics.completed(batch, 10_000)
+    m = read_registry(metrics.registry)
+    # the item without a timestamp (0) is left out
+    assert value(m, "tokenfabric_consumer_app_end_to_end_seconds_count", consumer="card") == 2
+    assert value(m, "tokenfabric_consumer_app_end_to_end_seconds_sum", consumer="card") == pytest.approx(4.0)
+    assert value(m, "tokenfabric_consumer_app_end_to_end_seconds_bucket", consumer="card", le="1.0") == 1
+    assert set(metrics.hooks()) == {"on_engine", "on_completed"}
+    assert metrics.kafka_conf({"a": "b"})["stats_cb"] == metrics.kafka.on_stats
 
 
 def test_docs_metrics_lists_every_metric_and_no_other() -> None:
