@@ -9,9 +9,12 @@ properties file, and ``statistics.interval.ms=0`` turns the statistics off.
 
 Kept (each labelled ``client``, librdkafka's client name such as ``rdkafka#consumer-1``):
 
-- consumer lag per assigned partition (``consumer_lag``: messages between the committed or
-  current position and the partition's end; librdkafka's -1, "not known yet", is left out);
-- request round-trip time per broker (average and p99 over the interval, in seconds);
+- consumer lag per assigned partition: messages between what the client has consumed and the
+  partition's end (``consumer_lag_stored``: the position, since tokenfabric commits offsets in
+  transactions the consumer's own ``consumer_lag`` never sees; that one when no offset is stored);
+  librdkafka's -1, "not known yet", is left out;
+- request round-trip time per broker (average and p99 over the interval, in seconds; a consumer's
+  fetch requests wait up to ``fetch.wait.max.ms`` at the broker, and that counts);
 - queue depths: messages waiting in the producer queue, events waiting for the application to poll,
   requests waiting to be sent or waiting for their answer, and messages fetched but not consumed.
 
@@ -71,7 +74,9 @@ def parse_stats(document: str) -> ClientStats:
             if partition == "-1":  # the unassigned-messages pseudo partition
                 continue
             fetch += int(p.get("fetchq_cnt", 0))
-            messages = int(p.get("consumer_lag", -1))
+            messages = int(p.get("consumer_lag_stored", -1))
+            if messages < 0:  # no offset stored (enable.auto.offset.store=false): the committed one
+                messages = int(p.get("consumer_lag", -1))
             if messages >= 0:
                 lag.append((topic, partition, messages))
     rtt: list[tuple[str, float, float]] = []

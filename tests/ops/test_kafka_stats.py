@@ -34,9 +34,10 @@ def _doc(name: str = "rdkafka#consumer-1") -> str:
             "topics": {
                 "tokenfabric.batches.gpu0": {
                     "partitions": {
-                        "0": {"fetchq_cnt": 4, "consumer_lag": 7},
-                        "1": {"fetchq_cnt": 1, "consumer_lag": -1},
-                        "-1": {"fetchq_cnt": 0, "consumer_lag": -1},
+                        "0": {"fetchq_cnt": 4, "consumer_lag": -1, "consumer_lag_stored": 7},
+                        "1": {"fetchq_cnt": 1, "consumer_lag": -1, "consumer_lag_stored": -1},
+                        "2": {"fetchq_cnt": 0, "consumer_lag": 3, "consumer_lag_stored": -1},
+                        "-1": {"fetchq_cnt": 0, "consumer_lag": -1, "consumer_lag_stored": -1},
                     }
                 }
             },
@@ -47,8 +48,10 @@ def _doc(name: str = "rdkafka#consumer-1") -> str:
 def test_a_statistics_document_keeps_lag_rtt_and_queue_depths() -> None:
     stats = parse_stats(_doc())
     assert stats.client == "rdkafka#consumer-1" and stats.kind == "consumer"
-    # partition 1's lag is not known yet (-1), the -1 pseudo partition is not a partition
-    assert stats.lag == (("tokenfabric.batches.gpu0", "0", 7),)
+    # lag from the stored position (0), else the committed offset (2); partition 1's is not known
+    # yet (-1), and the -1 pseudo partition is not a partition
+    topic = "tokenfabric.batches.gpu0"
+    assert stats.lag == ((topic, "0", 7), (topic, "2", 3))
     # brokers without a node id (the coordinator alias) or without requests in the window are left out
     assert stats.rtt == (("127.0.0.1:9092/1", 0.0015, 0.009),)
     assert stats.queues == {"producer": 0, "events": 2, "outbuf": 3, "waitresp": 2, "fetch": 5}
