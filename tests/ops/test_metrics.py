@@ -179,6 +179,9 @@ def test_the_lock_free_histogram_exposes_what_prometheus_clients_own_would() -> 
     fast.of("m").observe(0.05, times=3)  # one batch's items answered together
     for _ in range(3):
         ref.labels("m").observe(0.05)
+    fast.of("ms").observe_ms([0, 10, 11, -5, 500, 1000, 12_000])  # the same as seconds, negative as 0
+    for v in (0.0, 0.01, 0.011, 0.0, 0.5, 1.0, 12.0):
+        ref.labels("ms").observe(v)
     mine = {k: v for k, v in read_registry(ours).items() if not k[0].endswith("_created")}
     reference = {k: v for k, v in read_registry(theirs).items() if not k[0].endswith("_created")}
     assert mine == pytest.approx(reference)
