@@ -114,7 +114,16 @@ class KafkaStats(Collector):
         self._bad = 0
 
     def attach(self, conf: Mapping[str, Any]) -> dict[str, Any]:
-        """``conf`` with this collector's ``stats_cb`` and, unless ``conf`` sets one, its interval."""
+        """``conf`` with this collector's ``stats_cb`` and, unless ``conf`` sets one, its interval.
+
+        An interval the operator set that is longer than this collector's becomes its own, so that a
+        client is not forgotten between two of its documents.
+        """
+        try:
+            theirs = int(conf.get("statistics.interval.ms", 0))
+        except ValueError:
+            theirs = 0  # librdkafka refuses it when the client is built, with its own message
+        self.interval_ms = max(self.interval_ms, theirs)
         return {"statistics.interval.ms": str(self.interval_ms), **conf, "stats_cb": self.on_stats}
 
     def on_stats(self, document: str) -> None:

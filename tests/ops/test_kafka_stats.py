@@ -62,6 +62,9 @@ def test_the_gauges_carry_the_client_and_the_constant_labels() -> None:
     conf = kafka.attach({"bootstrap.servers": "x:1"})
     assert conf["statistics.interval.ms"] == "15000" and conf["stats_cb"] == kafka.on_stats
     assert kafka.attach({"statistics.interval.ms": "0"})["statistics.interval.ms"] == "0"  # the operator's
+    slow = KafkaStats()
+    assert slow.attach({"statistics.interval.ms": "60000"})["statistics.interval.ms"] == "60000"
+    assert slow.interval_ms == 60_000  # clients are forgotten after 3 of the operator's intervals
     conf["stats_cb"](_doc())
     registry = CollectorRegistry()
     registry.register(kafka)
