@@ -115,7 +115,9 @@ class ConsumerApp:
     producer and admin client. ``max_batches`` stops after that many batches (tests);
     ``idle_exit_s`` stops after that long without a batch (the demo). ``on_batch`` is called after
     each batch is committed, with the stats so far (progress display, tests). ``on_engine`` is called
-    with the seconds the engine spent on each batch it ran (the metrics histogram). ``completions``
+    with the seconds the engine spent on each batch it ran (the metrics histogram), ``on_completed``
+    with each batch whose completions were delivered and the epoch ms they were made at (end-to-end
+    latency from each item's ``produced_ms``). ``completions``
     is the form completions are written in (``batch`` or ``item``, see the module docstring), and
     ``max_completion_bytes`` the size past which a batch's completions are split over messages.
     """
@@ -132,6 +134,7 @@ class ConsumerApp:
         poll_timeout_s: float = 0.5,
         on_batch: Callable[[ConsumerStats], None] | None = None,
         on_engine: Callable[[float], None] | None = None,
+        on_completed: Callable[[BatchRecord, int], None] | None = None,
         exactly_once: bool = True,
         watchdog: CallWatchdog | None = None,
         completions: CompletionForm = "batch",
@@ -154,6 +157,7 @@ class ConsumerApp:
         self.poll_timeout_s = poll_timeout_s
         self.on_batch = on_batch
         self.on_engine = on_engine
+        self.on_completed = on_completed
         self.exactly_once = exactly_once
         self.watchdog = watchdog
         self.completions = completions
@@ -368,6 +372,8 @@ class ConsumerApp:
         self.stats.items += len(batch.items)
         self.stats.engine_ms += engine_ms
         self._flush(f"completions of batch {batch.batch_id}")
+        if self.on_completed is not None:
+            self.on_completed(batch, completed_ms)
         log.debug("batch %s: %d items, %d ms", batch.batch_id, len(batch.items), engine_ms)
 
     def _write_completions(self, batch_id: str, records: list[CompletionRecord]) -> None:

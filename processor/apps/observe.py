@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from processor.core.item import Batch
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings
 
@@ -73,6 +74,12 @@ class ServiceObserver:
 
     def checkpointed(self, seconds: float) -> None:
         """A ledger checkpoint was produced; ``seconds`` is the time to build and queue it."""
+
+    def dispatched(self, batch: Batch, now_ms: int) -> None:
+        """``batch`` was emitted at core time ``now_ms``; its items' ``arrival_ms`` say when they came."""
+
+    def answered(self, batch: Batch, items: int, now_ms: int) -> None:
+        """``items`` items of ``batch`` (emitted at ``batch.created_ms``) were answered at ``now_ms``."""
 
 
 #: How long a model's items must wait with no contract for it before the processor says so: contracts

@@ -232,6 +232,7 @@ class ProcessorService(PartitionHandover):
         self._control(now)
         for batch in self.core.dispatch(now):
             self._send_batch(batch)
+            self.observer.dispatched(batch, now)
         self.producer.poll(0)
         self.committer.check_delivered()
         if now - self._last_tick >= s.tick_interval_ms:
@@ -357,7 +358,10 @@ class ProcessorService(PartitionHandover):
         last = self._last_completion_ms
         last[head.consumer] = max(last.get(head.consumer, 0), msg.timestamp()[1])  # replays are older
         counters.completions += len(items)  # items, not messages: a message may hold a whole batch
+        answered = self.core.in_flight_batch(batch_id)
         applied, finished = self.core.items_done(batch_id, items, now)
+        if applied and answered is not None:
+            self.observer.answered(answered, applied, now)
         if applied < len(items):
             if replay:
                 counters.replayed_completions += len(items) - applied

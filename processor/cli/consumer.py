@@ -195,13 +195,13 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("tokenfabric.consumer").info("kafka client settings: %s", describe(conf))
     metrics = ConsumerMetrics(contract.consumer)
     app = ConsumerApp(
-        conf,
+        metrics.kafka_conf(conf) if http is not None else conf,
         topics,
         contract,
         engine,
         max_batches=args.max_batches,
         idle_exit_s=args.idle_exit_s,
-        on_engine=metrics.engine_ran,
+        **metrics.hooks(),
         exactly_once=not args.at_least_once,
         watchdog=watchdog,
         completions=args.completions,

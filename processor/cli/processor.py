@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import EXIT_TEMPFAIL, TransientFailure, exit_code
     from processor.ops.health import ProcessorHealth, start_http
+    from processor.ops.kafka_stats import KafkaStats
     from processor.ops.metrics import processor_registry
 
     setup_logging(args.log_level, args.log_format)
@@ -116,13 +117,14 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    service = ProcessorService(conf, topics, settings)
+    kafka_stats = KafkaStats()  # librdkafka's statistics for /metrics, reported only when it is served
+    service = ProcessorService(kafka_stats.attach(conf) if http is not None else conf, topics, settings)
     service.watchdog = watchdog
     server = None
     if http is not None:
         health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)
         try:
-            server = start_http(http, processor_registry(service), health)
+            server = start_http(http, processor_registry(service, extra=[kafka_stats]), health)
         except OSError as exc:
             print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
             return 2

@@ -451,6 +451,11 @@ class Scheduler:
     def is_in_flight(self, batch_id: str) -> bool:
         return batch_id in self._in_flight
 
+    def in_flight_batch(self, batch_id: str) -> Batch | None:
+        """The batch ``batch_id`` while it is in flight, else None (its dispatch time for observers)."""
+        entry = self._in_flight.get(batch_id)
+        return None if entry is None else entry[1].batch
+
     def oldest_waiting_ms(self, model: str, scan_limit: int) -> int | None:
         """Arrival time of ``model``'s oldest item not yet dispatched, looking at most ``scan_limit``
         items into its arrival queue (dispatched items leave it lazily, so the first is nearly always

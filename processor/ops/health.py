@@ -20,24 +20,32 @@ Each answers 200 or 503 with one line of JSON: ``{"ok": true, "reason": "..."}``
 Why the standard library's ``http.server``: three paths, scraped every few seconds, by Prometheus
 and the kubelet. A ``ThreadingHTTPServer`` in a daemon thread is enough, adds no dependency, and
 never touches the owner thread: it only reads attributes (see processor.ops.metrics on why that is
-safe). It binds 127.0.0.1 unless told otherwise; in a pod, pass ``--metrics-addr 0.0.0.0`` so the
-kubelet and Prometheus can reach it.
+safe). ``/metrics`` is encoded by prometheus-client's own exposition: ``choose_encoder`` picks the
+Prometheus text format or OpenMetrics from the ``Accept`` header, the body is gzipped when the
+scraper accepts it, and ``?name[]=...`` restricts the answer to the named series. It binds
+127.0.0.1 unless told otherwise; in a pod, pass ``--metrics-addr 0.0.0.0`` so the kubelet and
+Prometheus can reach it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
+from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("tokenfabric.http")
 
@@ -172,26 +180,32 @@ def _handler(registry: CollectorRegistry, health: HealthCheck) -> type[BaseHTTPR
         server_version = "tokenfabric"
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+            url = urlsplit(self.path)
+            path = url.path
             if path == "/metrics":
-                try:
-                    body = generate_latest(registry)
-                except Exception as exc:  # a collector bug must not kill the server: say it, answer 500
-                    log.exception("collecting metrics failed")
-                    self._send(
-                        500, "text/plain; charset=utf-8", f"collecting metrics failed: {exc}\n".encode()
-                    )
-                    return
-                self._send(200, CONTENT_TYPE_LATEST, body)
+                self._metrics(parse_qs(url.query).get("name[]"))
             elif path in ("/healthz", "/readyz"):
                 verdict = health.live() if path == "/healthz" else health.ready()
                 self._send(200 if verdict.ok else 503, "application/json", verdict.body())
             else:
                 self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz, /readyz\n")
 
-        def _send(self, code: int, content_type: str, body: bytes) -> None:
+        def _metrics(self, names: list[str] | None) -> None:
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            try:
+                body = encoder(_Only(registry, names) if names else registry)
+            except Exception as exc:  # a collector bug must not kill the server: say it, answer 500
+                log.exception("collecting metrics failed")
+                self._send(500, "text/plain; charset=utf-8", f"collecting metrics failed: {exc}\n".encode())
+                return
+            gzipped = gzip_accepted(self.headers.get("Accept-Encoding", ""))
+            self._send(200, content_type, gzip.compress(body) if gzipped else body, gzipped)
+
+        def _send(self, code: int, content_type: str, body: bytes, gzipped: bool = False) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
+            if gzipped:
+                self.send_header("Content-Encoding", "gzip")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -201,6 +215,23 @@ def _handler(registry: CollectorRegistry, health: HealthCheck) -> type[BaseHTTPR
             log.debug("%s " + format, self.address_string(), *args)
 
     return Handler
+
+
+class _Only(Collector):
+    """``registry`` restricted to the samples named in ``?name[]=`` (as prometheus-client's own
+    server does; its ``restricted_registry`` misses collectors without a ``describe``)."""
+
+    def __init__(self, registry: CollectorRegistry, names: list[str]) -> None:
+        self.registry = registry
+        self.names = set(names)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            samples = [s for s in metric.samples if s.name in self.names]
+            if samples:
+                kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                kept.samples = samples
+                yield kept
 
 
 # -- command-line wiring ------------------------------------------------------------------------

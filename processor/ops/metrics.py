@@ -9,14 +9,16 @@ attribute another thread writes is safe under the GIL; the one care needed is co
 iterating it (:func:`_items`), since the owner thread may add a key meanwhile. Values may be up to one
 step old and the figures of one scrape are not one atomic snapshot (see ``ledger_imbalance`` below).
 
-Only the two latency histograms are observed as events: a commit or a checkpoint happens about
-once a second, off the per-item path, through the service's :class:`ServiceObserver` hooks.
+The histograms are observed as events, through the service's :class:`ServiceObserver` hooks: a
+commit or a checkpoint about once a second, and, per batch, its items' waits and its shape. The
+per-batch ones run on the owner thread's hot path, so they use :class:`FastHistogram` (no locks).
 
 Names and meanings: docs/metrics.md (keep the two in step; tests/ops/test_metrics.py checks it).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import operator
 import time
@@ -30,11 +32,19 @@ from prometheus_client import (
     CollectorRegistry,
     Histogram,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from processor import __version__
 from processor.apps.observe import ServiceCounters, ServiceObserver
 from processor.core.accounting import ConsumerBook, ModelBook, Tally
+from processor.core.item import Batch
 
 if TYPE_CHECKING:
     from processor.core.scheduler import Scheduler
@@ -52,6 +62,39 @@ COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 CHECKPOINT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
+#: An item's time in a lane, ingest to dispatch: immediate to the --max-wait-ms of a quiet shape.
+QUEUED_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+
+
+#: Dispatch to completion: a commit, the consumer's fetch and engine, the results read back.
+IN_FLIGHT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+#: Items per batch (max_items is commonly a power of two).
+BATCH_ITEMS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+#: A batch's padded length in tokens.
+PADDED_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
 #: Arrivals examined per model when looking for the oldest waiting item (see ``_oldest_waiting_ms``).
 OLDEST_SCAN_LIMIT = 100_000
 
@@ -59,9 +102,9 @@ OLDEST_SCAN_LIMIT = 100_000
 #: ``ServiceCounters`` field -> (metric name, help). Fields the service lacks are skipped.
 SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
     "consumed": ("tokenfabric_ingest_messages_total", "Ingest messages taken, valid or not."),
-    "batches_produced": ("tokenfabric_batches_produced_total", "Batches handed to the Kafka producer."),
+    "batches_produced": ("tokenfabric_produced_batches_total", "Batches handed to the Kafka producer."),
     "batches_delivered": (
-        "tokenfabric_batches_delivered_total",
+        "tokenfabric_delivered_batches_total",
         "Batches the broker acknowledged: each one's delivery report (at-least-once), or the commit of "
         "the transaction holding it (exactly-once).",
     ),
@@ -70,7 +113,7 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
         "Item completions read from the results topic (a CompletionBatch counts each item).",
     ),
     "unknown_completions": (
-        "tokenfabric_completions_unknown_total",
+        "tokenfabric_unknown_completions_total",
         "Completions of batches this processor incarnation does not know (duplicates, earlier runs).",
     ),
     "contracts": ("tokenfabric_contract_announcements_total", "Consumer contract announcements read."),
@@ -127,6 +170,85 @@ def _consistent(read: Callable[[], int], tries: int = 3) -> int:
     return value
 
 
+class FastHistogram:
+    """Bucket counts one thread adds to and a scrape reads, without a lock: for per-item events.
+
+    prometheus_client's ``Histogram.observe`` takes locks per call (about 1-2 us); an item's wait is
+    observed once per item on the owner thread, so this keeps a plain list instead. ``counts[i]``
+    holds observations in ``(bounds[i-1], bounds[i]]``, the last one those above every bound. A
+    scrape may see the sum one observation ahead of the counts: immaterial for a histogram.
+    """
+
+    __slots__ = ("bounds", "bounds_ms", "counts", "sum")
+
+    def __init__(self, bounds: Iterable[float]) -> None:
+        self.bounds = tuple(bounds)
+        if list(self.bounds) != sorted(set(self.bounds)):
+            raise ValueError(f"histogram bounds must increase: {self.bounds}")
+        self.bounds_ms = tuple(b * 1000 for b in self.bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.sum += value * times
+
+    def observe_ms(self, values_ms: Iterable[int]) -> None:
+        """Many durations in milliseconds (observed as seconds; negative ones as 0), in one call:
+        the per-item path, with no call or division per value."""
+        bounds, counts, find = self.bounds_ms, self.counts, bisect.bisect_left
+        total = 0
+        for ms in values_ms:
+            if ms < 0:
+                ms = 0
+            counts[find(bounds, ms)] += 1
+            total += ms
+        self.sum += total / 1000
+
+
+class FastHistograms(Collector):
+    """A family of :class:`FastHistogram` by label values, exposed as one Prometheus histogram."""
+
+    def __init__(self, name: str, doc: str, labels: list[str], bounds: Iterable[float]) -> None:
+        self.name, self.doc, self.labels, self.bounds = name, doc, labels, tuple(bounds)
+        self.series: dict[tuple[str, ...], FastHistogram] = {}
+
+    def of(self, *values: str) -> FastHistogram:
+        h = self.series.get(values)
+        if h is None:
+            h = self.series[values] = FastHistogram(self.bounds)
+        return h
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, h in _items(self.series):
+            running, buckets = 0, []
+            for bound, count in zip((*h.bounds, float("inf")), list(h.counts), strict=True):
+                running += count
+                buckets.append(("+Inf" if bound == float("inf") else _le(bound), running))
+            fam.add_metric(list(values), buckets, h.sum)
+        yield fam
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class BuildInfo(Collector):
+    """``tokenfabric_build_info{version}``: 1, to join other series on the running version."""
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        yield InfoMetricFamily(
+            "tokenfabric_build", "The running tokenfabric.", value={"version": __version__}
+        )
+
+
 class ProcessorCollector(Collector):
     """Every processor metric except the latency histograms, read from ``service`` per scrape."""
 
@@ -162,12 +284,12 @@ class ProcessorCollector(Collector):
             (GaugeMetricFamily, "in_flight", "sent to a consumer and not answered yet"),
         ):
             for unit in ("items", "tokens"):
-                fam = family(f"tokenfabric_{unit}_{stage}", f"Prompt {unit} {doc}.", labels=["model"])
+                fam = family(f"tokenfabric_{stage}_{unit}", f"Prompt {unit} {doc}.", labels=["model"])
                 for model, book in models:
                     fam.add_metric([model], getattr(getattr(book, stage), unit))
                 yield fam
         dead = CounterMetricFamily(
-            "tokenfabric_items_dead_lettered", "Ingest messages dead-lettered (undecodable or invalid)."
+            "tokenfabric_dead_lettered_messages", "Ingest messages dead-lettered (undecodable or invalid)."
         )
         dead.add_metric([], ledger.dead_lettered)
         yield dead
@@ -211,23 +333,25 @@ class ProcessorCollector(Collector):
             return fam
 
         yield per_book(
-            "tokenfabric_consumer_items_routed",
+            "tokenfabric_consumer_routed_items",
             "Items sent to the consumer, counting again those sent once more after a retirement.",
             lambda b: _gross(b).items,
         )
         yield per_book(
-            "tokenfabric_real_tokens",
+            "tokenfabric_consumer_real_tokens",
             "Prompt tokens in batches sent to the consumer (the numerator of padding efficiency).",
             lambda b: _gross(b).tokens,
         )
         yield per_book(
-            "tokenfabric_padded_tokens",
+            "tokenfabric_consumer_padded_tokens",
             "Padded tokens of batches sent to the consumer: items x padded length (what the GPU pays).",
             lambda b: b.padded_tokens,
         )
-        yield per_book("tokenfabric_batches", "Batches sent to the consumer.", lambda b: b.batches)
         yield per_book(
-            "tokenfabric_oversized_batches",
+            "tokenfabric_consumer_routed_batches", "Batches sent to the consumer.", lambda b: b.batches
+        )
+        yield per_book(
+            "tokenfabric_consumer_oversized_batches",
             "Single-item batches whose padded length exceeds the consumer's budget.",
             lambda b: b.oversized,
         )
@@ -238,32 +362,33 @@ class ProcessorCollector(Collector):
         ):
             for unit in ("items", "tokens"):
                 yield per_book(
-                    f"tokenfabric_consumer_{unit}_{stage}",
+                    f"tokenfabric_consumer_{stage}_{unit}",
                     f"Prompt {unit} of the consumer's batches {doc}.",
                     operator.attrgetter(f"{stage}.{unit}"),
                 )
         for unit in ("items", "tokens"):
             yield per_book(
-                f"tokenfabric_consumer_{unit}_in_flight",
+                f"tokenfabric_consumer_in_flight_{unit}",
                 f"Prompt {unit} sent to the consumer and not answered yet.",
                 operator.attrgetter(f"in_flight.{unit}"),
                 counter=False,
             )
         yield per_book(
-            "tokenfabric_prefix_cache_hits",
+            "tokenfabric_consumer_cache_hits",
             "Batches whose engine reported a prefix-cache hit for the batch's shape.",
             lambda b: b.cache_hits,
         )
         yield per_book(
-            "tokenfabric_prefix_cache_lookups",
+            "tokenfabric_consumer_cache_lookups",
             "Batches answered, each one prefix-cache lookup of its shape.",
             lambda b: b.cache_lookups,
         )
+        yield from _ratios(books)
 
         states = _items(core.consumers)
         labels = ["consumer", "model"]
         switches = CounterMetricFamily(
-            "tokenfabric_shape_switches",
+            "tokenfabric_consumer_shape_switches",
             "Times the consumer was moved to another shape (each costs its prefix cache).",
             labels=labels,
         )
@@ -292,9 +417,9 @@ class ProcessorCollector(Collector):
         table = self.service.core.table
         st = table.stats
         for name, doc, value in (
-            ("tokenfabric_lane_reuses", "Items placed in an existing lane.", st.reuses),
-            ("tokenfabric_lanes_new", "Lanes opened.", st.new_lanes),
-            ("tokenfabric_lane_id_reuses", "Lanes opened under the id of a reclaimed one.", st.id_reuses),
+            ("tokenfabric_lanes_reused", "Items placed in an existing lane.", st.reuses),
+            ("tokenfabric_lanes_opened", "Lanes opened.", st.new_lanes),
+            ("tokenfabric_lanes_id_reused", "Lanes opened under the id of a reclaimed one.", st.id_reuses),
             ("tokenfabric_lanes_idle_reclaimed", "Empty lanes retired after going quiet.", st.idle_reclaims),
         ):
             fam = CounterMetricFamily(name, doc)
@@ -303,14 +428,21 @@ class ProcessorCollector(Collector):
         for name, doc, level in (
             ("tokenfabric_lanes_in_use", "Lanes that exist now, all shapes.", st.lanes_in_use),
             ("tokenfabric_lanes_in_use_peak", "Most lanes in use at once.", st.lanes_in_use_peak),
-            ("tokenfabric_lane_budget", "Lanes allowed per (model, shape).", table.settings.lane_budget),
-            ("tokenfabric_shapes", "(model, shape) pairs holding lanes.", len(table.shapes)),
-            ("tokenfabric_waiting_items", "Items waiting in lanes.", table.waiting_items),
-            ("tokenfabric_waiting_tokens", "Prompt tokens waiting in lanes.", table.waiting_tokens),
+            ("tokenfabric_lanes_budget", "Lanes allowed per (model, shape).", table.settings.lane_budget),
+            ("tokenfabric_lanes_shapes", "(model, shape) pairs holding lanes.", len(table.shapes)),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], level)
             yield gauge
+        core = self.service.core
+        unserved = GaugeMetricFamily(
+            "tokenfabric_unserved_waiting_items",
+            "Items waiting for a model no announced consumer serves: work nobody can take.",
+            labels=["model"],
+        )
+        for model, (items, _tokens) in sorted(core.unserved().items()):
+            unserved.add_metric([model], items)
+        yield unserved
         oldest = GaugeMetricFamily(
             "tokenfabric_oldest_waiting_age_seconds",
             "How long the oldest item still waiting has waited (0 when none waits).",
@@ -355,6 +487,47 @@ class ProcessorCollector(Collector):
         )
         paused.add_metric([], int(getattr(s, "ingest_paused", False)))
         yield paused
+
+
+def _ratios(books: list[tuple[str, ConsumerBook]]) -> Iterator[Metric]:
+    """Padding waste and cache hits as ready-made fractions, per consumer and over all of them.
+
+    Since the ledger began (carried across restarts under exactly-once); a series is left out while
+    its denominator is 0. For a figure over a recent window, divide the ``rate()`` of the counters.
+    """
+    waste = GaugeMetricFamily(
+        "tokenfabric_consumer_padding_waste_ratio",
+        "Fraction of the padded tokens sent to the consumer that were padding: 1 - real / padded.",
+        labels=["consumer"],
+    )
+    hits = GaugeMetricFamily(
+        "tokenfabric_consumer_cache_hit_ratio",
+        "Fraction of the consumer's answered batches its engine served from its prefix cache.",
+        labels=["consumer"],
+    )
+    real = padded = hit = lookups = 0
+    for consumer, book in books:
+        gross = _gross(book).tokens
+        if book.padded_tokens > 0:
+            waste.add_metric([consumer], 1 - gross / book.padded_tokens)
+        if book.cache_lookups > 0:
+            hits.add_metric([consumer], book.cache_hits / book.cache_lookups)
+        real, padded = real + gross, padded + book.padded_tokens
+        hit, lookups = hit + book.cache_hits, lookups + book.cache_lookups
+    yield waste
+    yield hits
+    all_waste = GaugeMetricFamily(
+        "tokenfabric_padding_waste_ratio", "Padding waste over every consumer: 1 - real / padded tokens."
+    )
+    if padded > 0:
+        all_waste.add_metric([], 1 - real / padded)
+    yield all_waste
+    all_hits = GaugeMetricFamily(
+        "tokenfabric_cache_hit_ratio", "Prefix-cache hits over every consumer's answered batches."
+    )
+    if lookups > 0:
+        all_hits.add_metric([], hit / lookups)
+    yield all_hits
 
 
 def _received_gap(b: ModelBook) -> int:
@@ -406,7 +579,11 @@ def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
 
 
 class ServiceLatency(ServiceObserver):
-    """The service's hooks, feeding the commit and checkpoint latency histograms."""
+    """The service's hooks, feeding the commit, checkpoint, item and batch histograms.
+
+    ``dispatched`` and ``answered`` run on the owner thread for every batch: they cost one
+    :class:`FastHistogram` add per item (its wait) and a few per batch.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.commit = Histogram(
@@ -421,6 +598,29 @@ class ServiceLatency(ServiceObserver):
             buckets=CHECKPOINT_BUCKETS,
             registry=registry,
         )
+        self.queued = FastHistograms(
+            "tokenfabric_item_queued_seconds",
+            "An item's wait from ingest (taken from the ingest topic) to dispatch (in a batch).",
+            ["model"],
+            QUEUED_BUCKETS,
+        )
+        self.in_flight = FastHistograms(
+            "tokenfabric_item_in_flight_seconds",
+            "An item's time from dispatch to its completion being read back from the results topic.",
+            ["model"],
+            IN_FLIGHT_BUCKETS,
+        )
+        self.batch_items = FastHistograms(
+            "tokenfabric_batch_size_items", "Items per batch sent.", ["consumer"], BATCH_ITEMS_BUCKETS
+        )
+        self.padded_length = FastHistograms(
+            "tokenfabric_batch_padded_length_tokens",
+            "Padded length of each batch sent (every item is padded to it).",
+            ["consumer"],
+            PADDED_LENGTH_BUCKETS,
+        )
+        for collector in (self.queued, self.in_flight, self.batch_items, self.padded_length):
+            registry.register(collector)
 
     def committed(self, seconds: float) -> None:
         self.commit.observe(seconds)
@@ -428,22 +628,38 @@ class ServiceLatency(ServiceObserver):
     def checkpointed(self, seconds: float) -> None:
         self.checkpoint.observe(seconds)
 
+    def dispatched(self, batch: Batch, now_ms: int) -> None:
+        # negative waits (restored items may carry another clock) count as 0
+        self.queued.of(batch.model).observe_ms([now_ms - item.arrival_ms for item in batch.items])
+        self.batch_items.of(batch.consumer).observe(len(batch.items))
+        self.padded_length.of(batch.consumer).observe(batch.padded_length)
+
+    def answered(self, batch: Batch, items: int, now_ms: int) -> None:
+        self.in_flight.of(batch.model).observe(max(0, now_ms - batch.created_ms) / 1000, items)
+
 
 def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:
-    """Add the process, platform and GC collectors (CPU, memory, open fds, Python version)."""
-    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    """Add the process, platform and GC collectors (CPU, memory, open fds, Python version) and
+    ``tokenfabric_build_info``."""
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, BuildInfo()):
         registry.register(collector)
     return registry
 
 
 def processor_registry(
-    service: ServiceView, clock: Callable[[], float] = time.monotonic
+    service: ServiceView,
+    clock: Callable[[], float] = time.monotonic,
+    extra: Iterable[Collector] = (),
 ) -> CollectorRegistry:
     """A registry with every processor metric, and ``service.observer`` feeding its histograms.
 
-    A registry per service rather than the global one, so tests can run several side by side.
+    ``extra``: more collectors, such as the librdkafka statistics of the service's clients
+    (processor.ops.kafka_stats). A registry per service rather than the global one, so tests can run
+    several side by side.
     """
     registry = with_process_metrics(CollectorRegistry(auto_describe=False))
     registry.register(ProcessorCollector(service, clock))
+    for collector in extra:
+        registry.register(collector)
     service.observer = ServiceLatency(registry)
     return registry

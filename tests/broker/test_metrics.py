@@ -1,5 +1,6 @@
 """Metrics and health of a real ProcessorService and ConsumerApp against the session broker: the scraped
-counters match what was produced, and a processor that never steps fails /healthz."""
+counters and histograms match what was produced, the Grafana dashboard's metrics are all in the live
+scrapes, and a processor that never steps fails /healthz."""
 
 from __future__ import annotations
 
@@ -13,41 +14,49 @@ import pytest
 from processor.core.contract import Contract
 from processor.ops.consumer_metrics import ConsumerMetrics
 from processor.ops.health import ObservabilityServer, ProcessorHealth, ServingHealth
+from processor.ops.kafka_stats import KafkaStats
 from processor.ops.metrics import processor_registry
-from tests.broker.rig import in_process, wait_for
+from tests.broker.rig import InProcess, new_topics, wait_for
 from tests.common import get
-from tests.ops.helpers import Samples, parse, value
+from tests.k8s.test_dashboard import dashboard, queried
+from tests.ops.helpers import OPENMETRICS_ACCEPT, Samples, parse, parse_openmetrics, value
+from tests.ops.helpers import scrape as scrape_url
 
 pytestmark = pytest.mark.kafka
 
 
 @pytest.mark.kafka
 def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
+    """The processor's and the consumer app's /metrics on a real pipeline: counters, histograms,
+    librdkafka's statistics, OpenMetrics, and every metric the Grafana dashboard queries."""
+    from processor.apps.observe import ProcessorSettings
     from processor.apps.producer import TokenProducer, synthetic_tokens
+    from processor.apps.service import ProcessorService
 
     contract = Contract("gpu0", "default", budget_tokens=8192, max_items=32, pad_multiple=8, max_inflight=2)
-    consumer_metrics = ConsumerMetrics(contract.consumer)
-    rig = in_process(
-        kafka_bootstrap,
-        [contract],
-        letter="m",
-        app_options={"on_engine": consumer_metrics.engine_ran},
-        instance="mtest",
-        commit_interval_ms=300,
-    )
-    conf, topics, service, (app,) = rig.conf, rig.topics, rig.processor, rig.apps
+    conf, topics = new_topics(kafka_bootstrap, "m", [contract.consumer])
+    proc_stats = KafkaStats(interval_ms=500)
+    settings = ProcessorSettings(group_id=f"{topics.prefix}-proc", instance="mtest", commit_interval_ms=300)
+    service = ProcessorService(proc_stats.attach(conf), topics, settings)
+    consumer_metrics = ConsumerMetrics(contract.consumer, stats_interval_ms=500)
+    rig = InProcess(consumer_metrics.kafka_conf(conf), topics, service)
+    app = rig.add_consumer(contract, **consumer_metrics.hooks())
     consumer_metrics.watch(app)
-    proc_server = ObservabilityServer(processor_registry(service), ProcessorHealth(service), "127.0.0.1", 0)
+    registry = processor_registry(service, extra=[proc_stats])
+    proc_server = ObservabilityServer(registry, ProcessorHealth(service), "127.0.0.1", 0)
     app_server = ObservabilityServer(consumer_metrics.registry, ServingHealth(), "127.0.0.1", 0)
     errors = rig.errors  # a thread's exception, re-raised by the assertion at the end
     rig.start()
     try:
         rng = random.Random(5)
         lengths = [rng.randint(20, 900) for _ in range(400)]
+        unserved = 3  # items for a model no consumer serves: they wait
         with TokenProducer(conf, topics) as producer:
             for n, length in enumerate(lengths):
                 item_id = f"x{n}"
                 producer.send(item_id, "default", synthetic_tokens(item_id, length), components=[f"t{n % 3}"])
+            for n in range(unserved):
+                producer.send(f"u{n}", "nobody", synthetic_tokens(f"u{n}", 50))
         total = sum(lengths)
 
         def scrape() -> Samples:
@@ -59,26 +68,36 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
             if errors:
                 raise errors[0]
             m = scrape()
-            key = ("tokenfabric_tokens_completed_total", frozenset({("model", "default")}))
+            key = ("tokenfabric_completed_tokens_total", frozenset({("model", "default")}))
             return m.get(key, 0) >= total
 
         wait_for(all_done, 120, "every item to complete", poll_s=0.25)
         m = scrape()
-        assert value(m, "tokenfabric_tokens_received_total", model="default") == total
-        assert value(m, "tokenfabric_items_received_total", model="default") == len(lengths)
-        assert value(m, "tokenfabric_tokens_completed_total", model="default") == total
-        assert value(m, "tokenfabric_items_completed_total", model="default") == len(lengths)
-        assert value(m, "tokenfabric_tokens_routed", model="default") == total
-        assert value(m, "tokenfabric_tokens_queued", model="default") == 0
-        assert value(m, "tokenfabric_tokens_in_flight", model="default") == 0
-        assert value(m, "tokenfabric_waiting_tokens") == 0
-        assert value(m, "tokenfabric_real_tokens_total", consumer="gpu0") == total
+        assert value(m, "tokenfabric_received_tokens_total", model="default") == total
+        assert value(m, "tokenfabric_received_items_total", model="default") == len(lengths)
+        assert value(m, "tokenfabric_completed_tokens_total", model="default") == total
+        assert value(m, "tokenfabric_completed_items_total", model="default") == len(lengths)
+        assert value(m, "tokenfabric_routed_tokens", model="default") == total
+        assert value(m, "tokenfabric_queued_tokens", model="default") == 0
+        assert value(m, "tokenfabric_in_flight_tokens", model="default") == 0
+        assert value(m, "tokenfabric_consumer_real_tokens_total", consumer="gpu0") == total
         for equation in ("received", "routed"):
             assert value(m, "tokenfabric_ledger_imbalance_tokens", model="default", equation=equation) == 0
         assert value(m, "tokenfabric_ledger_ok") == 1
-        assert value(m, "tokenfabric_ingest_messages_total") == len(lengths)
-        assert value(m, "tokenfabric_items_dead_lettered_total") == 0
+        assert value(m, "tokenfabric_ingest_messages_total") == len(lengths) + unserved
+        assert value(m, "tokenfabric_dead_lettered_messages_total") == 0
+        assert value(m, "tokenfabric_unserved_waiting_items", model="nobody") == unserved
         assert "tokenfabric_commit_seconds_count" in {name for name, _ in m}
+        # The histograms: every item waited once and was answered once, every batch counted once.
+        batches = value(m, "tokenfabric_consumer_routed_batches_total", consumer="gpu0")
+        assert value(m, "tokenfabric_item_queued_seconds_count", model="default") == len(lengths)
+        assert value(m, "tokenfabric_item_in_flight_seconds_count", model="default") == len(lengths)
+        assert value(m, "tokenfabric_batch_size_items_count", consumer="gpu0") == batches
+        assert value(m, "tokenfabric_batch_size_items_sum", consumer="gpu0") == len(lengths)
+        padded = value(m, "tokenfabric_consumer_padded_tokens_total", consumer="gpu0")
+        assert value(m, "tokenfabric_consumer_padding_waste_ratio", consumer="gpu0") == pytest.approx(
+            1 - total / padded
+        )
 
         # The consumer app's own count agrees with the processor's.
         def app_scrape() -> Samples:
@@ -97,13 +116,37 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
             poll_s=0.25,
         )
         a = app_scrape()
-        batches = value(m, "tokenfabric_batches_total", consumer="gpu0")
         assert value(a, "tokenfabric_consumer_app_batches_total", **key) == batches
         assert value(a, "tokenfabric_consumer_app_input_tokens_total", **key) == total
-        assert value(a, "tokenfabric_consumer_app_padded_tokens_total", **key) == value(
-            m, "tokenfabric_padded_tokens_total", consumer="gpu0"
-        )
+        assert value(a, "tokenfabric_consumer_app_padded_tokens_total", **key) == padded
         assert value(a, "tokenfabric_consumer_app_engine_seconds_count", consumer="gpu0") == batches
+        assert value(a, "tokenfabric_consumer_app_end_to_end_seconds_count", consumer="gpu0") == len(lengths)
+
+        # librdkafka's statistics arrive every 500 ms; then the app has read every batch: lag 0.
+        def stats_in() -> bool:
+            names = {name for name, _ in app_scrape()} & {name for name, _ in scrape()}
+            return {
+                "tokenfabric_kafka_broker_rtt_seconds",
+                "tokenfabric_kafka_consumer_lag_messages",
+            } <= names
+
+        wait_for(stats_in, 30, "librdkafka statistics in both scrapes", poll_s=0.5)
+        wait_for(
+            lambda: app_scrape().get(("tokenfabric_consumer_app_lag_batches", frozenset(key.items()))) == 0,
+            30,
+            "the consumer app's lag to read 0",
+            poll_s=0.5,
+        )
+
+        # Every metric the Grafana dashboard queries is a series of one of the two live scrapes, in
+        # OpenMetrics as Prometheus asks for it (the strict parser rejects a malformed exposition).
+        live = {
+            name
+            for server in (proc_server, app_server)
+            for name, _ in parse_openmetrics(scrape_url(server.url + "/metrics", OPENMETRICS_ACCEPT).text)
+        }
+        missing = sorted(queried(dashboard()) - live)
+        assert not missing, f"the dashboard queries metrics no scrape has: {missing}"
 
         assert get(proc_server.url + "/healthz")[0] == 200
         code, body = get(proc_server.url + "/readyz")

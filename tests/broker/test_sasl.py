@@ -183,7 +183,7 @@ def test_processor_and_consumer_commands_run_on_env_credentials(
         from processor.sim.traces import read_shipped
 
         total = sum(r.length for r in read_shipped("azure_conv", limit=40))
-        needle = f'tokenfabric_tokens_completed_total{{model="default"}} {float(total)}'
+        needle = f'tokenfabric_completed_tokens_total{{model="default"}} {float(total)}'
         deadline = time.monotonic() + 90
         while needle not in _get(base + "/metrics")[1]:
             assert proc.poll() is None and app.poll() is None, "a process exited early"

@@ -246,7 +246,7 @@ def test_kubectl_kustomize_renders_the_set() -> None:
     )
     assert out.returncode == 0, out.stderr
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(out.stdout))
-    assert kinds == ["ConfigMap", "Deployment", "Job", "Service", "Service", "StatefulSet"]
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Job", "Service", "Service", "StatefulSet"]
 
 
 def test_the_topics_job_creates_every_consumers_batch_topic() -> None:

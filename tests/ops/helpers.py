@@ -3,10 +3,13 @@ through prometheus_client's own parser: what the metrics and health tests share.
 
 from __future__ import annotations
 
+import gzip
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from processor.apps.observe import ServiceCounters, ServiceObserver
@@ -53,3 +56,34 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def read_registry(registry: CollectorRegistry) -> Samples:
     return parse(generate_latest(registry).decode())
+
+
+#: What Prometheus sends when it prefers OpenMetrics.
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    content_type: str
+    encoding: str | None
+    text: str
+
+
+def scrape(url: str, accept: str | None = None, gzipped: bool = False, timeout_s: float = 10.0) -> Scrape:
+    """GET ``url`` (a ``/metrics``) the way a scraper does: its Accept and Accept-Encoding headers."""
+    headers = {"Accept": accept} if accept else {}
+    if gzipped:
+        headers["Accept-Encoding"] = "gzip"
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as resp:
+        body, encoding = resp.read(), resp.headers.get("Content-Encoding")
+        content_type = resp.headers.get("Content-Type", "")
+    return Scrape(content_type, encoding, (gzip.decompress(body) if encoding == "gzip" else body).decode())
+
+
+def parse_openmetrics(text: str) -> Samples:
+    """Samples of an OpenMetrics exposition, through prometheus_client's strict OpenMetrics parser."""
+    out: Samples = {}
+    for family in openmetrics_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out

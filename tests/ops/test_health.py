@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
+from processor import __version__
 from processor.ops.health import (
     HttpSettings,
     ObservabilityServer,
@@ -20,7 +21,7 @@ from processor.ops.health import (
 )
 from processor.ops.metrics import processor_registry
 from tests.common import get
-from tests.ops.helpers import FakeService
+from tests.ops.helpers import OPENMETRICS_ACCEPT, FakeService, parse, parse_openmetrics, scrape, value
 
 # -- health -------------------------------------------------------------------------------------
 
@@ -106,3 +107,51 @@ def test_metrics_flags() -> None:
         http_settings(parser.parse_args(["processor", "--healthz-step-s", "0"]), 9464)
     consumer = build_parser("consumer").parse_args(["consumer", "--id", "c", "--metrics-addr", "0.0.0.0"])
     assert http_settings(consumer, 9465) == HttpSettings("0.0.0.0", 9465, False, 30.0, 60.0)
+
+
+# -- the exposition -----------------------------------------------------------------------------
+
+
+def test_metrics_negotiate_the_prometheus_text_format_or_openmetrics(
+    served: tuple[FakeService, ObservabilityServer],
+) -> None:
+    """prometheus-client's own encoders, chosen on Accept; both parse with prometheus_client's parsers."""
+    svc, server = served
+    svc.lag = {0: 4}
+    url = server.url + "/metrics"
+    plain = scrape(url)
+    assert plain.content_type.startswith("text/plain; version=0.0.4"), plain.content_type
+    assert plain.encoding is None
+    assert value(parse(plain.text), "tokenfabric_ingest_lag_messages", partition="0") == 4
+
+    om = scrape(url, accept=OPENMETRICS_ACCEPT, gzipped=True)
+    assert om.content_type.startswith("application/openmetrics-text; version=1.0.0"), om.content_type
+    assert om.encoding == "gzip"
+    assert om.text.endswith("# EOF\n")
+    samples = parse_openmetrics(om.text)  # the strict parser: raises on anything OpenMetrics forbids
+    assert value(samples, "tokenfabric_ingest_lag_messages", partition="0") == 4
+    assert value(samples, "tokenfabric_ledger_ok") == 1
+    assert value(samples, "tokenfabric_build_info", version=__version__) == 1
+    assert ("tokenfabric_offset_commits_total", frozenset()) in samples
+
+    only = scrape(url + "?name[]=tokenfabric_ledger_ok&name[]=tokenfabric_step_age_seconds")
+    assert {name for name, _ in parse(only.text)} == {"tokenfabric_ledger_ok", "tokenfabric_step_age_seconds"}
+    # health answers stay one JSON line whatever the scraper asks for
+    code, body = get(server.url + "/healthz")
+    assert code == 200 and body.count("\n") == 1 and json.loads(body)["ok"] is True
+
+
+def test_a_collector_that_fails_answers_500_and_health_still_answers() -> None:
+    class Broken:
+        def collect(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("boom")
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Broken())  # type: ignore[arg-type]
+    server = ObservabilityServer(registry, ServingHealth(), "127.0.0.1", 0)
+    try:
+        code, body = get(server.url + "/metrics")
+        assert code == 500 and "boom" in body
+        assert get(server.url + "/healthz")[0] == 200
+    finally:
+        server.close()

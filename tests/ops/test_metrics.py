@@ -10,14 +10,16 @@ from __future__ import annotations
 import re
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from processor import __version__
 from processor.apps.consumer import ConsumerApp
 from processor.core.contract import Contract
 from processor.core.item import Item
 from processor.ops.consumer_metrics import ConsumerMetrics
-from processor.ops.metrics import processor_registry
+from processor.ops.kafka_stats import KafkaStats
+from processor.ops.metrics import FastHistograms, processor_registry
 from processor.sim.cardmodel import CardSpec
 from tests.common import ROOT
 from tests.ops.helpers import FakeService, read_registry, value
@@ -44,26 +46,27 @@ def test_the_collector_reports_the_ledger_lanes_and_consumers() -> None:
     registry = processor_registry(svc)
     svc.observer.committed(0.004)
     svc.observer.checkpointed(0.0002)
+    svc.observer.dispatched(batch, 2000)
+    svc.observer.answered(batch, len(batch.items), 2500)
 
     m = read_registry(registry)
     for model, ls in lengths.items():
-        assert value(m, "tokenfabric_tokens_received_total", model=model) == sum(ls)
-        assert value(m, "tokenfabric_items_received_total", model=model) == len(ls)
+        assert value(m, "tokenfabric_received_tokens_total", model=model) == sum(ls)
+        assert value(m, "tokenfabric_received_items_total", model=model) == len(ls)
     done = batch.items
-    assert value(m, "tokenfabric_tokens_completed_total", model="m1") == sum(it.length for it in done[:-1])
-    assert value(m, "tokenfabric_tokens_failed_total", model="m1") == done[-1].length
-    assert value(m, "tokenfabric_tokens_routed", model="m1") == sum(it.length for it in done)
+    assert value(m, "tokenfabric_completed_tokens_total", model="m1") == sum(it.length for it in done[:-1])
+    assert value(m, "tokenfabric_failed_tokens_total", model="m1") == done[-1].length
+    assert value(m, "tokenfabric_routed_tokens", model="m1") == sum(it.length for it in done)
     waiting = sum(sum(ls) for ls in lengths.values()) - sum(it.length for it in done)
-    assert value(m, "tokenfabric_waiting_tokens") == waiting
-    assert value(m, "tokenfabric_tokens_queued", model="m1") + value(
-        m, "tokenfabric_tokens_queued", model="m2"
+    assert value(m, "tokenfabric_queued_tokens", model="m1") + value(
+        m, "tokenfabric_queued_tokens", model="m2"
     ) == (waiting)
-    assert value(m, "tokenfabric_real_tokens_total", consumer="card") == batch.real_tokens
-    assert value(m, "tokenfabric_padded_tokens_total", consumer="card") == batch.padded_tokens
-    assert value(m, "tokenfabric_batches_total", consumer="card") == 1
-    assert value(m, "tokenfabric_consumer_items_routed_total", consumer="card") == len(done)
-    assert value(m, "tokenfabric_prefix_cache_hits_total", consumer="card") == 1
-    assert value(m, "tokenfabric_prefix_cache_lookups_total", consumer="card") == 1
+    assert value(m, "tokenfabric_consumer_real_tokens_total", consumer="card") == batch.real_tokens
+    assert value(m, "tokenfabric_consumer_padded_tokens_total", consumer="card") == batch.padded_tokens
+    assert value(m, "tokenfabric_consumer_routed_batches_total", consumer="card") == 1
+    assert value(m, "tokenfabric_consumer_routed_items_total", consumer="card") == len(done)
+    assert value(m, "tokenfabric_consumer_cache_hits_total", consumer="card") == 1
+    assert value(m, "tokenfabric_consumer_cache_lookups_total", consumer="card") == 1
     assert value(m, "tokenfabric_consumer_free_slots", consumer="card", model="m1") == 1
     assert value(m, "tokenfabric_consumer_in_flight_batches", consumer="card", model="m1") == 0
     for model in lengths:
@@ -73,13 +76,41 @@ def test_the_collector_reports_the_ledger_lanes_and_consumers() -> None:
     # m2 has no consumer: its first item (arrived at 1000 ms) has waited 5 s at 6000 ms.
     assert value(m, "tokenfabric_oldest_waiting_age_seconds", model="m2") == pytest.approx(5.0)
     assert value(m, "tokenfabric_lanes_in_use") == core.table.stats.lanes_in_use
-    assert value(m, "tokenfabric_lane_budget") == core.table.settings.lane_budget
-    assert value(m, "tokenfabric_lanes_new_total") == core.table.stats.new_lanes
+    assert value(m, "tokenfabric_lanes_budget") == core.table.settings.lane_budget
+    assert value(m, "tokenfabric_lanes_opened_total") == core.table.stats.new_lanes
     assert value(m, "tokenfabric_ingest_messages_total") == 6
     assert value(m, "tokenfabric_ingest_lag_messages", partition="0") == 3
     assert value(m, "tokenfabric_commit_seconds_count") == 1
     assert value(m, "tokenfabric_checkpoint_seconds_count") == 1
     assert value(m, "process_cpu_seconds_total") >= 0
+    assert value(m, "tokenfabric_build_info", version=__version__) == 1
+    # The ready-made ratios: one batch sent, one cache lookup, one hit.
+    waste = 1 - batch.real_tokens / batch.padded_tokens
+    assert value(m, "tokenfabric_consumer_padding_waste_ratio", consumer="card") == pytest.approx(waste)
+    assert value(m, "tokenfabric_padding_waste_ratio") == pytest.approx(waste)
+    assert value(m, "tokenfabric_consumer_cache_hit_ratio", consumer="card") == 1
+    assert value(m, "tokenfabric_cache_hit_ratio") == 1
+    # m2 has no consumer: all its items wait for nobody; m1's do not.
+    assert value(m, "tokenfabric_unserved_waiting_items", model="m2") == len(lengths["m2"])
+    assert ("tokenfabric_unserved_waiting_items", frozenset({("model", "m1")})) not in m
+    # Each item of the batch waited from its arrival (1000 + n ms) to dispatch at 2000 ms: 0.997 to 1 s.
+    n = len(batch.items)
+    assert value(m, "tokenfabric_item_queued_seconds_count", model="m1") == n
+    assert value(m, "tokenfabric_item_queued_seconds_bucket", model="m1", le="1.0") == n
+    assert value(m, "tokenfabric_item_queued_seconds_bucket", model="m1", le="0.5") == 0
+    arrivals = sum(it.arrival_ms for it in batch.items)
+    queued_s = (2000 * n - arrivals) / 1000
+    assert value(m, "tokenfabric_item_queued_seconds_sum", model="m1") == pytest.approx(queued_s)
+    # Dispatched at 2000 ms (batch.created_ms), answered at 2500 ms.
+    assert batch.created_ms == 2000
+    assert value(m, "tokenfabric_item_in_flight_seconds_count", model="m1") == n
+    assert value(m, "tokenfabric_item_in_flight_seconds_sum", model="m1") == pytest.approx(0.5 * n)
+    assert value(m, "tokenfabric_item_in_flight_seconds_bucket", model="m1", le="0.25") == 0
+    assert value(m, "tokenfabric_item_in_flight_seconds_bucket", model="m1", le="0.5") == n
+    assert value(m, "tokenfabric_batch_size_items_count", consumer="card") == 1
+    assert value(m, "tokenfabric_batch_size_items_sum", consumer="card") == n
+    assert value(m, "tokenfabric_batch_padded_length_tokens_sum", consumer="card") == batch.padded_length
+    assert value(m, "tokenfabric_batch_padded_length_tokens_bucket", consumer="card", le="+Inf") == 1
 
 
 def test_a_ledger_that_does_not_balance_reads_non_zero() -> None:
@@ -135,6 +166,55 @@ def test_consumer_app_metrics_read_the_apps_stats() -> None:
     app.engine.close()
 
 
+def test_the_lock_free_histogram_exposes_what_prometheus_clients_own_would() -> None:
+    """FastHistograms (per-item, owner thread) against prometheus_client's Histogram, same values."""
+    bounds = (0.01, 0.1, 1.0, 10.0)
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    fast = FastHistograms("h_seconds", "h", ["model"], bounds)
+    ours.register(fast)
+    ref = Histogram("h_seconds", "h", ["model"], buckets=bounds, registry=theirs)
+    for v in (0.0, 0.01, 0.010001, 0.5, 1.0, 9.99, 10.0, 11.0, 500.0):
+        fast.of("m").observe(v)
+        ref.labels("m").observe(v)
+    fast.of("m").observe(0.05, times=3)  # one batch's items answered together
+    for _ in range(3):
+        ref.labels("m").observe(0.05)
+    fast.of("ms").observe_ms([0, 10, 11, -5, 500, 1000, 12_000])  # the same as seconds, negative as 0
+    for v in (0.0, 0.01, 0.011, 0.0, 0.5, 1.0, 12.0):
+        ref.labels("ms").observe(v)
+    mine = {k: v for k, v in read_registry(ours).items() if not k[0].endswith("_created")}
+    reference = {k: v for k, v in read_registry(theirs).items() if not k[0].endswith("_created")}
+    assert mine == pytest.approx(reference)
+    assert value(mine, "h_seconds_bucket", model="m", le="0.01") == 2  # le is inclusive
+    with pytest.raises(ValueError, match="increase"):
+        FastHistograms("x", "x", [], (1.0, 0.5)).of()
+
+
+def test_consumer_app_end_to_end_counts_from_each_items_producer_timestamp() -> None:
+    from processor.wire.records import BatchRecord, TokenItemRecord
+
+    metrics = ConsumerMetrics("card")
+
+    def item(n: int, produced_ms: int) -> TokenItemRecord:
+        return TokenItemRecord(
+            item_id=f"i{n}", model="m", shape=1, token_count=8, tokens=b"\0" * 32, produced_ms=produced_ms
+        )
+
+    items = [item(0, 9_000), item(1, 7_000), item(2, 0)]
+    batch = BatchRecord(
+        batch_id="b1", consumer="card", model="m", shape=1, lane=0, padded_length=16, pad_multiple=8,
+        created_ms=10_000, items=items,
+    )  # fmt: skip
+    metrics.completed(batch, 10_000)
+    m = read_registry(metrics.registry)
+    # the item without a timestamp (0) is left out
+    assert value(m, "tokenfabric_consumer_app_end_to_end_seconds_count", consumer="card") == 2
+    assert value(m, "tokenfabric_consumer_app_end_to_end_seconds_sum", consumer="card") == pytest.approx(4.0)
+    assert value(m, "tokenfabric_consumer_app_end_to_end_seconds_bucket", consumer="card", le="1.0") == 1
+    assert set(metrics.hooks()) == {"on_engine", "on_completed"}
+    assert metrics.kafka_conf({"a": "b"})["stats_cb"] == metrics.kafka.on_stats
+
+
 def test_docs_metrics_lists_every_metric_and_no_other() -> None:
     """docs/metrics.md is the reference: every exposed name is in its tables, and nothing else is."""
     svc = FakeService()
@@ -143,7 +223,10 @@ def test_docs_metrics_lists_every_metric_and_no_other() -> None:
     svc.core.dispatch(0)
     svc.lag = {0: 0}
     exposed = {
-        f.name for f in text_string_to_metric_families(generate_latest(processor_registry(svc)).decode())
+        f.name
+        for f in text_string_to_metric_families(
+            generate_latest(processor_registry(svc, extra=[KafkaStats()])).decode()
+        )
     }
     consumer = ConsumerMetrics("c")
     consumer.watch(ConsumerApp({}, _names(), Contract("c", "m", 1, 1), _NullEngine()))

@@ -1,0 +1,105 @@
+"""The Grafana dashboard (k8s/grafana-dashboard.json): every query is PromQL that parses, and every
+metric it names is one docs/metrics.md documents. That each is in a live scrape of a running
+processor and consumer: tests/broker/test_metrics.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import promql_parser
+
+from tests.common import ROOT
+
+DASHBOARD = ROOT / "k8s" / "grafana-dashboard.json"
+
+#: Grafana's macros, replaced by what they expand to before PromQL parses the query.
+MACROS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+
+#: Suffixes a histogram or counter series has beyond its documented family name.
+SERIES_SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def exprs(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of every panel, rows' nested panels included."""
+    out = []
+    stack = list(board["panels"])
+    while stack:
+        panel = stack.pop()
+        stack.extend(panel.get("panels", []))
+        out.extend((panel["title"], t["expr"]) for t in panel.get("targets", []))
+    return out
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names an expression selects, from promql-parser's syntax tree."""
+    for macro, value in MACROS.items():
+        expr = expr.replace(macro, value)
+    names: set[str] = set()
+    stack: list[Any] = [promql_parser.parse(expr)]
+    while stack:
+        node = stack.pop()
+        kind = type(node).__name__
+        if kind == "VectorSelector":
+            names.add(node.name)
+        elif kind == "MatrixSelector":
+            stack.append(node.vector_selector)
+        elif kind == "BinaryExpr":
+            stack += [node.lhs, node.rhs]
+        elif kind == "Call":
+            stack += list(node.args)
+        elif kind in ("AggregateExpr", "ParenExpr", "UnaryExpr", "SubqueryExpr"):
+            stack.append(node.expr)
+            if kind == "AggregateExpr" and node.param is not None:
+                stack.append(node.param)
+    return names
+
+
+def queried(board: dict[str, Any]) -> set[str]:
+    return {name for _, expr in exprs(board) for name in metric_names(expr)}
+
+
+def test_every_query_parses_and_names_a_documented_metric() -> None:
+    board = dashboard()
+    documented = set(
+        re.findall(r"^\| `(tokenfabric_[a-z_]+)`", (ROOT / "docs" / "metrics.md").read_text(), re.M)
+    )
+    pairs = exprs(board)
+    assert len(pairs) >= 20
+    for title, expr in pairs:
+        names = metric_names(expr)  # raises on PromQL that does not parse
+        assert names, f"{title}: {expr} selects no metric"
+        for name in names:
+            family = next((name.removesuffix(s) for s in SERIES_SUFFIXES if name.endswith(s)), name)
+            assert name in documented or family in documented, f"{title}: {name} is not in docs/metrics.md"
+
+
+def test_the_dashboard_covers_what_an_operator_watches() -> None:
+    names = queried(dashboard())
+    for needed in (
+        "tokenfabric_ledger_imbalance_tokens",  # ledger balance
+        "tokenfabric_completed_tokens_total",  # tokens/s
+        "tokenfabric_consumer_padded_tokens_total",  # padding waste
+        "tokenfabric_consumer_cache_hits_total",  # cache hits
+        "tokenfabric_lanes_in_use",  # lanes
+        "tokenfabric_consumer_app_lag_batches",  # lag per consumer
+        "tokenfabric_item_queued_seconds_bucket",  # latency histograms
+        "tokenfabric_consumer_app_end_to_end_seconds_bucket",
+    ):
+        assert needed in names
+    board = dashboard()
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    assert board["templating"]["list"][0]["type"] == "datasource"
+
+
+def test_the_parser_finds_every_selector() -> None:
+    expr = 'histogram_quantile(0.99, sum by (le) (rate(a_bucket[5m]))) / -(b{x="y"} offset 5m)'
+    expr += " or max_over_time(c[5m:1m])"
+    assert metric_names(expr) == {"a_bucket", "b", "c"}
+    assert metric_names('topk(3, d) + count_values("v", e)') == {"d", "e"}
