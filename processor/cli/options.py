@@ -174,3 +174,37 @@ def shares_from(args: argparse.Namespace) -> Shares:
             raise ValueError(f"job {job!r}: {exc}") from None
         shares.set_policy(job, policy)
     return shares
+
+
+def add_job_policy_arguments(p: argparse.ArgumentParser) -> None:
+    """One job's weight and quotas (``submit``, ``share``: docs/shares.md)."""
+    g = p.add_argument_group("token share (docs/shares.md)")
+    g.add_argument("--weight", type=float, default=None, help="the job's weight (default: 1)")
+    g.add_argument("--max-tokens-per-s", type=float, default=None, help="cap in routed tokens per second")
+    g.add_argument("--max-tokens", type=int, default=None, help="cap in routed tokens in all")
+    g.add_argument(
+        "--burst-ms", type=int, default=JobPolicy().burst_ms, help="the rate cap's bucket, in ms of its rate"
+    )
+
+
+def job_policy_from(args: argparse.Namespace) -> JobPolicy | None:
+    """The policy the flags give, or None when none of weight and quotas is given; ValueError
+    names the problem."""
+    if args.weight is None and args.max_tokens_per_s is None and args.max_tokens is None:
+        return None
+    return JobPolicy(
+        weight=1.0 if args.weight is None else args.weight,
+        max_tokens_per_s=args.max_tokens_per_s,
+        max_tokens=args.max_tokens,
+        burst_ms=args.burst_ms,
+    )
+
+
+def describe_policy(policy: JobPolicy) -> str:
+    """``weight 4, at most 1,000 tokens/s, at most 2,000,000 tokens`` (the parts that are set)."""
+    parts = [f"weight {policy.weight:g}"]
+    if policy.max_tokens_per_s is not None:
+        parts.append(f"at most {policy.max_tokens_per_s:,.0f} tokens/s (bucket {policy.burst_ms:,} ms)")
+    if policy.max_tokens is not None:
+        parts.append(f"at most {policy.max_tokens:,} tokens")
+    return ", ".join(parts)

@@ -117,7 +117,36 @@ def render(view: StatusView) -> Group:
             _ratio(view.consumer_total(name, "cache_hits"), view.consumer_total(name, "cache_lookups")),
             f"{view.consumer_gauge(name, 'shape_switches'):,}",
         )
-    return Group(summary, figures, per)
+    return Group(summary, figures, per, *jobs_table(view))
+
+
+def jobs_table(view: StatusView) -> list[Table]:
+    """Per job (docs/shares.md): its weight and quotas, and its tokens at each stage; none when no
+    checkpoint counts a job."""
+    jobs = view.jobs()
+    if not jobs:
+        return []
+    per = Table(title="jobs (token shares)", header_style="bold")
+    for col in ("job", "weight", "quota", "received", "queued", "routed", "completed", "failed", "padding"):
+        per.add_column(col, justify="left" if col in ("job", "quota") else "right")
+    for job in jobs:
+        weight, rate, total, capped = view.job_policy(job)
+        quota = ", ".join(
+            [*([f"{rate:,}/s"] if rate >= 0 else []), *([f"{total:,} in all"] if total >= 0 else [])]
+        )
+        routed = view.job_total(job, "routed_tokens")
+        padded = view.job_total(job, "padded_tokens")
+        per.add_row(
+            job or "(no job)",
+            f"{weight:g}",
+            (quota or "-") + (" CAPPED" if capped else ""),
+            *(
+                f"{view.job_total(job, f'{s}_tokens'):,}"
+                for s in ("received", "queued", "routed", "completed", "failed")
+            ),
+            _ratio(padded - routed, padded),
+        )
+    return [per]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,6 +42,28 @@ class StatusView:
     def consumer_gauge(self, consumer: str, key: str) -> int:
         return sum(cp.per_consumer.get(consumer, {}).get(key, 0) for cp in self.checkpoints.values())
 
+    def jobs(self) -> list[str]:
+        """Every job a checkpoint counts (its ledger book, or its share: docs/shares.md)."""
+        names = {
+            k.split(":", 2)[2]
+            for cp in self.checkpoints.values()
+            for k in cp.counters
+            if k.startswith("job:")
+        }
+        return sorted(names)
+
+    def job_total(self, job: str, key: str) -> int:
+        """A job's counter (``routed_tokens``, ``padded_tokens``...) summed over instances."""
+        return sum(cp.counters.get(f"job:{key}:{job}", 0) for cp in self.checkpoints.values())
+
+    def job_policy(self, job: str) -> tuple[float, int, int, bool]:
+        """(weight, tokens/s cap, total cap, capped now) as the newest checkpoint has them; -1: no cap."""
+        newest = max(self.checkpoints.values(), key=lambda cp: cp.taken_ms, default=None)
+        c = newest.counters if newest is not None else {}
+        weight = c.get(f"job:weight_milli:{job}", 1000) / 1000
+        capped = any(cp.counters.get(f"job:capped:{job}", 0) for cp in self.checkpoints.values())
+        return weight, c.get(f"job:max_tokens_per_s:{job}", -1), c.get(f"job:max_tokens:{job}", -1), capped
+
 
 def ingest_lag(
     conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
