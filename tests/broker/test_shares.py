@@ -15,6 +15,7 @@ import pytest
 
 from processor.apps.consumer import ConsumerApp
 from processor.apps.producer import TokenProducer, synthetic_tokens
+from processor.cli.tokenfabric import main
 from processor.core.contract import Contract
 from processor.core.shares import JobPolicy
 from processor.engines.sim import SimEngine
@@ -30,7 +31,7 @@ CARD = Contract("card", "default", budget_tokens=4096, max_items=32, pad_multipl
 
 
 def test_a_weighted_small_job_behind_a_backlog_is_served_first_and_counted_per_job(
-    kafka_bootstrap: str,
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rig = in_process(kafka_bootstrap, (), letter="s", instance="shares", commit_interval_ms=300)
     engine = SimEngine(CardSpec(tokens_per_s=150_000, overhead_ms=1), 0.0)
@@ -77,6 +78,14 @@ def test_a_weighted_small_job_behind_a_backlog_is_served_first_and_counted_per_j
         ), job
         assert book.padded_tokens >= tokens
     assert read_job_shares(rig.conf, rig.topics) == {"small": JobPolicy(weight=2)}
+    kafka = ["--bootstrap", kafka_bootstrap, "--topic-prefix", rig.topics.prefix]
+    capsys.readouterr()
+    assert main(["share", "small", *kafka]) == 0
+    assert capsys.readouterr().out.strip() == "job small: weight 2"
+    assert main(["share", "big", "--max-tokens", "10", *kafka]) == 0
+    assert read_job_shares(rig.conf, rig.topics)["big"] == JobPolicy(max_tokens=10)
+    assert main(["share", "big", "--clear", *kafka]) == 0
+    assert "big" not in read_job_shares(rig.conf, rig.topics)
     jobs_in_order = []
     for msg in read_topic(rig.conf, rig.topics.batches(CARD.consumer)):
         jobs = {it.job_id for it in decode_batch(msg.value()).items}
