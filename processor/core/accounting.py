@@ -411,7 +411,18 @@ class Ledger:
                 else:
                     setattr(book, name, value)
                 break
+        ledger._adopt_unbooked_jobs()
         return ledger
+
+    def _adopt_unbooked_jobs(self) -> None:
+        """A checkpoint written before jobs were counted has model books and no job books: its
+        counts go to job "" (no job), so the per-job equations hold from the first new item on."""
+        if self.jobs or not self.models:
+            return
+        book = self.job("")
+        for stage in STAGES:
+            t = sum_tallies(getattr(b, stage) for b in self.models.values())
+            getattr(book, stage).add(t.items, t.tokens)
 
 
 def _balance(where: str, left_name: str, left: Tally, right_name: str, parts: Iterable[Tally]) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from processor.core.accounting import Ledger
     from processor.core.lanes import Lane, ShapeLanes
 
 DEFAULT_JOB = ""
@@ -156,6 +157,12 @@ class Shares:
         q = self.quotas.get(job)
         if q is not None:
             q.routed_tokens -= tokens
+
+    def resume(self, ledger: Ledger) -> None:
+        """Continue from a checkpointed ledger: each job's routed tokens count against ``max_tokens``
+        again (what this instance routed; quotas are per instance, docs/shares.md)."""
+        for job, book in ledger.jobs.items():
+            self._quota(job, 0).routed_tokens = book.routed.tokens
 
     def reset_waiting(self) -> None:
         """Every waiting item left (its partitions were handed over): nothing is active any more."""

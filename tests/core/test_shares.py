@@ -328,3 +328,33 @@ def test_job_books_survive_a_snapshot_even_with_odd_job_names() -> None:
     back = Ledger.restore(ledger.snapshot())
     assert back.jobs == ledger.jobs
     assert back.models.keys() == ledger.models.keys()
+
+
+def test_a_ledger_from_before_jobs_restores_into_job_none_and_keeps_balancing() -> None:
+    """Upgrading: a checkpoint without job books puts its counts on job "", so new items of named
+    jobs do not put the per-job equations out of balance."""
+    old = Scheduler()
+    old.set_contract(make_contract("c0", budget=8192, items=64, inflight=1))
+    for it in job_items("", 30, random.Random(1)):
+        old.submit(it, 0)
+    old.dispatch(0)
+    snapshot = {k: v for k, v in old.ledger.snapshot().items() if not k.startswith("job:")}
+    sched = Scheduler()
+    sched.resume_ledger(snapshot)
+    assert sched.ledger.job("").received.items == 30
+    sched.ledger.check_jobs()
+
+
+def test_a_total_quota_counts_what_was_routed_before_a_restart() -> None:
+    shares = Shares()
+    shares.set_policy("j", JobPolicy(max_tokens=100_000))
+    sched = make_sched(1, shares)
+    for it in job_items("j", 50, random.Random(4)):
+        sched.submit(it, 0)
+    sched.dispatch(0)
+    routed = sched.ledger.job("j").routed.tokens
+    again = Shares()
+    again.set_policy("j", JobPolicy(max_tokens=100_000))
+    restarted = Scheduler(shares=again)
+    restarted.resume_ledger(sched.ledger.snapshot())
+    assert again.quotas["j"].routed_tokens == routed > 0
