@@ -411,10 +411,9 @@ class Ledger:
                 else:
                     setattr(book, name, value)
                 break
-        ledger._adopt_unbooked_jobs()
         return ledger
 
-    def _adopt_unbooked_jobs(self) -> None:
+    def adopt_unbooked_jobs(self) -> None:
         """A checkpoint written before jobs were counted has model books and no job books: its
         counts go to job "" (no job), so the per-job equations hold from the first new item on."""
         if self.jobs or not self.models:

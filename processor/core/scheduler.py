@@ -507,6 +507,7 @@ class Scheduler:
     def resume_ledger(self, snapshot: dict[str, int]) -> None:
         """Continue from a checkpointed ledger (:meth:`Ledger.snapshot`); only before any item arrives."""
         self.ledger = Ledger.restore(snapshot)
+        self.ledger.adopt_unbooked_jobs()
         self.shares.resume(self.ledger)
 
     def dead_lettered(self) -> None:
