@@ -38,7 +38,7 @@ from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
-from processor.core.shares import JobPolicy
+from processor.core.shares import JobPolicy, Shares
 from processor.jobs.codec import decode_job_share
 from processor.kafka.clients import batch_producer_settings, control_settings, ingest_settings
 from processor.kafka.reader import watermarks
@@ -86,7 +86,11 @@ class ProcessorService(PartitionHandover):
         self._clock = clock
         self._t0 = clock()
         self.core = Scheduler(
-            s.lanes, s.dispatch, ledger=Ledger(), batch_prefix=f"{s.instance}-{int(time.time() * 1000)}"
+            s.lanes,
+            s.dispatch,
+            ledger=Ledger(),
+            batch_prefix=f"{s.instance}-{int(time.time() * 1000)}",
+            shares=Shares(s.shares),
         )
         self.counters = ServiceCounters()
         self.observer = ServiceObserver()

@@ -155,12 +155,16 @@ class Scheduler:
         """Take a new item into its lane and count it as received."""
         if item.length < 1:
             raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
+        if item.job:
+            item.job = self.shares.track(item.job)
         self.ledger.received(item.model, item.length)
         self.ledger.job_received(item.job, 1, item.length)
         self._enqueue(item, now_ms)
 
     def adopt_waiting(self, item: Item, now_ms: int) -> None:
         """Take in an item restored from the changelog (counted as adopted, not received)."""
+        if item.job:
+            item.job = self.shares.track(item.job)
         self.ledger.adopted_waiting(item.model, item.length)
         self.ledger.job_received(item.job, 1, item.length, adopted=True)
         self._enqueue(item, now_ms)
@@ -172,6 +176,8 @@ class Scheduler:
         Returns False if its consumer has no contract any more: the outstanding items then go back to
         their lanes, counted as redelivered.
         """
+        for it in batch.items:
+            it.job = self.shares.track(it.job)
         jobs = {it.job for it in batch.items}
         flight = InFlight(batch, jobs.pop() if len(jobs) == 1 else None)
         if done:

@@ -82,9 +82,16 @@ class ShareSettings:
     """How far (virtual tokens) a card's job may run ahead of the most owed job before the card
     leaves it; each other card already on a more owed job adds as much again (module docstring)."""
 
+    max_jobs: int = 64
+    """Most jobs with lanes, books and shares of their own; the items of any job past it (a producer
+    that puts a session id in ``job_id``, say) count as job "" (no job). A job with a policy always
+    has its own. Bounds the lanes a shape splits into and the per-job keys of a checkpoint."""
+
     def __post_init__(self) -> None:
         if self.slack_tokens < 0:
             raise ValueError(f"slack_tokens must be >= 0, got {self.slack_tokens}")
+        if self.max_jobs < 0:
+            raise ValueError(f"max_jobs must be >= 0, got {self.max_jobs}")
 
 
 class JobQuota:
@@ -114,10 +121,12 @@ class Shares:
         self.vtime: dict[str, dict[str, float]] = {}  # model -> job -> virtual time
         self._active: dict[str, dict[str, int]] = {}  # model -> job -> active (model, shape, job) lanes
         self.quota_count = 0  # policies with a quota: while 0 and one job waits, the gate is skipped
+        self._tracked: set[str] = {DEFAULT_JOB}
 
     # -- policies ---------------------------------------------------------------------------------
 
     def set_policy(self, job: str, policy: JobPolicy) -> None:
+        self._tracked.add(job)
         old = self.policies.get(job)
         self.quota_count += policy.capped - (old.capped if old is not None else False)
         if policy == JobPolicy():
@@ -127,6 +136,16 @@ class Shares:
 
     def policy(self, job: str) -> JobPolicy:
         return self.policies.get(job) or _DEFAULT
+
+    def track(self, job: str) -> str:
+        """The job an arriving item of ``job`` counts as: itself, or "" once ``max_jobs`` other
+        jobs are tracked (see :attr:`ShareSettings.max_jobs`)."""
+        if job in self._tracked:
+            return job
+        if len(self._tracked) - 1 < self.settings.max_jobs:  # named jobs; "" is always there
+            self._tracked.add(job)
+            return job
+        return DEFAULT_JOB
 
     # -- events -----------------------------------------------------------------------------------
 

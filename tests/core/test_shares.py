@@ -358,3 +358,20 @@ def test_a_total_quota_counts_what_was_routed_before_a_restart() -> None:
     restarted = Scheduler(shares=again)
     restarted.resume_ledger(sched.ledger.snapshot())
     assert again.quotas["j"].routed_tokens == routed > 0
+
+
+def test_jobs_past_max_jobs_count_as_no_job_so_lanes_and_books_stay_bounded() -> None:
+    """A producer that puts a session id in job_id: 3 named jobs of their own (the one with a policy
+    among them), the rest on job ""."""
+    shares = Shares(ShareSettings(max_jobs=3))
+    shares.set_policy("vip", JobPolicy(weight=2))  # a job with a policy always has its own
+    sched = make_sched(1, shares)
+    for i in range(20):
+        sched.submit(Item(f"i{i}", MODEL, 1, 100, 0, job=f"session-{i}"), 0)
+    sched.submit(Item("v", MODEL, 1, 100, 0, job="vip"), 0)
+    assert set(sched.ledger.jobs) == {"session-0", "session-1", "", "vip"}
+    assert sched.ledger.job("").received.items == 18
+    assert len(sched.table.shapes) == 4
+    sched.check()
+    with pytest.raises(ValueError, match="max_jobs"):
+        ShareSettings(max_jobs=-1)
