@@ -234,9 +234,13 @@ class Ledger:
     # -- per-job events (the scheduler calls one beside each model event above) ------------------
 
     def job_received(self, job: str, items: int, tokens: int, adopted: bool = False) -> None:
-        book = self.job(job)
-        (book.adopted_queued if adopted else book.received).add(items, tokens)
-        book.queued.add(items, tokens)
+        book = self.jobs.get(job) or self.job(job)  # once per item: the lookup inlined
+        t = book.adopted_queued if adopted else book.received
+        t.items += items
+        t.tokens += tokens
+        t = book.queued
+        t.items += items
+        t.tokens += tokens
 
     def job_routed(self, job: str, items: int, tokens: int, padded_tokens: int) -> None:
         book = self.job(job)

@@ -420,7 +420,10 @@ class Scheduler:
                 ok_items += 1
                 ok_tokens += item.length
         self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
-        self._jobs_finished(flight, [(it.id not in failed, it) for it in remaining], ok_items, ok_tokens)
+        if flight.job is not None:
+            self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens)
+        else:
+            self._jobs_finished([(it.id not in failed, it) for it in remaining])
         return batch
 
     def item_done(self, batch_id: str, item_id: str, ok: bool, now_ms: int) -> bool | None:
@@ -471,7 +474,10 @@ class Scheduler:
                 bad_tokens += item.length
         if answered:
             self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
-            self._jobs_finished(flight, answered, ok_items, ok_tokens)
+            if flight.job is not None:
+                self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens)
+            else:
+                self._jobs_finished(answered)
         if pending:
             return len(answered), False
         del self._in_flight[batch_id]
@@ -493,20 +499,12 @@ class Scheduler:
             self._enqueue(item, now_ms)
         return items
 
-    def _jobs_finished(
-        self, flight: InFlight, answered: Sequence[tuple[bool, Item]], ok_items: int, ok_tokens: int
-    ) -> None:
-        """The per-job side of a ``finished`` entry: one call for a one-job batch (every batch cut
-        since lanes have jobs), item by item for a batch restored from before."""
-        if flight.job is not None:
-            n = len(answered)
-            tokens = sum(it.length for _, it in answered)
-            self.ledger.job_finished(flight.job, ok_items, ok_tokens, n - ok_items, tokens - ok_tokens)
-            return
+    def _jobs_finished(self, answered: Sequence[tuple[bool, Item]]) -> None:
+        """The per-job side of a ``finished`` entry for a batch restored from before lanes had jobs
+        (it may mix them), item by item; a one-job batch makes one ``job_finished`` call instead."""
         for ok, it in answered:
-            self.ledger.job_finished(
-                it.job, int(ok), it.length if ok else 0, int(not ok), 0 if ok else it.length
-            )
+            n = it.length
+            self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n)
 
     # -- the ledger ------------------------------------------------------------------------------
 

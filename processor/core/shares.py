@@ -95,12 +95,11 @@ class ShareSettings:
 
 
 class JobQuota:
-    """A job's quota state: real tokens routed to it (net of requeues), and its rate bucket."""
+    """A job's rate bucket, and its longest item (the bucket holds at least that)."""
 
-    __slots__ = ("bucket", "bucket_ms", "longest", "routed_tokens")
+    __slots__ = ("bucket", "bucket_ms", "longest")
 
     def __init__(self) -> None:
-        self.routed_tokens = 0
         self.bucket = 0.0
         self.bucket_ms: int | None = None  # None: not used yet (it starts full)
         self.longest = 1  # the job's longest item so far: the bucket holds at least that
@@ -122,6 +121,7 @@ class Shares:
         self._active: dict[str, dict[str, int]] = {}  # model -> job -> active (model, shape, job) lanes
         self.quota_count = 0  # policies with a quota: while 0 and one job waits, the gate is skipped
         self._tracked: set[str] = {DEFAULT_JOB}
+        self.routed_tokens: dict[str, int] = {}  # per job, net of requeues: what max_tokens counts
 
     # -- policies ---------------------------------------------------------------------------------
 
@@ -166,22 +166,23 @@ class Shares:
 
     def routed(self, model: str, job: str, tokens: int, now_ms: int) -> None:
         """A batch of ``job`` went out with ``tokens`` real tokens."""
-        times = self.vtime.setdefault(model, {})
-        times[job] = times.get(job, 0.0) + tokens / self.policy(job).weight
-        q = self._quota(job, now_ms)
-        q.routed_tokens += tokens
-        q.bucket -= tokens
+        times = self.vtime.get(model)
+        if times is None:
+            times = self.vtime[model] = {}
+        p = self.policies.get(job)
+        times[job] = times.get(job, 0.0) + (tokens if p is None else tokens / p.weight)
+        self.routed_tokens[job] = self.routed_tokens.get(job, 0) + tokens
+        if p is not None and p.max_tokens_per_s is not None:
+            self._quota(job, now_ms).bucket -= tokens
 
     def requeued(self, job: str, tokens: int) -> None:
-        q = self.quotas.get(job)
-        if q is not None:
-            q.routed_tokens -= tokens
+        self.routed_tokens[job] = self.routed_tokens.get(job, 0) - tokens
 
     def resume(self, ledger: Ledger) -> None:
         """Continue from a checkpointed ledger: each job's routed tokens count against ``max_tokens``
         again (what this instance routed; quotas are per instance, docs/shares.md)."""
         for job, book in ledger.jobs.items():
-            self._quota(job, 0).routed_tokens = book.routed.tokens
+            self.routed_tokens[job] = book.routed.tokens
 
     def reset_waiting(self) -> None:
         """Every waiting item left (its partitions were handed over): nothing is active any more."""
@@ -209,7 +210,7 @@ class Shares:
             q = self._quota(job, now_ms)
         allowance = float("inf")
         if p.max_tokens is not None:
-            allowance = p.max_tokens - q.routed_tokens
+            allowance = p.max_tokens - self.routed_tokens.get(job, 0)
         if p.max_tokens_per_s is not None:
             allowance = min(allowance, q.bucket)
         return max(0, int(allowance // rep))
@@ -237,7 +238,7 @@ class Shares:
     def jobs(self) -> Iterable[str]:
         """Every job with a policy, a quota state or a virtual time."""
         seen = dict.fromkeys(self.policies)
-        seen.update(dict.fromkeys(self.quotas))
+        seen.update(dict.fromkeys(self.routed_tokens))
         for times in self.vtime.values():
             seen.update(dict.fromkeys(times))
         return seen

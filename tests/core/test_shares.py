@@ -357,7 +357,7 @@ def test_a_total_quota_counts_what_was_routed_before_a_restart() -> None:
     again.set_policy("j", JobPolicy(max_tokens=100_000))
     restarted = Scheduler(shares=again)
     restarted.resume_ledger(sched.ledger.snapshot())
-    assert again.quotas["j"].routed_tokens == routed > 0
+    assert again.routed_tokens["j"] == routed > 0
 
 
 def test_jobs_past_max_jobs_count_as_no_job_so_lanes_and_books_stay_bounded() -> None:
