@@ -375,3 +375,18 @@ def test_jobs_past_max_jobs_count_as_no_job_so_lanes_and_books_stay_bounded() ->
     sched.check()
     with pytest.raises(ValueError, match="max_jobs"):
         ShareSettings(max_jobs=-1)
+
+
+def test_a_restored_batch_that_mixes_jobs_is_counted_item_by_item() -> None:
+    """A batch cut before lanes had jobs may hold several; adopting and finishing it keeps every
+    job's book balanced."""
+    sched = make_sched(1, Shares())
+    items = [Item(f"x{i}", MODEL, 1, 10 + i, 0, job="ab"[i % 2]) for i in range(6)]
+    batch = Batch("old-1", "c0", MODEL, 1, 0, 8, 16, items, 0)
+    sched.adopt_in_flight(batch, 0, done={"x0"})
+    assert sched.ledger.job("a").adopted_in_flight.items == 2  # x2, x4 (x0 was answered before)
+    sched.items_done("old-1", [("x1", True, False)], 0)
+    sched.complete("old-1", 0, failed={"x2"})
+    sched.check()
+    assert sched.ledger.job("b").completed.items == 3
+    assert sched.ledger.job("a").failed.tokens == 12
