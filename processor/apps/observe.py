@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from processor.core.item import Batch
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings
+from processor.core.shares import ShareSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,9 @@ class ProcessorSettings:
     Kafka; nothing is dropped) until 10% has drained. 0 means no cap."""
     lanes: LaneSettings = field(default_factory=LaneSettings)
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
+    shares: ShareSettings = field(default_factory=ShareSettings)
+    """Token shares between jobs (docs/shares.md); the jobs' weights and quotas come from the
+    job-shares topic."""
 
 
 @dataclass(slots=True)

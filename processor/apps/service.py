@@ -38,6 +38,8 @@ from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
+from processor.core.shares import JobPolicy, Shares
+from processor.jobs.codec import decode_job_share
 from processor.kafka.clients import batch_producer_settings, control_settings, ingest_settings
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
@@ -84,7 +86,11 @@ class ProcessorService(PartitionHandover):
         self._clock = clock
         self._t0 = clock()
         self.core = Scheduler(
-            s.lanes, s.dispatch, ledger=Ledger(), batch_prefix=f"{s.instance}-{int(time.time() * 1000)}"
+            s.lanes,
+            s.dispatch,
+            ledger=Ledger(),
+            batch_prefix=f"{s.instance}-{int(time.time() * 1000)}",
+            shares=Shares(s.shares),
         )
         self.counters = ServiceCounters()
         self.observer = ServiceObserver()
@@ -168,6 +174,7 @@ class ProcessorService(PartitionHandover):
             TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
             for p in self._partitions(self.topics.contracts)
         ]
+        assignment += self._job_shares_assignment()
         if self.exactly_once:
             assignment += [TopicPartition(self.topics.results, p, o) for p, o in self._results_pos.items()]
         else:
@@ -319,8 +326,50 @@ class ProcessorService(PartitionHandover):
                 continue
             if msg.topic() == self.topics.contracts:
                 self._contract(msg, now)
+            elif msg.topic() == self.topics.job_shares:
+                self._job_share(msg)
             else:
                 self._completion(msg, now)
+
+    # -- job shares (docs/shares.md) -------------------------------------------------------------
+
+    def _job_shares_assignment(self) -> list[TopicPartition]:
+        """The job-shares topic from the beginning (compacted: every instance, a restarted one too,
+        ends up with the latest policy per job); none when the topic does not exist (a pipeline
+        created before it: every job then has weight 1, until ``tokenfabric topics create``)."""
+        try:
+            parts = self._partitions(self.topics.job_shares)
+        except KafkaException as exc:
+            log.warning("%s: %s; every job has weight 1, no quota", self.topics.job_shares, exc)
+            return []
+        return [TopicPartition(self.topics.job_shares, p, OFFSET_BEGINNING) for p in parts]
+
+    def _job_share(self, msg: Any) -> None:
+        job = (msg.key() or b"").decode("utf-8", "replace")
+        if msg.value() is None:
+            self.core.shares.set_policy(job, JobPolicy())
+            log.info("job %r: share cleared (weight 1, no quota)", job)
+            return
+        try:
+            job, policy, _set_ms = decode_job_share(msg.value())
+        except DecodeError as exc:
+            log.error("%s: undecodable share for %r: %s", self.topics.job_shares, job, exc)
+            return
+        self.core.shares.set_policy(job, policy)
+        log.info("job %r: share %s", job, policy)
+
+    def _share_counters(self, now: int) -> dict[str, int]:
+        """Per job, for status and metrics: the weight (in thousandths), the quotas (-1: none) and
+        whether a quota holds the job back now."""
+        shares = self.core.shares
+        out: dict[str, int] = {}
+        for job in shares.jobs():
+            p = shares.policy(job)
+            out[f"job:weight_milli:{job}"] = round(p.weight * 1000)
+            out[f"job:max_tokens_per_s:{job}"] = -1 if p.max_tokens_per_s is None else int(p.max_tokens_per_s)
+            out[f"job:max_tokens:{job}"] = -1 if p.max_tokens is None else p.max_tokens
+            out[f"job:capped:{job}"] = int(p.capped and shares.capped_now(job, now))
+        return out
 
     def _contract(self, msg: Any, now: int) -> None:
         value = msg.value()
@@ -470,6 +519,7 @@ class ProcessorService(PartitionHandover):
                 "replayed_completions": self.counters.replayed_completions,
             }
         )
+        counters.update(self._share_counters(self.now_ms()))
         per_consumer: dict[str, dict[str, int]] = {}
         for name, state in core.consumers.items():
             c = state.contract

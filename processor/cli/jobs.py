@@ -7,6 +7,10 @@ reads the completions written since the oldest of them started (found by timesta
 topic's beginning), once for all of them.
 
 With a NAME it prints that job in full, every bad row included.
+
+Each job's token share and cost (docs/shares.md) come beside it: its weight and quotas from the
+job-shares topic, and the tokens the processors routed and padded for it from their latest
+checkpoints on the accounting topic (its tail, as ``tokenfabric status`` reads it).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import TYPE_CHECKING
 from processor.cli.options import add_kafka_arguments, kafka_settings
 
 if TYPE_CHECKING:
+    from processor.core.shares import JobPolicy
     from processor.jobs.model import JobRecord
+    from processor.ops.status import StatusView
 
 PROG = "tokenfabric jobs"
 
@@ -46,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.jobs.collect import CollectError, scan_progress
-    from processor.jobs.topic import read_jobs
+    from processor.jobs.topic import read_job_shares, read_jobs
     from processor.kafka.config import ConfigError
+    from processor.ops.status import gather
 
     try:
         conf, topics = kafka_settings(args, reach=True)
@@ -56,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         jobs = read_jobs(conf, topics)
+        costs = _Costs(read_job_shares(conf, topics), gather(conf, topics))
         if args.name is not None:
             jobs = {k: v for k, v in jobs.items() if k == args.name}
             if not jobs:
@@ -80,11 +88,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.name is not None:
         _detail(jobs[args.name])
+        print(f"{'share':<10} {costs.share(args.name)}")
+        print(f"{'cost':<10} {costs.cost(args.name)}")
         return 0
     if not jobs:
         print(f"no jobs on {topics.jobs}")
         return 0
-    header = ("job", "state", "rows", "bad", "ok", "failed", "missing", "tokens in", "counted")
+    header = (
+        "job", "state", "rows", "bad", "ok", "failed", "missing", "tokens in", "counted",
+        "share", "routed", "padded",
+    )  # fmt: skip
     lines = [
         (
             job.name,
@@ -96,10 +109,13 @@ def run(args: argparse.Namespace) -> int:
             _missing(job),
             f"{job.input_tokens:,}",
             _when(job.progress_ms, short=True),
+            costs.share(job.name),
+            f"{costs.view.job_total(job.name, 'routed_tokens'):,}",
+            f"{costs.view.job_total(job.name, 'padded_tokens'):,}",
         )
         for job in sorted(jobs.values(), key=lambda j: j.started_ms)
     ]
-    for line in _aligned([header, *lines], left=(0, 1, 8)):
+    for line in _aligned([header, *lines], left=(0, 1, 8, 9)):
         print(line)
     return 0
 
@@ -137,3 +153,26 @@ def _detail(job: JobRecord) -> None:
         print(f"{label:<10} {value}")
     for line in bad_rows_text(job.bad_rows, limit=len(job.bad_rows)):
         print(f"  bad {line}")
+
+
+class _Costs:
+    """A job's share (the job-shares topic) and its tokens (the processors' checkpoints)."""
+
+    def __init__(self, shares: dict[str, JobPolicy], view: StatusView) -> None:
+        self.shares = shares
+        self.view = view
+
+    def share(self, job: str) -> str:
+        from processor.cli.options import describe_policy
+
+        policy = self.shares.get(job)
+        text = describe_policy(policy) if policy is not None else "weight 1"
+        return text + (" CAPPED" if self.view.job_policy(job)[3] else "")
+
+    def cost(self, job: str) -> str:
+        t = self.view.job_total
+        return (
+            f"{t(job, 'received_tokens'):,} tokens received, {t(job, 'routed_tokens'):,} routed, "
+            f"{t(job, 'completed_tokens'):,} completed, {t(job, 'padded_tokens'):,} padded "
+            f"in {t(job, 'batches'):,} batches"
+        )

@@ -7,6 +7,7 @@ import re
 
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings
+from processor.core.shares import JobPolicy, Shares, ShareSettings
 from processor.kafka.config import ConfigError
 from processor.kafka.topics import DEFAULT_PREFIX, TopicNames
 from processor.kafka.watchdog import CallWatchdog
@@ -115,3 +116,95 @@ def watchdog_from(args: argparse.Namespace) -> CallWatchdog | None:
     if args.stuck_exit_s < 0:
         raise ValueError(f"--stuck-exit-s must be >= 0 (0 disables), got {args.stuck_exit_s:g}")
     return CallWatchdog(args.stuck_exit_s) if args.stuck_exit_s else None
+
+
+def add_share_arguments(p: argparse.ArgumentParser) -> None:
+    """Token shares between jobs (docs/shares.md): weights, quotas and the sticky slack."""
+    d = ShareSettings()
+    g = p.add_argument_group("token shares between jobs (docs/shares.md)")
+    g.add_argument(
+        "--job-weight",
+        action="append",
+        default=[],
+        metavar="JOB=W",
+        help="a job's weight (default 1; repeatable; JOB '' is items without a job)",
+    )
+    g.add_argument(
+        "--job-rate", action="append", default=[], metavar="JOB=N", help="cap a job at N routed tokens/s"
+    )
+    g.add_argument(
+        "--job-max-tokens", action="append", default=[], metavar="JOB=N", help="cap a job at N routed tokens"
+    )
+    g.add_argument(
+        "--share-slack-tokens",
+        type=int,
+        default=d.slack_tokens,
+        help="how far a card's job may run ahead of its share before the card leaves it "
+        f"(default: {d.slack_tokens})",
+    )
+
+
+def _job_values(flag: str, texts: list[str], kind: type[float] | type[int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for text in texts:
+        job, eq, value = text.rpartition("=")
+        if not eq:
+            raise ValueError(f"{flag} {text!r}: expected JOB=NUMBER")
+        try:
+            out[job] = kind(value)
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: {value!r} is not a number") from None
+    return out
+
+
+def shares_from(args: argparse.Namespace) -> Shares:
+    """The job policies the share flags give; ValueError names the bad flag."""
+    weights = _job_values("--job-weight", args.job_weight, float)
+    rates = _job_values("--job-rate", args.job_rate, float)
+    totals = _job_values("--job-max-tokens", args.job_max_tokens, int)
+    shares = Shares(ShareSettings(slack_tokens=args.share_slack_tokens))
+    for job in {**weights, **rates, **totals}:
+        try:
+            policy = JobPolicy(
+                weight=weights.get(job, 1.0),
+                max_tokens_per_s=rates.get(job),
+                max_tokens=None if job not in totals else int(totals[job]),
+            )
+        except ValueError as exc:
+            raise ValueError(f"job {job!r}: {exc}") from None
+        shares.set_policy(job, policy)
+    return shares
+
+
+def add_job_policy_arguments(p: argparse.ArgumentParser) -> None:
+    """One job's weight and quotas (``submit``, ``share``: docs/shares.md)."""
+    g = p.add_argument_group("token share (docs/shares.md)")
+    g.add_argument("--weight", type=float, default=None, help="the job's weight (default: 1)")
+    g.add_argument("--max-tokens-per-s", type=float, default=None, help="cap in routed tokens per second")
+    g.add_argument("--max-tokens", type=int, default=None, help="cap in routed tokens in all")
+    g.add_argument(
+        "--burst-ms", type=int, default=JobPolicy().burst_ms, help="the rate cap's bucket, in ms of its rate"
+    )
+
+
+def job_policy_from(args: argparse.Namespace) -> JobPolicy | None:
+    """The policy the flags give, or None when none of weight and quotas is given; ValueError
+    names the problem."""
+    if args.weight is None and args.max_tokens_per_s is None and args.max_tokens is None:
+        return None
+    return JobPolicy(
+        weight=1.0 if args.weight is None else args.weight,
+        max_tokens_per_s=args.max_tokens_per_s,
+        max_tokens=args.max_tokens,
+        burst_ms=args.burst_ms,
+    )
+
+
+def describe_policy(policy: JobPolicy) -> str:
+    """``weight 4, at most 1,000 tokens/s, at most 2,000,000 tokens`` (the parts that are set)."""
+    parts = [f"weight {policy.weight:g}"]
+    if policy.max_tokens_per_s is not None:
+        parts.append(f"at most {policy.max_tokens_per_s:,.0f} tokens/s (bucket {policy.burst_ms:,} ms)")
+    if policy.max_tokens is not None:
+        parts.append(f"at most {policy.max_tokens:,} tokens")
+    return ", ".join(parts)

@@ -26,6 +26,7 @@ from processor.cli.options import (
     lanes_from,
     watchdog_from,
 )
+from processor.core.shares import ShareSettings
 from processor.ops.health import PROCESSOR_PORT, add_http_arguments, http_settings
 
 
@@ -70,6 +71,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_watchdog_argument(p)
     add_log_arguments(p)
     add_lane_arguments(p)
+    g = p.add_argument_group("token shares between jobs (docs/shares.md; weights: 'tokenfabric share')")
+    g.add_argument(
+        "--share-slack-tokens",
+        type=int,
+        default=ShareSettings().slack_tokens,
+        help="how far a card's job may run ahead of its share before the card leaves it",
+    )
+    g.add_argument(
+        "--max-jobs",
+        type=int,
+        default=ShareSettings().max_jobs,
+        help="most jobs with lanes and books of their own; the rest count as no job",
+    )
     add_http_arguments(p, PROCESSOR_PORT, health_checks=True)
 
 
@@ -101,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             group_id=args.group,
             lanes=lanes,
             dispatch=dispatch,
+            shares=ShareSettings(slack_tokens=args.share_slack_tokens, max_jobs=args.max_jobs),
             commit_interval_ms=args.commit_interval_ms,
             exactly_once=not args.at_least_once,
             max_waiting_tokens=args.max_waiting_tokens,

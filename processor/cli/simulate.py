@@ -10,7 +10,13 @@ import sys
 from collections.abc import Iterator
 from typing import IO
 
-from processor.cli.options import add_lane_arguments, add_trace_reading_arguments, lanes_from
+from processor.cli.options import (
+    add_lane_arguments,
+    add_share_arguments,
+    add_trace_reading_arguments,
+    lanes_from,
+    shares_from,
+)
 from processor.core.contract import BATCHING_MODES
 from processor.sim.report import render_table
 from processor.sim.simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, simulate
@@ -64,6 +70,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG chart comparing the policies")
     add_lane_arguments(p)
+    add_share_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             for mode in modes
         ]
         lanes, dispatch = lanes_from(args)
+        shares = shares_from(args)
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         if args.shape_blocks < 0:
@@ -119,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
                             seed=args.seed,
                             emit=emit,
                             batching=mode,
+                            shares=shares,
                         )
                     )
     except (TraceError, ValueError, OSError) as exc:

@@ -203,6 +203,18 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
             for u in rep.unserved
         ]  # fmt: skip
         lines += _columns(rows, "  ", right=(1, 2))
+    if rep.jobs:
+        lines += ["", "jobs (token shares: docs/shares.md)"]
+        rows = [["job", "weight", "quota", "received", "routed", "completed", "padding"]]
+        for j in rep.jobs:
+            quota = ", ".join(
+                [*([f"{j.max_tokens_per_s:,}/s"] if j.max_tokens_per_s is not None else []),
+                 *([f"{j.max_tokens:,} in all"] if j.max_tokens is not None else [])]
+            ) or "-"
+            tokens = [f"{j.tokens[stage]:,}" for stage in ("received", "routed", "completed")]
+            cap = quota + (" CAPPED" if j.capped else "")
+            rows.append([j.job or "(no job)", f"{j.weight:g}", cap, *tokens, _pct(j.padding_waste)])
+        lines += _columns(rows, "  ", right=(1, 3, 4, 5, 6))
     lines += ["", f"consumers (last sign of life; STALE past {rep.stale_after_s:g} s)"]
     for row in rep.consumers:
         lines += _consumer_lines(row, rep.stale_after_s)

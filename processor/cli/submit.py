@@ -33,7 +33,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.cli.options import (
+    add_job_policy_arguments,
+    add_kafka_arguments,
+    job_policy_from,
+    kafka_settings,
+)
 from processor.jobs.model import MAX_BAD_ROWS, BadRow, JobRecord, check_job_name, item_id
 from processor.jobs.templates import RowError, Template
 
@@ -74,6 +79,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         help=f"abort past this many bad rows (default: 100, at most {MAX_BAD_ROWS:,})",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_job_policy_arguments(p)
     add_kafka_arguments(p)
 
 
@@ -234,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         plan = plan_from(args)
+        policy = job_policy_from(args)
         conf, topics = kafka_settings(args, reach=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -264,6 +271,8 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        if policy is not None:  # before the first item, so the processors weigh it from the start
+            writer.write_share(plan.job, policy, time.time_ns() // 1_000_000)
         with _progress(not args.no_progress) as on_rows:
             final = submit(plan, producer, writer, on_bad=on_bad, on_rows=on_rows)
     except (Aborted, KafkaException, ProduceError, JobsTopicError) as exc:

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "collect every job on the jobs topic into a folder, continuously",
     ),
     "jobs": ("processor.cli.jobs", "list jobs and their progress"),
+    "share": ("processor.cli.share", "show or change a job's token share: its weight and quotas"),
 }
 
 

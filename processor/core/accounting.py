@@ -16,6 +16,9 @@ even while a crashed instance's last checkpoint still claims what another one ad
 that hold the items (the lanes, the scheduler's in-flight batches): ``Scheduler.check`` compares the
 two, which is how a phantom (a counter that says items wait that are not there) is caught.
 
+The same two equations hold per job (``JobBook``: a job's cost in tokens, padding included), and the
+jobs' books sum to the models' (``check``). The job of an item that names none is "".
+
 Counters only; no I/O. A snapshot is a flat ``dict[str, int]`` so it can be checkpointed to a
 compacted topic and compared by an audit.
 """
@@ -83,6 +86,29 @@ class ConsumerBook:
         return cls(Tally(), Tally(), Tally(), Tally(), Tally(), Tally(), Tally())
 
 
+@dataclass(slots=True)
+class JobBook:
+    """One job's items and tokens at each stage (all its models), and the padding its batches cost."""
+
+    received: Tally
+    queued: Tally
+    routed: Tally
+    completed: Tally
+    failed: Tally
+    in_flight: Tally
+    adopted_queued: Tally
+    adopted_in_flight: Tally
+    released_queued: Tally
+    released_in_flight: Tally
+    batches: int = 0
+    padded_tokens: int = 0
+
+    @classmethod
+    def empty(cls) -> JobBook:
+        t = Tally
+        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
+
+
 HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
 STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER)
 CONSUMER_STAGES = (
@@ -102,6 +128,7 @@ class Ledger:
     def __init__(self) -> None:
         self.models: dict[str, ModelBook] = {}
         self.consumers: dict[str, ConsumerBook] = {}
+        self.jobs: dict[str, JobBook] = {}
         self.dead_lettered = 0
 
     def _model(self, model: str) -> ModelBook:
@@ -114,6 +141,12 @@ class Ledger:
         book = self.consumers.get(consumer)
         if book is None:
             book = self.consumers[consumer] = ConsumerBook.empty()
+        return book
+
+    def job(self, job: str) -> JobBook:
+        book = self.jobs.get(job)
+        if book is None:
+            book = self.jobs[job] = JobBook.empty()
         return book
 
     # -- events ---------------------------------------------------------------------------------
@@ -185,6 +218,7 @@ class Ledger:
             _move(book.in_flight, book.released_in_flight)
         for c in self.consumers.values():
             _move(c.in_flight, c.released_in_flight)
+        self._release_jobs()
 
     def handover_delta(self) -> dict[str, tuple[int, int]]:
         """Per model: (items, tokens) adopted minus released, waiting and in flight together."""
@@ -201,6 +235,98 @@ class Ledger:
         c = self.consumer(consumer)
         c.cache_lookups += 1
         c.cache_hits += hit
+
+    # -- per-job events (the scheduler calls one beside each model event above) ------------------
+
+    def job_received(self, job: str, items: int, tokens: int, adopted: bool = False) -> None:
+        book = self.jobs.get(job) or self.job(job)  # once per item: the lookup inlined
+        t = book.adopted_queued if adopted else book.received
+        t.items += items
+        t.tokens += tokens
+        t = book.queued
+        t.items += items
+        t.tokens += tokens
+
+    def job_routed(self, job: str, items: int, tokens: int, padded_tokens: int) -> None:
+        book = self.job(job)
+        book.queued.add(-items, -tokens)
+        book.routed.add(items, tokens)
+        book.in_flight.add(items, tokens)
+        book.batches += 1
+        book.padded_tokens += padded_tokens
+
+    def job_finished(
+        self, job: str, ok_items: int, ok_tokens: int, failed_items: int, failed_tokens: int
+    ) -> None:
+        book = self.job(job)
+        book.in_flight.add(-ok_items - failed_items, -ok_tokens - failed_tokens)
+        book.completed.add(ok_items, ok_tokens)
+        book.failed.add(failed_items, failed_tokens)
+
+    def job_requeued(self, job: str, items: int, tokens: int) -> None:
+        book = self.job(job)
+        book.in_flight.add(-items, -tokens)
+        book.routed.add(-items, -tokens)
+        book.queued.add(items, tokens)
+
+    def job_adopted_in_flight(self, job: str, items: int, tokens: int) -> None:
+        book = self.job(job)
+        book.in_flight.add(items, tokens)
+        book.adopted_in_flight.add(items, tokens)
+
+    def _release_jobs(self) -> None:
+        for book in self.jobs.values():
+            _move(book.queued, book.released_queued)
+            _move(book.in_flight, book.released_in_flight)
+
+    def check_jobs(self) -> None:
+        """Both equations per job, and the jobs' books summing to the models' at every stage
+        (``Scheduler.check`` asks after comparing the models' books with the lanes).
+
+        Skipped while no job has a book: a ledger restored from a checkpoint written before jobs were
+        counted has none, and counts its jobs from then on only once it starts afresh."""
+        if not self.jobs:
+            return
+        for job, b in self.jobs.items():
+            where = f"job {job!r}"
+            _balance(
+                where,
+                "received+adopted_queued",
+                _sum(b.received, b.adopted_queued),
+                "queued+routed+released_queued",
+                (b.queued, b.routed, b.released_queued),
+            )
+            _balance(
+                where,
+                "routed+adopted_in_flight",
+                _sum(b.routed, b.adopted_in_flight),
+                "completed+in_flight+failed+released_in_flight",
+                (b.completed, b.in_flight, b.failed, b.released_in_flight),
+            )
+        for stage in STAGES:
+            by_jobs = sum_tallies(getattr(b, stage) for b in self.jobs.values())
+            _balance("ledger", f"{stage} by model", self.total(stage), f"{stage} by job", (by_jobs,))
+
+    def job_snapshot(self) -> dict[str, int]:
+        """Per-job counters, keyed ``job:<stage>_items:<job>`` (the job name last: it may hold anything)."""
+        out: dict[str, int] = {}
+        for job, b in self.jobs.items():
+            for stage in STAGES:
+                t = getattr(b, stage)
+                out[f"job:{stage}_items:{job}"] = t.items
+                out[f"job:{stage}_tokens:{job}"] = t.tokens
+            out[f"job:batches:{job}"] = b.batches
+            out[f"job:padded_tokens:{job}"] = b.padded_tokens
+        return out
+
+    def _restore_job(self, key: str, value: int) -> None:
+        name, job = key[len("job:") :].split(":", 1)
+        book = self.job(job)
+        stage, _, unit = name.rpartition("_")
+        if unit in ("items", "tokens") and isinstance(getattr(book, stage, None), Tally):
+            setattr(getattr(book, stage), unit, value)
+        elif name in ("batches", "padded_tokens"):
+            setattr(book, name, value)
 
     # -- totals and checks ----------------------------------------------------------------------
 
@@ -277,6 +403,7 @@ class Ledger:
                 "cache_lookups",
             ):
                 out[f"{counter}#{name}"] = getattr(c, counter)
+        out.update(self.job_snapshot())
         return out
 
     @classmethod
@@ -285,6 +412,9 @@ class Ledger:
         ledger = cls()
         ledger.dead_lettered = snapshot.get("dead_lettered_items", 0)
         for key, value in snapshot.items():
+            if key.startswith("job:"):
+                ledger._restore_job(key, value)
+                continue
             for sep, getter in (("@", ledger._model), ("#", ledger.consumer)):
                 if sep not in key:
                     continue
@@ -298,6 +428,16 @@ class Ledger:
                     setattr(book, name, value)
                 break
         return ledger
+
+    def adopt_unbooked_jobs(self) -> None:
+        """A checkpoint written before jobs were counted has model books and no job books: its
+        counts go to job "" (no job), so the per-job equations hold from the first new item on."""
+        if self.jobs or not self.models:
+            return
+        book = self.job("")
+        for stage in STAGES:
+            t = sum_tallies(getattr(b, stage) for b in self.models.values())
+            getattr(book, stage).add(t.items, t.tokens)
 
 
 def _balance(where: str, left_name: str, left: Tally, right_name: str, parts: Iterable[Tally]) -> None:

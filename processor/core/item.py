@@ -18,13 +18,17 @@ class Item:
 
     ``output_budget`` is the most tokens the request may generate (``TokenItem.output_budget``), or
     None when the producer left it to the consumer; memory-mode contracts count it (their
-    ``default_output_tokens`` when None) because generation fills the KV cache too.
+    ``default_output_tokens`` when None) because generation fills the KV cache too. ``job`` is the
+    job the item belongs to (``TokenItem.job_id``; "" for none): lanes never mix jobs, so every
+    batch holds one job's items, which is what lets token shares (``core/shares.py``) be counted
+    per batch.
     """
 
     __slots__ = (
         "arrival_ms",
         "dispatched",
         "id",
+        "job",
         "lane",
         "length",
         "model",
@@ -42,6 +46,7 @@ class Item:
         arrival_ms: int,
         payload: Any = None,
         output_budget: int | None = None,
+        job: str = "",
     ) -> None:
         self.id = id
         self.model = model
@@ -50,6 +55,7 @@ class Item:
         self.arrival_ms = arrival_ms
         self.payload = payload
         self.output_budget = output_budget
+        self.job = job
         self.lane = NO_LANE
         self.dispatched = False
 

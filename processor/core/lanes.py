@@ -27,7 +27,18 @@ from sortedcontainers import SortedList
 from processor.core.contract import BatchRule
 from processor.core.item import Item
 
-ShapeKey = tuple[str, int]
+ShapeKey = tuple[str, int] | tuple[str, int, str]
+"""(model, shape), or (model, shape, job) for an item of a named job: a job's items get lanes of their
+own, so a batch holds one job's items (core/shares.py); items of no job keep the two-part key."""
+
+
+def shape_key(model: str, shape: int, job: str) -> ShapeKey:
+    return (model, shape, job) if job else (model, shape)
+
+
+def key_job(key: ShapeKey) -> str:
+    """The job of a shape key ("" for none)."""
+    return key[2] if len(key) == 3 else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +132,10 @@ class ShapeLanes:
     def shape(self) -> int:
         return self.key[1]
 
+    @property
+    def job(self) -> str:
+        return key_job(self.key)
+
     def _new_id(self) -> tuple[int, bool]:
         if self._free_ids:
             return heapq.heappop(self._free_ids), True
@@ -163,7 +178,7 @@ class LaneTable:
 
     def place(self, item: Item, now_ms: int) -> ShapeLanes:
         """Put ``item`` in a lane of its shape; returns the shape's lanes."""
-        key = (item.model, item.shape)
+        key = (item.model, item.shape, item.job) if item.job else (item.model, item.shape)
         sl = self.shapes.get(key)
         if sl is None:
             sl = self.shapes[key] = ShapeLanes(key)

@@ -13,6 +13,13 @@ The rules, in the order they are applied when a consumer has a free in-flight sl
 3. **Switch.** Otherwise the consumer moves to the shape of its model with the most waiting tokens
    that has a lane it may take.
 
+**Shares.** When several jobs of the consumer's model wait, or a job has a quota, the three rules
+ask ``core/shares.py`` (one :class:`~processor.core.shares.Gate` per decision, ``_next_batch``): the
+deadline serves only a job within its share, the consumer sticks only while its job is not too far
+ahead of the most owed one, and a switch goes to the most owed job's shape (the consumer's own job
+first while it may keep it). A quota caps the items a batch takes. With one job and no quota the
+rules are exactly the three above.
+
 A consumer *may take* a lane whose representative length, alone, fits its batching rule (with the
 head item's output budget in memory mode), or one that fits no live consumer of the model (its items
 then go out as single oversized batches). A small card is thus never sent an item a bigger card of the
@@ -29,12 +36,13 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract, check_batch
 from processor.core.item import Batch, Item
-from processor.core.lanes import Lane, LaneSettings, LaneTable, ShapeKey, ShapeLanes
+from processor.core.lanes import Lane, LaneSettings, LaneTable, ShapeKey, ShapeLanes, key_job, shape_key
+from processor.core.shares import Gate, Shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +58,12 @@ class DispatchSettings:
 class InFlight:
     """A batch a consumer holds, and which of its items are still outstanding."""
 
-    __slots__ = ("batch", "pending")
+    __slots__ = ("batch", "job", "pending")
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, job: str | None) -> None:
         self.batch = batch
         self.pending: dict[str, Item] | None = None  # built on the first per-item completion
+        self.job = job  # the job of all its items; None for a batch restored from before lanes had jobs
 
 
 class ConsumerState:
@@ -99,8 +108,10 @@ class Scheduler:
         *,
         ledger: Ledger | None = None,
         batch_prefix: str = "b",
+        shares: Shares | None = None,
     ) -> None:
         self.table = LaneTable(lanes)
+        self.shares = shares or Shares()
         self.settings = dispatch or DispatchSettings()
         self.ledger = ledger or Ledger()
         self.batch_prefix = batch_prefix
@@ -144,12 +155,18 @@ class Scheduler:
         """Take a new item into its lane and count it as received."""
         if item.length < 1:
             raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
+        if item.job:
+            item.job = self.shares.track(item.job)
         self.ledger.received(item.model, item.length)
+        self.ledger.job_received(item.job, 1, item.length)
         self._enqueue(item, now_ms)
 
     def adopt_waiting(self, item: Item, now_ms: int) -> None:
         """Take in an item restored from the changelog (counted as adopted, not received)."""
+        if item.job:
+            item.job = self.shares.track(item.job)
         self.ledger.adopted_waiting(item.model, item.length)
+        self.ledger.job_received(item.job, 1, item.length, adopted=True)
         self._enqueue(item, now_ms)
 
     def adopt_in_flight(self, batch: Batch, now_ms: int, done: Collection[str] = ()) -> bool:
@@ -159,13 +176,18 @@ class Scheduler:
         Returns False if its consumer has no contract any more: the outstanding items then go back to
         their lanes, counted as redelivered.
         """
-        flight = InFlight(batch)
+        for it in batch.items:
+            it.job = self.shares.track(it.job)
+        jobs = {it.job for it in batch.items}
+        flight = InFlight(batch, jobs.pop() if len(jobs) == 1 else None)
         if done:
             flight.pending = {it.id: it for it in batch.items if it.id not in done}
         outstanding = flight.pending.values() if flight.pending is not None else batch.items
         self.ledger.adopted_in_flight(
             batch.model, batch.consumer, len(outstanding), sum(it.length for it in outstanding)
         )
+        for job, (n, tokens) in _by_job(outstanding).items():
+            self.ledger.job_adopted_in_flight(job, n, tokens)
         state = self.consumers.get(batch.consumer)
         if state is None:
             holder = ConsumerState(Contract(batch.consumer, batch.model, 1, 1))
@@ -185,6 +207,7 @@ class Scheduler:
         self.table = LaneTable(self.table.settings)
         self.table.stats = stats
         self._active.clear()
+        self.shares.reset_waiting()
         self._arrivals.clear()
         self._in_flight.clear()
         for state in self.consumers.values():
@@ -203,6 +226,7 @@ class Scheduler:
         sl = self.table.place(item, now_ms)
         if sl.waiting_items == 1:
             self._active.setdefault(item.model, {})[sl.key] = sl
+            self.shares.lanes_changed(item.model, item.job, 1)
         arrivals = self._arrivals.get(item.model)
         if arrivals is None:
             arrivals = self._arrivals[item.model] = deque()
@@ -237,19 +261,29 @@ class Scheduler:
         if not active:
             return None
         peers = self._by_model[model]
+        gate = self.shares.gate(model, now_ms)
         choice = self._overdue_lane(state, peers, now_ms)
+        if (
+            choice is not None
+            and gate is not None
+            and not (gate.admits(choice[0].job) and gate.allows(*choice))
+        ):
+            choice = None
         if choice is None and state.shape is not None:
             sl = active.get(state.shape)
-            if sl is not None:
+            if sl is not None and (gate is None or gate.keeps(sl.job, _ahead(state, peers, active, gate))):
                 lane = self._eligible_lane(sl, state.contract, peers)
-                if lane is not None:
+                if lane is not None and (gate is None or gate.allows(sl, lane)):
                     choice = (sl, lane)
         if choice is None:
-            choice = self._switch_target(state, active, peers)
+            if gate is None:
+                choice = self._switch_target(state, active, peers)
+            else:
+                choice = self._shared_target(state, active, peers, gate)
         if choice is None:
             return None
         sl, lane = choice
-        return self._emit(state, sl, lane, now_ms)
+        return self._emit(state, sl, lane, now_ms, None if gate is None else gate.room(sl, lane))
 
     def _overdue_lane(
         self, state: ConsumerState, peers: list[ConsumerState], now_ms: int
@@ -263,7 +297,7 @@ class Scheduler:
         max_wait = self.settings.max_wait_ms
         if now_ms - oldest.arrival_ms < max_wait:
             return None
-        key = (oldest.model, oldest.shape)
+        key = shape_key(oldest.model, oldest.shape, oldest.job)
         if key != state.shape and state.shape is not None and now_ms - state.switched_ms < max_wait:
             return None
         sl = self._active[oldest.model][key]
@@ -298,14 +332,40 @@ class Scheduler:
                 return sl, lane
         return None
 
-    def _emit(self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int) -> Batch:
+    def _shared_target(
+        self, state: ConsumerState, active: dict[ShapeKey, ShapeLanes], peers: list[ConsumerState], gate: Gate
+    ) -> tuple[ShapeLanes, Lane] | None:
+        """The switch rule under shares: the most owed job's shapes first (the consumer's own job
+        first while it may keep it), within a job the one with the most waiting tokens; a lane the
+        job's quota leaves no room in is passed over."""
+        by_job: dict[str, list[ShapeLanes]] = {}
+        for sl in active.values():
+            by_job.setdefault(sl.job, []).append(sl)
+        jobs = gate.order(by_job)
+        own = key_job(state.shape) if state.shape is not None else None
+        if own in by_job and own in jobs and gate.keeps(own, _ahead(state, peers, active, gate)):
+            jobs.remove(own)
+            jobs.insert(0, own)
+        for job in jobs:
+            for sl in sorted(by_job[job], key=_waiting_tokens, reverse=True):
+                lane = self._eligible_lane(sl, state.contract, peers)
+                if lane is not None and gate.allows(sl, lane):
+                    return sl, lane
+        return None
+
+    def _emit(
+        self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int, room: int | None = None
+    ) -> Batch:
+        """Cut a batch from ``lane`` for ``state``'s consumer; ``room`` caps its items (a quota)."""
         c = state.contract
-        items, padded_length = self.table.take_batch(sl, lane, c.rule, now_ms)
+        rule = c.rule if room is None or room >= c.rule.max_items else replace(c.rule, max_items=room)
+        items, padded_length = self.table.take_batch(sl, lane, rule, now_ms)
         if lane.items:
             sl.ready.move_to_end(lane.id)
         if sl.waiting_items == 0:
             del self._active[c.model][sl.key]
-        model, shape = sl.key
+            self.shares.lanes_changed(c.model, sl.job, -1)
+        model, shape, job = sl.key[0], sl.key[1], sl.job
         oversized = len(items) == 1 and c.is_oversized(items[0].length, items[0].output_budget)
         self._seq += 1
         batch = Batch(
@@ -321,17 +381,20 @@ class Scheduler:
             oversized=oversized,
         )
         check_batch(batch, c)
-        if state.shape != sl.key:
-            if state.last_shape is not None and state.last_shape != sl.key:
+        if state.shape != sl.key:  # moving between jobs on one shape is no switch: same prefix cache
+            if state.last_shape is not None and state.last_shape[:2] != sl.key[:2]:
                 state.shape_switches += 1
             state.shape = sl.key
             state.switched_ms = now_ms
         state.last_shape = sl.key
-        flight = InFlight(batch)
+        flight = InFlight(batch, job)
         state.in_flight[batch.batch_id] = flight
         self._in_flight[batch.batch_id] = (state, flight)
         self.oversized += oversized
-        self.ledger.routed(model, c.consumer, len(items), batch.real_tokens, batch.padded_tokens, oversized)
+        real = batch.real_tokens
+        self.ledger.routed(model, c.consumer, len(items), real, batch.padded_tokens, oversized)
+        self.ledger.job_routed(job, len(items), real, batch.padded_tokens)
+        self.shares.routed(model, job, real, now_ms)
         return batch
 
     # -- results in ----------------------------------------------------------------------------
@@ -357,6 +420,10 @@ class Scheduler:
                 ok_items += 1
                 ok_tokens += item.length
         self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
+        if flight.job is not None:
+            self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens)
+        else:
+            self._jobs_finished([(it.id not in failed, it) for it in remaining])
         return batch
 
     def item_done(self, batch_id: str, item_id: str, ok: bool, now_ms: int) -> bool | None:
@@ -407,6 +474,10 @@ class Scheduler:
                 bad_tokens += item.length
         if answered:
             self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
+            if flight.job is not None:
+                self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens)
+            else:
+                self._jobs_finished(answered)
         if pending:
             return len(answered), False
         del self._in_flight[batch_id]
@@ -420,16 +491,28 @@ class Scheduler:
         batch = flight.batch
         items = list(flight.pending.values()) if flight.pending is not None else batch.items
         self.ledger.requeued(batch.model, batch.consumer, len(items), sum(it.length for it in items))
+        for job, (n, tokens) in _by_job(items).items():
+            self.ledger.job_requeued(job, n, tokens)
+            self.shares.requeued(job, tokens)
         for item in items:
             item.dispatched = False
             self._enqueue(item, now_ms)
         return items
+
+    def _jobs_finished(self, answered: Sequence[tuple[bool, Item]]) -> None:
+        """The per-job side of a ``finished`` entry for a batch restored from before lanes had jobs
+        (it may mix them), item by item; a one-job batch makes one ``job_finished`` call instead."""
+        for ok, it in answered:
+            n = it.length
+            self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n)
 
     # -- the ledger ------------------------------------------------------------------------------
 
     def resume_ledger(self, snapshot: dict[str, int]) -> None:
         """Continue from a checkpointed ledger (:meth:`Ledger.snapshot`); only before any item arrives."""
         self.ledger = Ledger.restore(snapshot)
+        self.ledger.adopt_unbooked_jobs()
+        self.shares.resume(self.ledger)
 
     def dead_lettered(self) -> None:
         """An input that never became an item (undecodable or invalid): counted, never queued."""
@@ -500,6 +583,7 @@ class Scheduler:
                 f"ledger says {queued.items:,} items / {queued.tokens:,} tokens queued, lanes hold "
                 f"{self.table.waiting_items:,} / {self.table.waiting_tokens:,}"
             )
+        self.ledger.check_jobs()
         if not deep:
             return
         items = tokens = 0
@@ -518,3 +602,30 @@ class Scheduler:
 
 def _waiting_tokens(sl: ShapeLanes) -> int:
     return sl.waiting_tokens
+
+
+def _ahead(
+    state: ConsumerState, peers: list[ConsumerState], active: dict[ShapeKey, ShapeLanes], gate: Gate
+) -> int:
+    """How many of the model's other consumers are on (still waiting) shapes of jobs more owed than
+    ``state``'s own job: each lets ``state`` keep its job a ``slack_tokens`` longer (core/shares.py)."""
+    if state.shape is None:
+        return 0
+    mine = gate.vtime(key_job(state.shape))
+    return sum(
+        1
+        for p in peers
+        if p is not state
+        and p.shape is not None
+        and p.shape in active
+        and gate.vtime(key_job(p.shape)) < mine
+    )
+
+
+def _by_job(items: Iterable[Item]) -> dict[str, tuple[int, int]]:
+    """Items and tokens per job."""
+    out: dict[str, tuple[int, int]] = {}
+    for it in items:
+        n, tokens = out.get(it.job, (0, 0))
+        out[it.job] = (n + 1, tokens + it.length)
+    return out

@@ -15,6 +15,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import parse_schema, to_parsing_canonical_form
 
+from processor.core.shares import JobPolicy
 from processor.core.signature import to_signed, to_unsigned
 from processor.jobs.model import JOB_STATES, BadRow, JobRecord
 from processor.wire.errors import DecodeError
@@ -23,8 +24,8 @@ from processor.wire.schemas import MAGIC, rabin_fingerprint, schema_dir
 SCHEMA_NAME = "Job"
 
 
-def _load() -> tuple[Any, str]:
-    raw = json.loads((schema_dir() / f"{SCHEMA_NAME}.avsc").read_text(encoding="utf-8"))
+def _load(name: str = SCHEMA_NAME) -> tuple[Any, str]:
+    raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
     parsed = parse_schema(raw)
     return parsed, to_parsing_canonical_form(parsed)
 
@@ -32,6 +33,10 @@ def _load() -> tuple[Any, str]:
 _SCHEMA, CANONICAL_FORM = _load()
 FINGERPRINT = rabin_fingerprint(CANONICAL_FORM.encode())
 HEADER = MAGIC + FINGERPRINT.to_bytes(8, "little")
+
+SHARE_SCHEMA_NAME = "JobShare"
+_SHARE_SCHEMA, SHARE_CANONICAL_FORM = _load(SHARE_SCHEMA_NAME)
+SHARE_HEADER = MAGIC + rabin_fingerprint(SHARE_CANONICAL_FORM.encode()).to_bytes(8, "little")
 
 
 def encode_job(rec: JobRecord) -> bytes:
@@ -109,3 +114,47 @@ def decode_job(value: bytes | bytearray | memoryview | None) -> JobRecord:
         progress_ms=d["progress_ms"],
         finished_ms=d["finished_ms"],
     )
+
+
+def encode_job_share(job: str, policy: JobPolicy, set_ms: int) -> bytes:
+    """A job's share (weight and quotas: docs/shares.md) as a message value of the job-shares topic."""
+    d = {
+        "job": job,
+        "weight": float(policy.weight),
+        "max_tokens_per_s": policy.max_tokens_per_s,
+        "max_tokens": policy.max_tokens,
+        "burst_ms": policy.burst_ms,
+        "set_ms": set_ms,
+    }
+    out = io.BytesIO()
+    out.write(SHARE_HEADER)
+    fastavro.schemaless_writer(out, _SHARE_SCHEMA, d)
+    return out.getvalue()
+
+
+def decode_job_share(value: bytes | bytearray | memoryview | None) -> tuple[str, JobPolicy, int]:
+    """(job, policy, set_ms) of a job-shares message; :class:`DecodeError` for anything else,
+    ``invalid-share`` for a policy :class:`JobPolicy` refuses (a weight of 0, say)."""
+    data = b"" if value is None else bytes(value)
+    if len(data) < len(SHARE_HEADER) or data[:2] != MAGIC:
+        raise DecodeError("bad-magic", "not an Avro single-object message (expected tokenfabric.JobShare)")
+    if data[: len(SHARE_HEADER)] != SHARE_HEADER:
+        raise DecodeError(
+            "unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.JobShare"
+        )
+    body = io.BytesIO(data)
+    body.seek(len(SHARE_HEADER))
+    try:
+        d = fastavro.schemaless_reader(body, _SHARE_SCHEMA, None)
+    except Exception as exc:  # fastavro raises many types on malformed input
+        raise DecodeError("avro-decode", f"tokenfabric.JobShare: {exc}") from None
+    if body.tell() != len(data):
+        raise DecodeError(
+            "trailing-bytes", f"tokenfabric.JobShare: {len(data) - body.tell()} bytes after the record"
+        )
+    assert isinstance(d, dict)
+    try:
+        policy = JobPolicy(d["weight"], d["max_tokens_per_s"], d["max_tokens"], d["burst_ms"])
+    except ValueError as exc:
+        raise DecodeError("invalid-share", f"job {d['job']!r}: {exc}") from None
+    return d["job"], policy, d["set_ms"]

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from processor.jobs.codec import decode_job, encode_job
+from processor.core.shares import JobPolicy
+from processor.jobs.codec import decode_job, decode_job_share, encode_job, encode_job_share
 from processor.jobs.model import JobRecord
 from processor.kafka.clients import with_kafka_logger
 from processor.kafka.reader import read_topic
@@ -38,6 +39,25 @@ def read_jobs(conf: Mapping[str, str], topics: TopicNames, timeout_s: float = 30
         except DecodeError as exc:
             log.warning("%s: skipping record at offset %s: %s", topics.jobs, msg.offset(), exc)
     return jobs
+
+
+def read_job_shares(
+    conf: Mapping[str, str], topics: TopicNames, timeout_s: float = 30.0
+) -> dict[str, JobPolicy]:
+    """Every job's share policy on the job-shares topic (jobs with none have weight 1, no quota)."""
+    shares: dict[str, JobPolicy] = {}
+    for msg in read_topic(conf, topics.job_shares, timeout_s=timeout_s):
+        key = (msg.key() or b"").decode("utf-8", "replace")
+        if msg.value() is None:
+            shares.pop(key, None)
+            continue
+        try:
+            job, policy, _ms = decode_job_share(msg.value())
+        except DecodeError as exc:
+            log.warning("%s: skipping record at offset %s: %s", topics.job_shares, msg.offset(), exc)
+            continue
+        shares[job] = policy
+    return shares
 
 
 class JobWriter:
@@ -68,13 +88,20 @@ class JobWriter:
         """A tombstone: compaction drops the job's records (results stay on the results topic)."""
         self._send(name, None, timeout_s)
 
-    def _send(self, key: str, value: bytes | None, timeout_s: float) -> None:
+    def write_share(self, job: str, policy: JobPolicy | None, set_ms: int, timeout_s: float = 30.0) -> None:
+        """The job's weight and quotas on the job-shares topic; None writes a tombstone (weight 1, no
+        quota). Every processor instance applies it as it reads it (docs/shares.md)."""
+        value = None if policy is None else encode_job_share(job, policy, set_ms)
+        self._send(job, value, timeout_s, self.topics.job_shares)
+
+    def _send(self, key: str, value: bytes | None, timeout_s: float, topic: str | None = None) -> None:
+        topic = topic or self.topic
         self._error = None
-        self._producer.produce(self.topic, value, key.encode("utf-8"), on_delivery=self._on_delivery)
+        self._producer.produce(topic, value, key.encode("utf-8"), on_delivery=self._on_delivery)
         if self._producer.flush(timeout_s):
-            raise JobsTopicError(f"job {key}: record not acknowledged by {self.topic} within {timeout_s:g} s")
+            raise JobsTopicError(f"job {key}: record not acknowledged by {topic} within {timeout_s:g} s")
         if self._error is not None:
-            raise JobsTopicError(f"job {key}: writing {self.topic} failed: {self._error}")
+            raise JobsTopicError(f"job {key}: writing {topic} failed: {self._error}")
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:

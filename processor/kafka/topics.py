@@ -61,6 +61,11 @@ class TopicNames:
     def jobs(self) -> str:
         return f"{self.prefix}.jobs"
 
+    @property
+    def job_shares(self) -> str:
+        """Job weights and quotas (compacted, keyed by job: docs/shares.md)."""
+        return f"{self.prefix}.job-shares"
+
     def batches(self, consumer: str) -> str:
         return f"{self.prefix}.batches.{consumer}"
 
@@ -95,6 +100,7 @@ def topic_specs(
         TopicSpec(names.changelog, ingest_partitions, COMPACTED),
         TopicSpec(names.dead_letter, 1, RETAINED),
         TopicSpec(names.jobs, 1, COMPACTED),
+        TopicSpec(names.job_shares, 1, COMPACTED),
     ]
     specs.extend(TopicSpec(names.batches(c), 1, RETAINED) for c in consumers)
     return specs

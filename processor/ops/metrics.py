@@ -264,6 +264,7 @@ class ProcessorCollector(Collector):
         yield from self._consumers()
         yield from self._lanes()
         yield from self._service()
+        yield from self._jobs()
 
     # -- the ledger ---------------------------------------------------------------------------
 
@@ -487,6 +488,53 @@ class ProcessorCollector(Collector):
         )
         paused.add_metric([], int(getattr(s, "ingest_paused", False)))
         yield paused
+
+    # -- jobs (docs/shares.md) -----------------------------------------------------------------
+
+    def _jobs(self) -> Iterator[Metric]:
+        """Per job: tokens at each ledger stage, padded tokens, and its share policy and cap state."""
+        core = self.service.core
+        books = _items(core.ledger.jobs)
+        tokens = GaugeMetricFamily(
+            "tokenfabric_job_tokens",
+            "Prompt tokens of a job at a ledger stage (received, queued, routed, in_flight, completed, "
+            "failed; routed is net of requeues).",
+            labels=["job", "stage"],
+        )
+        padded = CounterMetricFamily(
+            "tokenfabric_job_padded_tokens", "Padded tokens of the batches routed for a job.", labels=["job"]
+        )
+        for job, book in books:
+            for stage in ("received", "queued", "routed", "in_flight", "completed", "failed"):
+                tokens.add_metric([job, stage], getattr(book, stage).tokens)
+            padded.add_metric([job], book.padded_tokens)
+        yield tokens
+        yield padded
+        shares = core.shares
+        now = self.service.now_ms()
+        weight = GaugeMetricFamily(
+            "tokenfabric_job_weight", "A job's weight (docs/shares.md).", labels=["job"]
+        )
+        rate = GaugeMetricFamily(
+            "tokenfabric_job_quota_tokens_per_second",
+            "A job's cap in routed tokens/s; -1: none.",
+            labels=["job"],
+        )
+        total = GaugeMetricFamily(
+            "tokenfabric_job_quota_tokens", "A job's cap in routed tokens in all; -1: none.", labels=["job"]
+        )
+        capped = GaugeMetricFamily(
+            "tokenfabric_job_capped",
+            "1 while a quota holds the job's items back (they wait).",
+            labels=["job"],
+        )
+        for job in list(shares.jobs()):
+            p = shares.policy(job)
+            weight.add_metric([job], p.weight)
+            rate.add_metric([job], -1 if p.max_tokens_per_s is None else p.max_tokens_per_s)
+            total.add_metric([job], -1 if p.max_tokens is None else p.max_tokens)
+            capped.add_metric([job], int(p.capped and shares.capped_now(job, now)))
+        yield from (weight, rate, total, capped)
 
 
 def _ratios(books: list[tuple[str, ConsumerBook]]) -> Iterator[Metric]:

@@ -92,6 +92,27 @@ class StatusView:
 
     def retired(self, instance: str) -> bool:
         return self.checkpoints[instance].counters.get(RETIRED, 0) > 0
+    def jobs(self) -> list[str]:
+        """Every job a checkpoint counts (its ledger book, or its share: docs/shares.md)."""
+        names = {
+            k.split(":", 2)[2]
+            for cp in self.checkpoints.values()
+            for k in cp.counters
+            if k.startswith("job:")
+        }
+        return sorted(names)
+
+    def job_total(self, job: str, key: str) -> int:
+        """A job's counter (``routed_tokens``, ``padded_tokens``...) summed over instances."""
+        return sum(cp.counters.get(f"job:{key}:{job}", 0) for cp in self.checkpoints.values())
+
+    def job_policy(self, job: str) -> tuple[float, int, int, bool]:
+        """(weight, tokens/s cap, total cap, capped now) as the newest checkpoint has them; -1: no cap."""
+        newest = max(self.checkpoints.values(), key=lambda cp: cp.taken_ms, default=None)
+        c = newest.counters if newest is not None else {}
+        weight = c.get(f"job:weight_milli:{job}", 1000) / 1000
+        capped = any(cp.counters.get(f"job:capped:{job}", 0) for cp in self.checkpoints.values())
+        return weight, c.get(f"job:max_tokens_per_s:{job}", -1), c.get(f"job:max_tokens:{job}", -1), capped
 
 
 def ingest_lag(
@@ -257,6 +278,22 @@ class UnservedModel:
 
 
 @dataclass(frozen=True, slots=True)
+class JobRow:
+    """One job's token share (docs/shares.md) and its tokens at each stage, summed over instances."""
+
+    job: str
+    """"" for items that name no job."""
+    weight: float
+    max_tokens_per_s: int | None
+    max_tokens: int | None
+    capped: bool
+    """A quota holds the job's items back now, on some instance."""
+    tokens: dict[str, int]
+    """received, queued, routed, completed, failed, padded."""
+    padding_waste: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Rates:
     interval_s: float
     received_tokens_per_s: float
@@ -297,6 +334,7 @@ class StatusReport:
     retired_processors: list[str]
     consumers: list[ConsumerRow]
     unserved: list[UnservedModel]
+    jobs: list[JobRow] = field(default_factory=list)
     rates: Rates | None = None
 
     @property
@@ -395,6 +433,28 @@ def _unserved(view: StatusView, consumers: list[ConsumerRow]) -> list[UnservedMo
     return out
 
 
+JOB_STAGES = ("received", "queued", "routed", "completed", "failed", "padded")
+
+
+def _jobs(view: StatusView) -> list[JobRow]:
+    rows = []
+    for job in view.jobs():
+        weight, rate, total, capped = view.job_policy(job)
+        tokens = {stage: view.job_total(job, f"{stage}_tokens") for stage in JOB_STAGES}
+        rows.append(
+            JobRow(
+                job,
+                weight,
+                rate if rate >= 0 else None,
+                total if total >= 0 else None,
+                capped,
+                tokens,
+                ratio(tokens["padded"] - tokens["routed"], tokens["padded"]),
+            )
+        )
+    return rows
+
+
 def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_S) -> StatusReport:
     """Judge ``view``: stale instances and consumers, what nobody can take, the ratios."""
     t = view.total
@@ -449,6 +509,7 @@ def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_
         retired_processors=retired,
         consumers=consumers,
         unserved=_unserved(view, consumers),
+        jobs=_jobs(view),
     )
 
 

@@ -46,6 +46,40 @@ class ConsumerFigures:
 
 
 @dataclass(slots=True)
+class JobFigures:
+    """One job's side of a run: what it was routed, when it first arrived, first went out and was done.
+
+    ``routed`` holds each batch's (dispatch ms, real tokens), so a benchmark can ask what share of the
+    tokens a job received over any window (benchmarks/shares.py)."""
+
+    items: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    batches: int = 0
+    weight: float = 1.0
+    first_arrival_ms: int | None = None
+    first_dispatch_ms: int | None = None
+    done_ms: float = 0.0
+    routed: list[tuple[int, int]] = field(default_factory=list)
+
+    def tokens_between(self, start_ms: float, end_ms: float) -> int:
+        """Real tokens of this job's batches dispatched in [start_ms, end_ms]."""
+        return sum(t for ms, t in self.routed if start_ms <= ms <= end_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "items": self.items,
+            "real_tokens": self.real_tokens,
+            "padded_tokens": self.padded_tokens,
+            "batches": self.batches,
+            "weight": self.weight,
+            "first_arrival_ms": self.first_arrival_ms,
+            "first_dispatch_ms": self.first_dispatch_ms,
+            "done_ms": round(self.done_ms, 3),
+        }
+
+
+@dataclass(slots=True)
 class Sample:
     t_ms: int
     waiting_items: int
@@ -79,6 +113,8 @@ class SimReport:
     waits_ms: list[int] = field(default_factory=list)
     consumers: dict[str, ConsumerFigures] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
+    jobs: dict[str, JobFigures] = field(default_factory=dict)
+    """Per job (the trace's ``job`` field; "" for none)."""
 
     @property
     def padding_waste(self) -> float:
@@ -172,6 +208,7 @@ class SimReport:
                 }
                 for name, f in self.consumers.items()
             },
+            "jobs": {job: f.to_dict() for job, f in self.jobs.items()},
         }
 
 
@@ -218,6 +255,7 @@ def render_table(reports: Iterable[SimReport]) -> str:
         ("makespan (virtual s)", lambda r: f"{r.makespan_ms / 1000:,.1f}"),
         ("tokens/s (virtual)", lambda r: f"{r.tokens_per_s:,.0f}"),
     ]
+    rows += _job_rows(reports)
     if any(f.memory_bytes for r in reports for f in r.consumers.values()):
         rows += [
             ("KV bytes peak / memory_bytes", lambda r: f"{r.kv_peak_fill:.1%}"),
@@ -234,3 +272,30 @@ def render_table(reports: Iterable[SimReport]) -> str:
             name.ljust(width) + "  " + "  ".join(col[i].rjust(w) for col, w in zip(cols, col_w, strict=True))
         )
     return "\n".join(lines)
+
+
+def _job_rows(reports: list[SimReport]) -> list[tuple[str, Callable[[SimReport], str]]]:
+    """Per-job rows, when a run had more than one job: tokens, and first batch / done after arrival."""
+    names = sorted({job for r in reports for job in r.jobs})
+    if len(names) < 2:
+        return []
+
+    def cell(job: str, what: str) -> Callable[[SimReport], str]:
+        def fmt(r: SimReport) -> str:
+            f = r.jobs.get(job)
+            if f is None:
+                return "-"
+            if what == "tokens":
+                return f"{f.real_tokens:,} (w {f.weight:g})"
+            start = f.first_arrival_ms or 0
+            first = "-" if f.first_dispatch_ms is None else f"{(f.first_dispatch_ms - start) / 1000:,.1f}"
+            return f"{first} / {(f.done_ms - start) / 1000:,.1f}"
+
+        return fmt
+
+    rows: list[tuple[str, Callable[[SimReport], str]]] = []
+    for job in names:
+        label = job or "(no job)"
+        rows.append((f"job {label}: tokens", cell(job, "tokens")))
+        rows.append((f"job {label}: first / done s", cell(job, "times")))
+    return rows

@@ -19,9 +19,10 @@ from processor.core.contract import BatchRule, Contract
 from processor.core.item import Batch, Item
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings, Scheduler
+from processor.core.shares import Shares
 from processor.sim.baselines import FifoPolicy, OraclePolicy, SortedWindowPolicy
 from processor.sim.cardmodel import CardModel, CardSpec
-from processor.sim.report import ConsumerFigures, Sample, SimReport, batch_line
+from processor.sim.report import ConsumerFigures, JobFigures, Sample, SimReport, batch_line
 from processor.sim.traces import TraceRecord
 
 POLICIES = ("lanes", "fifo", "sorted-window", "oracle")
@@ -107,10 +108,14 @@ class Policy(Protocol):
 
 
 def make_policy(
-    name: str, lanes: LaneSettings | None = None, dispatch: DispatchSettings | None = None, window: int = 1024
+    name: str,
+    lanes: LaneSettings | None = None,
+    dispatch: DispatchSettings | None = None,
+    window: int = 1024,
+    shares: Shares | None = None,
 ) -> Policy:
     if name == "lanes":
-        return Scheduler(lanes, dispatch, batch_prefix="sim")
+        return Scheduler(lanes, dispatch, batch_prefix="sim", shares=shares)
     if name == "fifo":
         return FifoPolicy()
     if name == "sorted-window":
@@ -150,17 +155,25 @@ def simulate(
     seed: int = 0,
     emit: IO[str] | None = None,
     batching: str | None = None,
+    shares: Shares | None = None,
 ) -> SimReport:
     """Run ``records`` through ``policy`` with ``consumers``; returns the figures.
 
     Each item's output budget is the trace's ``output_length`` where it has one (memory batching
-    counts it; the others ignore it). ``batching`` only labels the report.
+    counts it; the others ignore it). ``batching`` only labels the report. ``shares`` gives the job
+    weights and quotas (the lanes policy only; the baselines ignore jobs); each run starts from a
+    fresh copy of its settings and policies, so one object can configure several runs.
     """
     if not consumers:
         raise ValueError("simulate: at least one consumer is needed")
     if speed <= 0:
         raise ValueError(f"--speed must be > 0, got {speed}")
-    pol = make_policy(policy, lanes, dispatch, window)
+    if shares is not None:
+        fresh = Shares(shares.settings)
+        for name, job_policy in shares.policies.items():
+            fresh.set_policy(name, job_policy)
+        shares = fresh
+    pol = make_policy(policy, lanes, dispatch, window, shares)
     cards: dict[str, _Card] = {}
     for i, spec in enumerate(consumers):
         if spec.contract.consumer in cards:
@@ -187,13 +200,18 @@ def simulate(
     arrivals = [
         (
             0 if backlog else int(r.t_ms / speed),
-            Item(r.id, r.model, r.shape, r.length, 0, None, r.output_length),
+            Item(r.id, r.model, r.shape, r.length, 0, None, r.output_length, r.job),
         )
         for r in records
     ]
     arrivals.sort(key=lambda a: a[0])
     for t, item in arrivals:
         item.arrival_ms = t
+        job = report.jobs.get(item.job)
+        if job is None:
+            weight = shares.policy(item.job).weight if shares is not None else 1.0
+            job = report.jobs[item.job] = JobFigures(weight=weight, first_arrival_ms=t)
+        job.items += 1
     completions: list[tuple[float, int, str]] = []
     next_arrival = 0
     next_tick = 0
@@ -263,6 +281,14 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     f.items += len(batch.items)
     f.real_tokens += real
     f.oversized += batch.oversized
+    job = report.jobs.get(batch.items[0].job)  # a lanes batch is one job's; a baseline's may mix
+    if job is not None:
+        job.batches += 1
+        job.padded_tokens += padded
+        job.real_tokens += real
+        job.routed.append((now, real))
+        if job.first_dispatch_ms is None:
+            job.first_dispatch_ms = now
     if card.last_shapes is not None and shapes != card.last_shapes:
         f.shape_switches += 1
     card.last_shapes = shapes
@@ -273,6 +299,8 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     f.busy_ms += ms
     start = max(float(now), card.free_at)
     card.free_at = start + ms
+    if job is not None and card.free_at > job.done_ms:
+        job.done_ms = card.free_at
     return card.free_at
 
 

@@ -99,7 +99,8 @@ def synthetic_records(
 def write_jsonl(records: Iterable[TraceRecord], path: str | Path) -> Path:
     """Write records in the native ``jsonl`` trace format (gzipped when ``path`` ends in ``.gz``).
 
-    Fields are ``t_ms, model, shape, length, id`` and ``output_length`` when known; ``line`` is not
+    Fields are ``t_ms, model, shape, length, id``, ``output_length`` when known and ``job`` when not
+    ""; ``line`` is not
     written (it is where the record lands). Returns the path.
     """
     path = Path(path)
@@ -112,5 +113,7 @@ def write_jsonl(records: Iterable[TraceRecord], path: str | Path) -> Path:
             }  # fmt: skip
             if r.output_length is not None:
                 obj["output_length"] = r.output_length
+            if r.job:
+                obj["job"] = r.job
             out.write(dumps(obj, separators=(",", ":")) + "\n")
     return path

@@ -4,9 +4,10 @@ Pure stdlib (plus :mod:`processor.core.signature`); nothing here touches Kafka. 
 
 ``jsonl`` (native)
     One JSON object per line: ``{"t_ms": int, "model": str, "shape": int | "components": [str, ...],
-    "length": int, "id": str, "output_length": int}``. Exactly one of ``shape`` (an unsigned 64-bit
-    signature) or ``components`` (hashed with :func:`shape_signature`). ``id`` and ``output_length`` are
-    optional; a missing ``id`` becomes the 0-based index of the line in the file. Unknown keys are
+    "length": int, "id": str, "output_length": int, "job": str}``. Exactly one of ``shape`` (an unsigned
+    64-bit signature) or ``components`` (hashed with :func:`shape_signature`). ``id``, ``output_length``
+    and ``job`` are optional; a missing ``id`` becomes the 0-based index of the line in the file, a
+    missing ``job`` is "" (no job: docs/shares.md). Unknown keys are
     ignored, so producers can carry extra fields (prompt text, tags) without breaking the reader.
 ``mooncake``
     The Mooncake FAST'25 traces: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
@@ -80,7 +81,8 @@ class TraceRecord:
 
     ``shape`` is an unsigned 64-bit signature, ``length`` the prompt tokens (> 0), ``output_length`` the
     generated tokens when the trace knows them, ``line`` the 1-based source line (for error reports and
-    for finding the row again).
+    for finding the row again), ``job`` the job it belongs to ("" for none; token shares between jobs
+    are docs/shares.md).
     """
 
     t_ms: int
@@ -90,6 +92,7 @@ class TraceRecord:
     id: str
     output_length: int | None
     line: int
+    job: str = ""
 
 
 class TraceError(ValueError):
@@ -209,7 +212,10 @@ def _iter_jsonl(lines: Iterable[str], name: str) -> Iterator[TraceRecord]:
         out = obj.get("output_length")
         if out is not None:
             out = _int(out, "output_length", where, lo=0)
-        yield TraceRecord(t_ms, model, shape, length, rid, out, lineno)
+        job = obj.get("job", "")
+        if type(job) is not str:
+            raise TraceError(f'{where}: "job" must be a string, got {_show(job)}')
+        yield TraceRecord(t_ms, model, shape, length, rid, out, lineno, job)
 
 
 def _iter_mooncake(lines: Iterable[str], name: str, shape_blocks: int, model: str) -> Iterator[TraceRecord]:

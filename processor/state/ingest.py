@@ -14,7 +14,14 @@ class IngestItem(Item):
     def __init__(self, head: ItemHead, now_ms: int, partition: int, offset: int) -> None:
         # payload: the input message, spliced into the batch past its header (processor/wire/heads.py)
         super().__init__(
-            head.item_id, head.model, head.shape, head.token_count, now_ms, head.message, head.output_budget
+            head.item_id,
+            head.model,
+            head.shape,
+            head.token_count,
+            now_ms,
+            head.message,
+            head.output_budget,
+            head.job,
         )
         self.partition = partition
         self.offset = offset

@@ -49,6 +49,8 @@ class ItemHead(NamedTuple):
     token_count: int
     output_budget: int | None
     message: bytes
+    job: str = ""
+    """``job_id``: the job whose token share the item counts against (docs/shares.md); "" for none."""
 
 
 _new_head = tuple.__new__  # NamedTuple's own __new__ is Python code: twice the cost, once per item
@@ -140,12 +142,11 @@ def _usual_head(buf: bytes) -> ItemHead | None:
             return None
         pos = HEADER_SIZE + 1 + (n >> 1)
         item_id = buf[HEADER_SIZE + 1 : pos].decode("utf-8")
-        n = buf[pos]  # job_id: checked, not kept
+        n = buf[pos]  # job_id
         if n >= 0x80 or n & 1:
             return None
         end = pos + 1 + (n >> 1)
-        if n:
-            buf[pos + 1 : end].decode("utf-8")
+        job = _model(buf[pos + 1 : end]) if n else ""
         n = buf[end]  # model
         if n >= 0x80 or n & 1 or not n:
             return None
@@ -207,16 +208,15 @@ def _usual_head(buf: bytes) -> ItemHead | None:
             return None
     except MALFORMED:
         return None
-    return _new_head(ItemHead, (item_id, model, shape, token_count, output_budget, buf))
+    return _new_head(ItemHead, (item_id, model, shape, token_count, output_budget, buf, job))
 
 
 def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
     item_id, job_id, raw_model, pos = read_item_lead(buf, pos)
-    if job_id:
-        job_id.decode("utf-8")  # validated, not kept: the consumer reads it from the batch
+    job = _model(job_id) if job_id else ""
     shape, pos = read_signature(buf, pos)
     token_count, start, end, _parts, _ms, output_budget, _metadata, pos = read_item_rest(buf, pos, False)
-    head = _new_head(ItemHead, (item_id, _model(raw_model), shape, token_count, output_budget, buf))
+    head = _new_head(ItemHead, (item_id, _model(raw_model), shape, token_count, output_budget, buf, job))
     return head, pos, end - start
 
 

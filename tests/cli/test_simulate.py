@@ -234,3 +234,46 @@ def test_simulate_batching_errors_are_one_line(
     )
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and needle in err, err
+
+
+# ------------------------------------------------------------------------------ jobs (docs/shares.md)
+
+
+@pytest.fixture(scope="module")
+def jobs_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dataclasses import replace
+
+    big = synthetic_records(600, seed=3, shapes=4, min_len=16, max_len=2000, rate_per_s=None)
+    small = synthetic_records(60, seed=4, shapes=2, min_len=16, max_len=2000, rate_per_s=None)
+    records = [replace(r, job="big") for r in big] + [
+        replace(r, job="small", id=f"s{r.id}", t_ms=2000) for r in small
+    ]
+    return write_jsonl(records, tmp_path_factory.mktemp("jobs") / "jobs.jsonl")
+
+
+def test_job_weights_reach_the_report(capsys: pytest.CaptureFixture[str], jobs_trace: Path) -> None:
+    report = simulate_json(capsys, jobs_trace, "--job-weight", "small=4", "--job-rate", "big=1e9")
+    jobs = report["jobs"]
+    assert set(jobs) == {"big", "small"}
+    assert (jobs["small"]["weight"], jobs["big"]["weight"]) == (4.0, 1.0)
+    assert jobs["small"]["items"] == 60
+    assert sum(j["real_tokens"] for j in jobs.values()) == report["tokens_routed"]
+    code, out, _err = cli(capsys, "simulate", "--trace", str(jobs_trace), "--job-weight", "small=4")
+    assert code == 0
+    assert "job small: first / done s" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--job-weight", "small", "--job-weight 'small': expected JOB=NUMBER"),
+        ("--job-weight", "small=x", "--job-weight 'small=x': 'x' is not a number"),
+        ("--job-weight", "small=0", "job 'small': weight must be > 0, got 0.0"),
+    ],
+)
+def test_bad_job_flags_are_one_line_errors(
+    capsys: pytest.CaptureFixture[str], jobs_trace: Path, flag: str, value: str, message: str
+) -> None:
+    code, out, err = cli(capsys, "simulate", "--trace", str(jobs_trace), flag, value)
+    assert (code, out) == (2, "")
+    assert err.strip() == f"tokenfabric simulate: error: {message}"

@@ -253,3 +253,21 @@ class _NullEngine:
 
     def close(self) -> None:
         pass
+
+
+def test_jobs_tokens_and_shares_are_exposed_per_job() -> None:
+    from processor.core.shares import JobPolicy
+    from tests.ops.helpers import parse, value
+
+    svc = FakeService()
+    svc.core.set_contract(Contract("c", "m", budget_tokens=1024, max_items=4))
+    svc.core.shares.set_policy("big", JobPolicy(weight=3, max_tokens=15))
+    svc.core.submit(Item("a", "m", 1, 10, 0, job="big"), 0)
+    svc.core.submit(Item("b", "m", 1, 10, 0, job="big"), 0)
+    svc.core.dispatch(0)
+    samples = parse(generate_latest(processor_registry(svc)).decode())
+    assert value(samples, "tokenfabric_job_tokens", job="big", stage="routed") == 10
+    assert value(samples, "tokenfabric_job_tokens", job="big", stage="queued") == 10
+    assert value(samples, "tokenfabric_job_weight", job="big") == 3
+    assert value(samples, "tokenfabric_job_quota_tokens", job="big") == 15
+    assert value(samples, "tokenfabric_job_capped", job="big") == 1  # 5 tokens left: not even one item

@@ -151,3 +151,40 @@ def test_json_matches_the_documented_schema() -> None:
     text = render_text(first)
     for c in doc["consumers"]:
         assert c["consumer"] in text
+
+
+def test_status_shows_each_jobs_share_and_tokens() -> None:
+    """The jobs table (docs/shares.md): weight, quota and cap state, tokens per stage, summed over
+    instances; no table when no checkpoint counts a job."""
+    from processor.core.accounting import Ledger
+    from processor.wire.records import LedgerSnapshotRecord
+
+    assert report(StatusView(), TopicNames()).jobs == []
+    ledger = Ledger()
+    ledger.job_received("nightly", 3, 300)
+    ledger.job_routed("nightly", 2, 200, 256)
+    counters = {
+        **ledger.snapshot(),
+        "job:weight_milli:nightly": 4000,
+        "job:max_tokens_per_s:nightly": 5000,
+        "job:max_tokens:nightly": -1,
+        "job:capped:nightly": 1,
+    }
+    view = StatusView()
+    for name in ("a", "b"):
+        view.checkpoints[name] = LedgerSnapshotRecord(
+            instance=name, taken_ms=0, sequence=1, counters=counters, per_model={}, per_consumer={}
+        )
+    assert view.jobs() == ["nightly"]
+    assert view.job_total("nightly", "routed_tokens") == 400
+    assert view.job_policy("nightly") == (4.0, 5000, -1, True)
+    rep = report(view, TopicNames())
+    (job,) = rep.jobs
+    assert (job.weight, job.max_tokens_per_s, job.max_tokens, job.capped) == (4.0, 5000, None, True)
+    assert (job.tokens["received"], job.tokens["routed"], job.tokens["padded"]) == (600, 400, 512)
+    row = next(line for line in render_text(rep, width=80).splitlines() if "nightly" in line)
+    assert "5,000/s CAPPED" in row and "400" in row and "600" in row
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(
+        json.loads(json.dumps(rep.as_json()))
+    )

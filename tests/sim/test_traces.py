@@ -269,3 +269,15 @@ def test_trace_stats_empty_and_interpolation() -> None:
     stats = trace_stats(recs)
     assert stats["median_length"] == 2.5 and stats["p99_length"] == pytest.approx(9.79)
     assert stats["span_ms"] == 3 and stats["tokens"] == 16
+
+
+def test_the_native_format_reads_an_optional_job(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.jsonl"
+    path.write_text(
+        '{"t_ms": 1, "model": "m", "shape": 7, "length": 3, "job": "nightly"}\n'
+        '{"t_ms": 2, "model": "m", "shape": 7, "length": 4}\n'
+    )
+    assert [r.job for r in read_trace(path, "jsonl")] == ["nightly", ""]
+    path.write_text('{"t_ms": 1, "model": "m", "shape": 7, "length": 3, "job": 5}\n')
+    with pytest.raises(TraceError, match=r'jobs.jsonl:1: "job" must be a string, got 5'):
+        read_trace(path, "jsonl")

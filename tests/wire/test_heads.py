@@ -49,14 +49,12 @@ from tests.wire.helpers import (
 
 
 def same_as_full(head: Any, rec: TokenItemRecord, value: bytes) -> bool:
-    return (head.item_id, head.model, head.shape, head.token_count, head.output_budget, head.message) == (
-        rec.item_id,
-        rec.model,
-        rec.shape,
-        rec.token_count,
-        rec.output_budget,
-        value,
-    )
+    """Every field the head keeps, the job (docs/shares.md) included, equal to the full record's."""
+    return (
+        head.item_id, head.model, head.shape, head.token_count, head.output_budget, head.message, head.job
+    ) == (
+        rec.item_id, rec.model, rec.shape, rec.token_count, rec.output_budget, value, rec.job_id
+    )  # fmt: skip
 
 
 @given(token_items())
