@@ -167,16 +167,24 @@ def ended_by(
     """What ended a run, classified: :class:`Superseded` for a twin, :class:`TransientFailure` for a
     transaction the broker aborted on timeout, else the Kafka error itself (module docstring).
 
+    A transaction open past the timeout is dead whatever error the client met first (its messages
+    timed out locally, librdkafka then refuses to produce with ``_STATE``, or the broker fenced its
+    epoch), so any Kafka error then ends with :class:`TransientFailure`; an error that a restart does
+    not cure comes back in the restarted process, with a young transaction, and ends it with 1.
+
     ``who`` names the process and its pipeline (``processor p0 of pipeline tokenfabric``);
     ``transaction_age_s`` is how long the open transaction had been open (0 when there was none).
     """
+    from confluent_kafka import KafkaException
+
     exc = kafka_cause(exc)
-    if instance_fenced(exc) or (producer_fenced(exc) and transaction_age_s < transaction_timeout_s):
+    expired = transaction_age_s >= transaction_timeout_s
+    if instance_fenced(exc) or (producer_fenced(exc) and not expired):
         return Superseded(
             f"{who}: a newer process with the same id took over its group membership and transactional "
             f"id; exiting with {EXIT_SUPERSEDED}: do not restart this one while the other runs"
         )
-    if producer_fenced(exc):
+    if expired and isinstance(exc, KafkaException):  # fenced, or any error of the dead transaction
         return TransientFailure(
             f"{who}: its transaction was open {transaction_age_s:.0f} s, past the transaction timeout "
             f"({transaction_timeout_s:.0f} s), and the broker aborted it (a pause or a long broker outage)"

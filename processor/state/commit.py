@@ -123,6 +123,10 @@ class _Base:
                 return
             except BufferError:
                 self.producer.poll(0.05)
+            except KafkaException:  # _STATE: the transaction failed, a delivery report may say why
+                self.producer.poll(0)
+                self.check_delivered()
+                raise
 
     def _commit_control(self) -> None:
         """Results offsets move only after the step that processed them is durable."""

@@ -107,3 +107,14 @@ def test_a_purged_message_is_an_effect_and_not_a_cause() -> None:
 
     assert purged(KafkaError(KafkaError._PURGE_QUEUE)) and purged(KafkaError(KafkaError._PURGE_INFLIGHT))
     assert not purged(KafkaError(KafkaError._MSG_TIMED_OUT))
+
+
+def test_any_kafka_error_of_a_transaction_past_its_timeout_exits_75() -> None:
+    """Paused past the timeout, librdkafka first times the messages out and refuses to produce."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processor.kafka.exits import TransientFailure, ended_by
+
+    state = KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"))
+    assert isinstance(ended_by(state, "processor p0 of pipeline a", 16.0, 2.0), TransientFailure)
+    assert ended_by(state, "processor p0 of pipeline a", 0.5, 2.0) is state
