@@ -118,3 +118,36 @@ def test_any_kafka_error_of_a_transaction_past_its_timeout_exits_75() -> None:
     state = KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"))
     assert isinstance(ended_by(state, "processor p0 of pipeline a", 16.0, 2.0), TransientFailure)
     assert ended_by(state, "processor p0 of pipeline a", 0.5, 2.0) is state
+
+
+# ------------------------------------------------------------------------------------------------
+# docs/operations.md, "How a processor or consumer ends": one row per way, each with its test
+
+
+def _exit_table() -> list[list[str]]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("## How a processor or consumer ends\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| code")]
+    return [[cell.strip() for cell in row.replace("\\|", "/").strip("|").split("|")] for row in rows]
+
+
+def test_the_exit_table_in_the_docs_has_every_code_of_the_module_and_no_other() -> None:
+    from processor.kafka import exits
+
+    codes = {value for name, value in vars(exits).items() if name.startswith("EXIT_")}
+    table = {int(row[0]) for row in _exit_table()}
+    assert table == codes
+
+
+def test_every_row_of_the_exit_table_names_tests_that_exist() -> None:
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for row in _exit_table():
+        named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row[3])
+        assert named, f"exit {row[0]} ({row[1][:40]}...) names no test"
+        for path, test in named:
+            assert f"def {test}(" in (root / path).read_text(), f"{path}::{test} does not exist"
