@@ -44,8 +44,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processor.core.contract import Contract, contract_violation
 from processor.engines.base import Engine, ItemResult
-from processor.kafka.clients import static_member, with_kafka_logger
-from processor.kafka.exits import DeliveryFailed, ended_by, fatal, kafka_cause, producer_fenced
+from processor.kafka.clients import static_member, static_member_present, with_kafka_logger
+from processor.kafka.exits import (
+    DeliveryFailed,
+    ended_by,
+    fatal,
+    kafka_cause,
+    producer_fenced,
+    taking_over,
+)
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.wire.completions import encode_completion, encode_completion_batches
@@ -237,6 +244,9 @@ class ConsumerApp:
             # Stable per consumer id: a restarted app fences its predecessor's open transaction.
             producer_conf["transactional.id"] = self.topics.consumer_group(self.contract.consumer)
         self._producer = Producer(with_kafka_logger(producer_conf))
+        member = self.topics.consumer_group(self.contract.consumer)
+        if static_member_present(self.conf, member, member):  # before this process fences it
+            log.warning("%s", taking_over(self._who(), member))
         if self.exactly_once:
             self._producer.init_transactions(60)
         consumer: Consumer | None = None
@@ -288,8 +298,10 @@ class ConsumerApp:
         if self._txn_began is not None:
             age = max(time.monotonic() - self._txn_began[0], time.time() - self._txn_began[1])
         timeout_s = int(self.conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)) / 1000
-        who = f"consumer {self.contract.consumer} of pipeline {self.topics.prefix}"
-        return ended_by(exc, who, age, timeout_s)
+        return ended_by(exc, self._who(), age, timeout_s)
+
+    def _who(self) -> str:
+        return f"consumer {self.contract.consumer} of pipeline {self.topics.prefix}"
 
     def _loop(self, consumer: Consumer, stop: threading.Event) -> None:
         last_batch = time.monotonic()

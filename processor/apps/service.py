@@ -38,8 +38,13 @@ from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
-from processor.kafka.clients import batch_producer_settings, control_settings, ingest_settings
-from processor.kafka.exits import ended_by, fatal
+from processor.kafka.clients import (
+    batch_producer_settings,
+    control_settings,
+    ingest_settings,
+    static_member_present,
+)
+from processor.kafka.exits import ended_by, fatal, taking_over
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
@@ -145,6 +150,9 @@ class ProcessorService(PartitionHandover):
         gc.set_threshold(50_000, 20, 100)
         if isinstance(self.committer, TransactionalCommitter):
             self.committer.watchdog = self.watchdog
+        member = transactional_id(self.settings.instance, self.settings.group_id)
+        if static_member_present(self.conf, self.settings.group_id, member):  # before fencing it
+            log.warning("%s", taking_over(self._who(), member))
         self.committer.start()
         self.credits = CreditBook(len(self._partitions(self.topics.ingest)))
         if self.exactly_once:
@@ -208,8 +216,10 @@ class ProcessorService(PartitionHandover):
         (processor.kafka.exits.ended_by)."""
         committer = self.committer
         age = committer.transaction_age_s() if isinstance(committer, TransactionalCommitter) else 0.0
-        who = f"processor {self.settings.instance} of pipeline {self.topics.prefix}"
-        return ended_by(exc, who, age, self.settings.transaction_timeout_ms / 1000)
+        return ended_by(exc, self._who(), age, self.settings.transaction_timeout_ms / 1000)
+
+    def _who(self) -> str:
+        return f"processor {self.settings.instance} of pipeline {self.topics.prefix}"
 
     def _close(self, commit: bool) -> None:
         """After a failure nothing more is committed, so nothing is flushed: a flush would only run

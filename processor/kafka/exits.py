@@ -192,6 +192,15 @@ def ended_by(
     return exc
 
 
+def taking_over(who: str, member: str) -> str:
+    """The newer process's one line when its id was still in use as it started."""
+    return (
+        f"{who}: the group still had a member with this id ({member}): another process still running, "
+        f"or one stopped less than the session timeout ago. This process takes over; a running one "
+        f"exits with {EXIT_SUPERSEDED}"
+    )
+
+
 def exit_code(exc: BaseException) -> int:
     """:data:`EXIT_SUPERSEDED` for a twin, :data:`EXIT_TEMPFAIL` for a failure a restart recovers
     from, else :data:`EXIT_FAILED`."""

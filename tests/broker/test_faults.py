@@ -83,6 +83,13 @@ def assert_one_line_superseded(rig: Rig, name: str, who: str) -> None:
     assert "Traceback" not in log and "SystemError" not in log, log
 
 
+def assert_one_line_taking_over(rig: Rig, name: str, who: str) -> None:
+    """The newer process says, once, that the id was in use when it started."""
+    log = (rig.pipeline.log_dir / f"{name}.log").read_text()
+    lines = [line for line in log.splitlines() if "the group still had a member with this id" in line]
+    assert len(lines) == 1 and f"{who} of pipeline {rig.topics.prefix}:" in lines[0], log
+
+
 def test_a_second_processor_with_a_running_instance_id_takes_over_and_the_first_exits_78_once(
     rig: Rig,
 ) -> None:
@@ -96,6 +103,7 @@ def test_a_second_processor_with_a_running_instance_id_takes_over_and_the_first_
     first = rig.pipeline.procs["first"]
     assert first.wait(60) == EXIT_SUPERSEDED
     assert_one_line_superseded(rig, "first", "processor p0")
+    assert_one_line_taking_over(rig, "second", "processor p0")
     assert rig.respawn_exited(EXIT_TEMPFAIL) == []
     rig.wait_completed(len(ids), timeout_s=240)
     codes = rig.pipeline.stop()
@@ -119,6 +127,7 @@ def test_a_second_consumer_with_a_running_id_takes_over_and_the_first_exits_78_o
         rig.wait_completed(len(ids), timeout_s=240)
         codes = rig.pipeline.stop()
     assert_one_line_superseded(rig, "small", "consumer small")
+    assert_one_line_taking_over(rig, "small-twin", "consumer small")
     assert codes["processor"] == codes["small-twin"] == 0
     assert_exactly_once(rig, ids, tokens)
 
