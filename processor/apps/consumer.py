@@ -47,9 +47,11 @@ from processor.engines.base import Engine, ItemResult
 from processor.kafka.clients import static_member, static_member_present, with_kafka_logger
 from processor.kafka.exits import (
     DeliveryFailed,
+    age_s,
     ended_by,
     fatal,
     kafka_cause,
+    now_stamp,
     producer_fenced,
     taking_over,
 )
@@ -294,9 +296,7 @@ class ConsumerApp:
     def _ended_by(self, exc: BaseException) -> BaseException:
         """``exc`` classified for the exit code: a twin, the broker's timeout abort of a transaction
         (this app was paused past ``transaction.timeout.ms``), or itself (processor.kafka.exits)."""
-        age = 0.0
-        if self._txn_began is not None:
-            age = max(time.monotonic() - self._txn_began[0], time.time() - self._txn_began[1])
+        age = 0.0 if self._txn_began is None else age_s(self._txn_began)
         timeout_s = int(self.conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)) / 1000
         return ended_by(exc, self._who(), age, timeout_s)
 
@@ -323,7 +323,7 @@ class ConsumerApp:
                 self._commit(consumer, msg)
             else:
                 self._txn().begin_transaction()
-                self._txn_began = (time.monotonic(), time.time())
+                self._txn_began = now_stamp()
                 try:
                     self.handle(msg)
                     self._commit_transaction(consumer, msg)

@@ -192,6 +192,20 @@ def ended_by(
     return exc
 
 
+def now_stamp() -> tuple[float, float]:
+    """The monotonic and wall-clock time now, for :func:`age_s`."""
+    import time
+
+    return time.monotonic(), time.time()
+
+
+def age_s(stamp: tuple[float, float]) -> float:
+    """Seconds since ``stamp``: the larger of the monotonic and the wall-clock age, as a suspended VM
+    may stop the monotonic clock while the broker's transaction timeout runs on."""
+    monotonic, wall = now_stamp()
+    return max(monotonic - stamp[0], wall - stamp[1])
+
+
 def taking_over(who: str, member: str) -> str:
     """The newer process's one line when its id was still in use as it started."""
     return (

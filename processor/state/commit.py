@@ -24,7 +24,7 @@ from typing import Any, Protocol, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor.core.item import Batch, Item
-from processor.kafka.exits import DeliveryFailed, purged
+from processor.kafka.exits import DeliveryFailed, age_s, now_stamp, purged
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.state import changelog
@@ -234,15 +234,12 @@ class TransactionalCommitter(_Base):
     def _begin(self) -> None:
         self.producer.begin_transaction()
         self.in_transaction = True
-        self._began = (time.monotonic(), time.time())
+        self._began = now_stamp()
 
     def transaction_age_s(self) -> float:
         """How long the open transaction has been open (0 without one): past ``transaction.timeout.ms``
-        the broker may have aborted it itself (processor.kafka.exits). The larger of the monotonic and
-        the wall-clock age, as a suspended VM may stop the monotonic clock."""
-        if not self.in_transaction:
-            return 0.0
-        return max(time.monotonic() - self._began[0], time.time() - self._began[1])
+        the broker may have aborted it itself (processor.kafka.exits)."""
+        return age_s(self._began) if self.in_transaction else 0.0
 
     def check_delivered(self) -> None:
         """As :meth:`_Base.check_delivered`, except for a purged message: librdkafka purges only when
