@@ -44,10 +44,19 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processor.core.contract import Contract, contract_violation
 from processor.engines.base import Engine, ItemResult
-from processor.kafka.clients import with_kafka_logger
-from processor.kafka.exits import DeliveryFailed
+from processor.kafka.clients import static_member, static_member_present, with_kafka_logger
+from processor.kafka.exits import (
+    DeliveryFailed,
+    age_s,
+    ended_by,
+    fatal,
+    kafka_cause,
+    now_stamp,
+    producer_fenced,
+    taking_over,
+)
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
-from processor.kafka.watchdog import CallWatchdog, guarded
+from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.wire.completions import encode_completion, encode_completion_batches
 from processor.wire.control import encode_contract, encode_dead_letter
 from processor.wire.errors import DecodeError
@@ -69,6 +78,8 @@ log = logging.getLogger("tokenfabric.consumer")
 
 #: Settings of the producer that writes completions, contracts and dead letters.
 PRODUCER_SETTINGS: dict[str, str] = {"enable.idempotence": "true", "acks": "all", "linger.ms": "5"}
+#: librdkafka's ``transaction.timeout.ms`` when the client settings do not name one.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 #: Most bytes of one CompletionBatch message: under Kafka's default 1 MB message limit (broker
 #: ``message.max.bytes``, producer ``message.max.bytes``), with room for the record batch overhead.
 MAX_COMPLETION_BYTES = 900_000
@@ -166,6 +177,7 @@ class ConsumerApp:
         self.stats = ConsumerStats()
         self._producer: Producer | None = None
         self._delivery_errors: list[tuple[str, KafkaError]] = []
+        self._txn_began: tuple[float, float] | None = None  # monotonic and wall time of the open one
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -215,11 +227,12 @@ class ConsumerApp:
         assert partition is not None and offset is not None
         producer = self._txn()
         with guarded(self.watchdog, "the transaction commit"):
-            producer.send_offsets_to_transaction(
-                [TopicPartition(self.batch_topic, partition, offset + 1)],
-                consumer.consumer_group_metadata(),
-                30,
-            )
+            with guarded(self.watchdog, "send_offsets_to_transaction", SEND_OFFSETS_TIMEOUT_S):
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(self.batch_topic, partition, offset + 1)],
+                    consumer.consumer_group_metadata(),
+                    SEND_OFFSETS_TIMEOUT_S,
+                )
             producer.commit_transaction(60)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -237,9 +250,13 @@ class ConsumerApp:
             # Stable per consumer id: a restarted app fences its predecessor's open transaction.
             producer_conf["transactional.id"] = self.topics.consumer_group(self.contract.consumer)
         self._producer = Producer(with_kafka_logger(producer_conf))
+        member = self.topics.consumer_group(self.contract.consumer)
+        if static_member_present(self.conf, member, member):  # before this process fences it
+            log.warning("%s", taking_over(self._who(), member))
         if self.exactly_once:
             self._producer.init_transactions(60)
         consumer: Consumer | None = None
+        clean = False
         try:
             if self.ensure_topic():
                 log.info("created topic %s", self.batch_topic)
@@ -249,6 +266,7 @@ class ConsumerApp:
                     {
                         **self.conf,
                         "group.id": self.topics.consumer_group(self.contract.consumer),
+                        **static_member(self.topics.consumer_group(self.contract.consumer)),
                         "enable.auto.commit": "false",
                         "isolation.level": "read_committed",
                         "auto.offset.reset": "earliest",
@@ -265,13 +283,29 @@ class ConsumerApp:
                 self.batch_topic,
             )
             self._loop(consumer, stop)
+            clean = True
+        except Exception as exc:
+            ended = self._ended_by(exc)
+            if ended is exc:
+                raise
+            raise ended from None
         finally:
             if consumer is not None:
                 consumer.close()
-            if self._producer is not None:
+            if self._producer is not None and clean:  # after a failure nothing more commits
                 self._producer.flush(10.0)
             self.engine.close()
         return self.stats
+
+    def _ended_by(self, exc: BaseException) -> BaseException:
+        """``exc`` classified for the exit code: a twin, the broker's timeout abort of a transaction
+        (this app was paused past ``transaction.timeout.ms``), or itself (processor.kafka.exits)."""
+        age = 0.0 if self._txn_began is None else age_s(self._txn_began)
+        timeout_s = int(self.conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)) / 1000
+        return ended_by(exc, self._who(), age, timeout_s)
+
+    def _who(self) -> str:
+        return f"consumer {self.contract.consumer} of pipeline {self.topics.prefix}"
 
     def _loop(self, consumer: Consumer, stop: threading.Event) -> None:
         last_batch = time.monotonic()
@@ -293,24 +327,33 @@ class ConsumerApp:
                 self._commit(consumer, msg)
             else:
                 self._txn().begin_transaction()
+                self._txn_began = now_stamp()
                 try:
                     self.handle(msg)
                     self._commit_transaction(consumer, msg)
                 except BaseException:
-                    self._abort()
+                    fenced = self._abort()
+                    if fenced is not None:  # the cause of whatever failed (a purge, a failed commit)
+                        raise fenced from None
                     raise
+                self._txn_began = None
             last_batch = time.monotonic()
             if self.on_batch is not None:
                 self.on_batch(self.stats)
 
-    def _abort(self) -> None:
+    def _abort(self) -> KafkaException | None:
+        """Abort the open transaction; returns the fencing error if the producer was fenced."""
         try:
             self._txn().abort_transaction(30)
-        except KafkaException as exc:  # fenced or broker gone: the broker aborts it on timeout anyway
-            log.error("could not abort the open transaction: %s", exc)
+        except (KafkaException, SystemError) as exc:  # fenced or broker gone: the broker aborts it anyway
+            cause = kafka_cause(exc)
+            log.debug("could not abort the open transaction: %s", cause)
+            if isinstance(cause, KafkaException) and producer_fenced(cause):
+                return cause
+        return None
 
     def _consumer_error(self, error: KafkaError) -> None:
-        if error.fatal():
+        if fatal(error):
             raise KafkaException(error)
         if error.code() == KafkaError._PARTITION_EOF:
             return

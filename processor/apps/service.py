@@ -40,7 +40,13 @@ from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
 from processor.core.shares import JobPolicy, Shares
 from processor.jobs.codec import decode_job_share
-from processor.kafka.clients import batch_producer_settings, control_settings, ingest_settings
+from processor.kafka.clients import (
+    batch_producer_settings,
+    control_settings,
+    ingest_settings,
+    static_member_present,
+)
+from processor.kafka.exits import ended_by, fatal, taking_over
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
@@ -117,7 +123,8 @@ class ProcessorService(PartitionHandover):
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
 
-        self.ingest = Consumer(ingest_settings(self.conf, s.group_id, s.session_timeout_ms))
+        member = transactional_id(s.instance, s.group_id)  # also its group.instance.id: one identity
+        self.ingest = Consumer(ingest_settings(self.conf, s.group_id, s.session_timeout_ms, member))
         self.control = Consumer(control_settings(self.conf, f"{s.group_id}-control-{s.instance}"))
         args = (self.ingest, self.control, topics, s.instance, s.commit_interval_ms)
         self.committer: Committer
@@ -149,6 +156,11 @@ class ProcessorService(PartitionHandover):
         generation every 50,000 allocations instead of 700 (it took 8-13% of the loop and a third of
         restore; docs/benchmarks.md)."""
         gc.set_threshold(50_000, 20, 100)
+        if isinstance(self.committer, TransactionalCommitter):
+            self.committer.watchdog = self.watchdog
+        member = transactional_id(self.settings.instance, self.settings.group_id)
+        if static_member_present(self.conf, self.settings.group_id, member):  # before fencing it
+            log.warning("%s", taking_over(self._who(), member))
         self.committer.start()
         self.credits = CreditBook(len(self._partitions(self.topics.ingest)))
         if self.exactly_once:
@@ -195,20 +207,39 @@ class ProcessorService(PartitionHandover):
         """
         self.start()
         try:
-            while not stop.is_set():
-                self.step()
-        except BaseException:
-            self._close(commit=False)
-            raise
-        self._close(commit=True)
+            try:
+                while not stop.is_set():
+                    self.step()
+            except BaseException:
+                self._close(commit=False)
+                raise
+            self._close(commit=True)
+        except Exception as exc:
+            ended = self._ended_by(exc)
+            if ended is exc:
+                raise
+            raise ended from None
+
+    def _ended_by(self, exc: BaseException) -> BaseException:
+        """``exc`` classified for the exit code: a twin, the broker's timeout abort, or itself
+        (processor.kafka.exits.ended_by)."""
+        committer = self.committer
+        age = committer.transaction_age_s() if isinstance(committer, TransactionalCommitter) else 0.0
+        return ended_by(exc, self._who(), age, self.settings.transaction_timeout_ms / 1000)
+
+    def _who(self) -> str:
+        return f"processor {self.settings.instance} of pipeline {self.topics.prefix}"
 
     def _close(self, commit: bool) -> None:
+        """After a failure nothing more is committed, so nothing is flushed: a flush would only run
+        delivery callbacks on a producer that may be fatally fenced, where confluent-kafka makes
+        every callback raise (processor.kafka.exits.kafka_cause)."""
         log.info("processor %s: shutting down", self.settings.instance)
         self._closing = True
         if commit:
             self._commit(force=True)
             self.core.check(deep=True)
-        self.producer.flush(30)
+            self.producer.flush(30)
         self.ingest.close()
         self.control.close()
 
@@ -281,7 +312,7 @@ class ProcessorService(PartitionHandover):
     def _ingest(self, msg: Any, now: int) -> None:
         err = msg.error()
         if err is not None:
-            if err.fatal():
+            if fatal(err):
                 raise KafkaException(err)
             log.warning("ingest: %s", err)
             return
@@ -321,7 +352,7 @@ class ProcessorService(PartitionHandover):
         for msg in self.control.consume(num_messages=10_000, timeout=0):
             err = msg.error()
             if err is not None:
-                if err.fatal():
+                if fatal(err):
                     raise KafkaException(err)
                 continue
             if msg.topic() == self.topics.contracts:

@@ -3,8 +3,9 @@
 Exit status: 0 after a clean stop (SIGTERM/SIGINT, ``--max-batches``, ``--idle-exit-s``) or a
 ``--retire``; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when a run-time failure left
 the batch uncommitted and a restart recovers (completions not delivered, a retriable or abortable Kafka
-error, a stuck commit: processor.kafka.watchdog); 1 for any other failure at run time (a fatal Kafka error,
-such as being fenced by another instance of the same consumer).
+error, a stuck commit: processor.kafka.watchdog, a transaction the broker aborted after a pause); 78 when a
+newer process with the same ``--id`` took over (do not restart); 1 for any other failure at run time
+(a fatal Kafka error). docs/operations.md has the table.
 A second SIGINT/SIGTERM while the current batch finishes aborts at once (the batch runs again on
 restart: its offset was not committed).
 """
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.core.contract import CONSUMER_ID
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
-    from processor.kafka.exits import TransientFailure
+    from processor.kafka.exits import Superseded, TransientFailure
     from processor.ops.consumer_metrics import ConsumerMetrics
     from processor.ops.health import ServingHealth, start_http
 
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     _install_stop_handlers(stop)
     try:
         stats = app.run(stop)
-    except (KafkaException, ConsumerAppError, TransientFailure) as exc:
+    except (KafkaException, ConsumerAppError, TransientFailure, Superseded) as exc:
         return _failed(exc)
     except KeyboardInterrupt:
         print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)

@@ -1,9 +1,11 @@
 """``tokenfabric processor``: run the stream processor until SIGTERM or SIGINT.
 
-Exit status: 0 after a clean stop; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when
-a run-time failure left nothing committed past the last commit and a restart recovers (a produce not
-delivered, a retriable or abortable Kafka error, a stuck commit: processor.kafka.watchdog); 1 otherwise (a
-fatal Kafka error such as being fenced, a ledger that does not balance: a bug, logged with its trace).
+Exit status (processor.kafka.exits; docs/operations.md has the table): 0 after a clean stop; 2 for bad
+arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when a run-time failure left nothing committed past
+the last commit and a restart recovers (a produce not delivered, a retriable or abortable Kafka error,
+a stuck commit: processor.kafka.watchdog, a transaction the broker aborted after a pause); 78 when a
+newer process with the same ``--instance`` took over (do not restart); 1 otherwise (a fatal Kafka
+error, a ledger that does not balance: a bug, logged with its trace).
 
 It also serves ``/metrics``, ``/healthz`` and ``/readyz`` (processor.ops.metrics, processor.ops.health) on
 127.0.0.1:9464 unless ``--metrics-port 0``; the server lives exactly as long as the service.
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.apps.observe import ProcessorSettings
     from processor.apps.service import ProcessorService
     from processor.kafka.config import ConfigError, describe
-    from processor.kafka.exits import EXIT_TEMPFAIL, TransientFailure, exit_code
+    from processor.kafka.exits import EXIT_SUPERSEDED, EXIT_TEMPFAIL, Superseded, TransientFailure, exit_code
     from processor.ops.health import ProcessorHealth, start_http
     from processor.ops.kafka_stats import KafkaStats
     from processor.ops.metrics import processor_registry
@@ -145,8 +147,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         service.run(stop)
-    except (KafkaException, TransientFailure) as exc:
+    except (KafkaException, TransientFailure, Superseded) as exc:
         code = exit_code(exc)
+        if code == EXIT_SUPERSEDED:
+            log.error("%s", exc)
+            return code
         if code != EXIT_TEMPFAIL:
             raise
         log.error("%s: exiting with %d, a restart recovers from the last commit", exc, code)

@@ -63,11 +63,17 @@ def with_kafka_logger(conf: Mapping[str, str | bool]) -> dict[str, Any]:
     return {"logger": kafka_logger(), **conf}
 
 
-def ingest_settings(conf: Mapping[str, str], group_id: str, session_timeout_ms: int) -> dict[str, str]:
-    """The processor's ingest consumer: its own offsets (committed with its output), committed reads."""
+def ingest_settings(
+    conf: Mapping[str, str], group_id: str, session_timeout_ms: int, instance_id: str
+) -> dict[str, str]:
+    """The processor's ingest consumer: its own offsets (committed with its output), committed reads.
+
+    A static member (``group.instance.id``, :func:`static_member`): a restart within the session
+    timeout gets its partitions back without a rebalance of the other instances."""
     return {
         **conf,
         "group.id": group_id,
+        **static_member(instance_id),
         "enable.auto.commit": "false",
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
@@ -75,6 +81,39 @@ def ingest_settings(conf: Mapping[str, str], group_id: str, session_timeout_ms: 
         "fetch.max.bytes": str(64 * 1024 * 1024),
         **LARGE_FETCH_QUEUE,
     }
+
+
+def static_member(instance_id: str) -> dict[str, str]:
+    """Static group membership under ``instance_id`` (the process's transactional id: one identity).
+
+    Why: with dynamic membership a restarted process is a new member, so the group rebalances when
+    the old one leaves and again when the new one joins, and a SIGKILLed one is waited for until
+    ``session.timeout.ms`` while its replacement already asks to join. A static member that comes
+    back within the session timeout takes its place at once, and the broker fences an older process
+    still using the id (``FENCED_INSTANCE_ID``: processor.kafka.exits). The price: a member that stops
+    for good (even cleanly: static members do not leave the group on close) keeps its partitions
+    unassigned until the session timeout; docs/operations.md says so.
+    """
+    return {"group.instance.id": instance_id}
+
+
+def static_member_present(
+    conf: Mapping[str, str], group_id: str, instance_id: str, timeout_s: float = 5.0
+) -> bool:
+    """Whether ``group_id`` has a member under ``instance_id`` now: another process using this id, or
+    one that stopped less than its session timeout ago (Kafka cannot tell the two apart). Asked at
+    start, before this process fences it, so that the newer process says in its log whom it displaces.
+    False when the group cannot be described in ``timeout_s`` (the start goes on regardless)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(with_kafka_logger(conf))
+    try:
+        future = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id]
+        members = future.result(timeout=timeout_s).members
+    except (KafkaException, TimeoutError, ValueError):
+        return False
+    return any(m.group_instance_id == instance_id for m in members)
 
 
 def control_settings(conf: Mapping[str, str], group_id: str) -> dict[str, str]:

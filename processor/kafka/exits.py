@@ -3,9 +3,28 @@
 Why: Kubernetes restarts a pod whatever its exit code, but a supervisor script, systemd or a person
 reading a log should be able to tell the failures a restart recovers from (the broker went away long
 enough that a message timed out, a transaction could not commit, a topic is still being created)
-from those it does not (bad settings, a message too large for the broker, being fenced by another
-instance, a bug). The former leave nothing half-done: progress is committed transactionally or
+from those it does not (bad settings, a message too large for the broker, a bug), and both from the
+one a restart makes worse: another process now runs under this instance's identity
+(:data:`EXIT_SUPERSEDED`). The first leave nothing half-done: progress is committed transactionally or
 re-run at least once, so a restarted process resumes from its last commit (docs/reliability.md).
+docs/operations.md ("How a processor or consumer ends") has one row per code, checked against this
+module by tests/cli/test_exit_table.py.
+
+Who wins when two processes share an instance id: the newer one. Its ``init_transactions`` fences
+the older one's transactional id, and its join with the same ``group.instance.id`` fences the older
+group member (``FENCED_INSTANCE_ID``). That is what a restart needs (a replacement must win over a
+frozen predecessor), and Kafka gives no way to tell a frozen predecessor from a live twin at start.
+The older one exits once with :data:`EXIT_SUPERSEDED`, which a supervisor must not restart blindly:
+restarting it would fence the newer one, and so on for ever.
+
+Telling a twin from a pause: the broker also fences a producer whose transaction it aborted on its
+own because the transaction outlived ``transaction.timeout.ms`` (a process paused by SIGSTOP, a GC or
+a VM stall, or a commit blocked while the broker was away); the error is the same ``_FENCED``. A
+transaction younger than that timeout cannot have been aborted by it, so only a twin fenced it
+(:data:`EXIT_SUPERSEDED`). An older one may have been either; it ends with :data:`EXIT_TEMPFAIL`: if
+it was the broker, the restart is the fix, and if a twin was there too, the restarted process fences
+the twin, whose young transaction then makes it exit :data:`EXIT_SUPERSEDED`: one process is left,
+never a loop.
 """
 
 from __future__ import annotations
@@ -16,9 +35,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported where needed: the CLI imports this module before any Kafka client
     from confluent_kafka import KafkaError
 
+#: A clean stop: SIGTERM/SIGINT (work committed), or a consumer's ``--max-batches``, ``--idle-exit-s``,
+#: ``--retire``.
+EXIT_OK = 0
+#: A failure a restart does not cure (a fatal Kafka error, missing rights, a message too large, a bug).
 EXIT_FAILED = 1
+#: Bad arguments or Kafka settings, or the metrics port is taken: nothing was started.
+EXIT_USAGE = 2
 #: ``EX_TEMPFAIL`` (sysexits.h): the process ended on a failure that a restart recovers from.
 EXIT_TEMPFAIL = 75
+#: ``EX_CONFIG`` (sysexits.h): a newer process took over this instance id (two were given the same
+#: ``--instance`` or consumer ``--id``, or this one was a zombie that got replaced). Do not restart.
+EXIT_SUPERSEDED = 78
+#: A consumer's second SIGINT/SIGTERM: aborted without committing the current batch (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 @cache
@@ -58,13 +88,139 @@ class DeliveryFailed(TransientFailure):
         self.transient = error is None or delivery_recovers(error)
 
 
+class Superseded(RuntimeError):
+    """Another process now runs under this process's identity (module docstring: the newer one wins)."""
+
+
 def delivery_recovers(error: KafkaError) -> bool:
     """Whether a restart can deliver what this delivery error refused."""
     return not error.fatal() and error.code() not in _permanent_delivery()
 
 
+def fatal(error: KafkaError) -> bool:
+    """A consumer's fatal error arrives as a message error with code ``_FATAL`` whose ``fatal()`` is
+    False (librdkafka keeps the cause for ``rd_kafka_fatal_error``); both mean the client is done."""
+    from confluent_kafka import KafkaError
+
+    return error.fatal() or error.code() == KafkaError._FATAL
+
+
+def purged(error: KafkaError) -> bool:
+    """A message librdkafka dropped from its queue itself: the effect of an abort or of a fatal error
+    (fencing), which the next transactional call reports as the cause."""
+    from confluent_kafka import KafkaError
+
+    return error.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
+
+
+def kafka_cause(exc: BaseException) -> BaseException:
+    """The Kafka error behind ``exc``.
+
+    confluent-kafka 2.x raises a producer's fatal error (``_FENCED``) as a pending exception *before*
+    it calls a delivery callback, so the callback, whatever it does, "returns a result with an
+    exception set": ``poll`` or ``flush`` then raise ``SystemError`` whose ``__cause__`` is the
+    ``KafkaException`` (reproduced against the broker: fence a transactional producer that has a
+    message queued). That exception is the error; the ``SystemError`` is noise.
+    """
+    from confluent_kafka import KafkaException
+
+    if isinstance(exc, SystemError) and isinstance(exc.__cause__, KafkaException):
+        return exc.__cause__
+    return exc
+
+
+def _error(exc: BaseException) -> KafkaError | None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return error if isinstance(error, KafkaError) else None
+
+
+def instance_fenced(exc: BaseException) -> bool:
+    """The group coordinator gave this member's ``group.instance.id`` to a newer member: a twin, always.
+
+    librdkafka reports it as a message error with code ``_FATAL``, the broker's error only in its text.
+    """
+    from confluent_kafka import KafkaError
+
+    error = _error(exc)
+    if error is None:
+        return False
+    if error.code() == KafkaError.FENCED_INSTANCE_ID:
+        return True
+    broker_says = KafkaError(KafkaError.FENCED_INSTANCE_ID).str()  # librdkafka's text for the code
+    return error.code() == KafkaError._FATAL and broker_says in error.str()
+
+
+def producer_fenced(exc: BaseException) -> bool:
+    """A newer producer with this transactional id, or the broker's own abort of an expired transaction."""
+    from confluent_kafka import KafkaError
+
+    error = _error(exc)
+    fenced = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+    return error is not None and error.code() in fenced
+
+
+def ended_by(
+    exc: BaseException, who: str, transaction_age_s: float, transaction_timeout_s: float
+) -> BaseException:
+    """What ended a run, classified: :class:`Superseded` for a twin, :class:`TransientFailure` for a
+    transaction the broker aborted on timeout, else the Kafka error itself (module docstring).
+
+    A transaction open past the timeout is dead whatever error the client met first (its messages
+    timed out locally, librdkafka then refuses to produce with ``_STATE``, or the broker fenced its
+    epoch), so any Kafka error then ends with :class:`TransientFailure`; an error that a restart does
+    not cure comes back in the restarted process, with a young transaction, and ends it with 1.
+
+    ``who`` names the process and its pipeline (``processor p0 of pipeline tokenfabric``);
+    ``transaction_age_s`` is how long the open transaction had been open (0 when there was none).
+    """
+    from confluent_kafka import KafkaException
+
+    exc = kafka_cause(exc)
+    expired = transaction_age_s >= transaction_timeout_s
+    if instance_fenced(exc) or (producer_fenced(exc) and not expired):
+        return Superseded(
+            f"{who}: a newer process with the same id took over its group membership and transactional "
+            f"id; exiting with {EXIT_SUPERSEDED}: do not restart this one while the other runs"
+        )
+    if expired and isinstance(exc, KafkaException):  # fenced, or any error of the dead transaction
+        return TransientFailure(
+            f"{who}: its transaction was open {transaction_age_s:.0f} s, past the transaction timeout "
+            f"({transaction_timeout_s:.0f} s), and the broker aborted it (a pause or a long broker outage)"
+        )
+    return exc
+
+
+def now_stamp() -> tuple[float, float]:
+    """The monotonic and wall-clock time now, for :func:`age_s`."""
+    import time
+
+    return time.monotonic(), time.time()
+
+
+def age_s(stamp: tuple[float, float]) -> float:
+    """Seconds since ``stamp``: the larger of the monotonic and the wall-clock age, as a suspended VM
+    may stop the monotonic clock while the broker's transaction timeout runs on."""
+    monotonic, wall = now_stamp()
+    return max(monotonic - stamp[0], wall - stamp[1])
+
+
+def taking_over(who: str, member: str) -> str:
+    """The newer process's one line when its id was still in use as it started."""
+    return (
+        f"{who}: the group still had a member with this id ({member}): another process still running, "
+        f"or one stopped less than the session timeout ago. This process takes over; a running one "
+        f"exits with {EXIT_SUPERSEDED}"
+    )
+
+
 def exit_code(exc: BaseException) -> int:
-    """:data:`EXIT_TEMPFAIL` for a failure a restart recovers from, else :data:`EXIT_FAILED`."""
+    """:data:`EXIT_SUPERSEDED` for a twin, :data:`EXIT_TEMPFAIL` for a failure a restart recovers
+    from, else :data:`EXIT_FAILED`."""
+    exc = kafka_cause(exc)
+    if isinstance(exc, Superseded):
+        return EXIT_SUPERSEDED
     if isinstance(exc, DeliveryFailed):
         return EXIT_TEMPFAIL if exc.transient else EXIT_FAILED
     if isinstance(exc, TransientFailure):

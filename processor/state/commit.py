@@ -24,8 +24,9 @@ from typing import Any, Protocol, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor.core.item import Batch, Item
-from processor.kafka.exits import DeliveryFailed
+from processor.kafka.exits import DeliveryFailed, age_s, now_stamp, purged
 from processor.kafka.topics import TopicNames
+from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.state import changelog
 from processor.state.ingest import IngestItem
 from processor.state.offsets import DeadMark, OffsetTracker
@@ -122,6 +123,10 @@ class _Base:
                 return
             except BufferError:
                 self.producer.poll(0.05)
+            except KafkaException:  # _STATE: the transaction failed, a delivery report may say why
+                self.producer.poll(0)
+                self.check_delivered()
+                raise
 
     def _commit_control(self) -> None:
         """Results offsets move only after the step that processed them is durable."""
@@ -218,6 +223,9 @@ class TransactionalCommitter(_Base):
         self._logged_batches: dict[str, _LoggedBatch] = {}
         self._waiting = changelog.WaitingSets()
         self.in_transaction = False
+        self._began = (0.0, 0.0)  # monotonic and wall-clock time the open transaction began
+        self.watchdog: CallWatchdog | None = None
+        """Guards ``send_offsets_to_transaction`` (librdkafka#5456); the service sets it at start."""
 
     def start(self) -> None:
         self.producer.init_transactions(60)
@@ -226,6 +234,21 @@ class TransactionalCommitter(_Base):
     def _begin(self) -> None:
         self.producer.begin_transaction()
         self.in_transaction = True
+        self._began = now_stamp()
+
+    def transaction_age_s(self) -> float:
+        """How long the open transaction has been open (0 without one): past ``transaction.timeout.ms``
+        the broker may have aborted it itself (processor.kafka.exits)."""
+        return age_s(self._began) if self.in_transaction else 0.0
+
+    def check_delivered(self) -> None:
+        """As :meth:`_Base.check_delivered`, except for a purged message: librdkafka purges only when
+        the transaction is aborted or the producer is fatally fenced, so that transaction cannot
+        commit and its commit raises the cause, which decides the exit code (a purge alone would read
+        as a transient failure and restart a process that a newer twin has fenced)."""
+        if self.undelivered is not None and purged(self.undelivered):
+            return
+        super().check_delivered()
 
     def due(self, now_ms: int) -> bool:
         """A batch reaches its consumer only when its transaction commits: commit early when one waits."""
@@ -352,9 +375,10 @@ class TransactionalCommitter(_Base):
         if assignment:
             positions = [tp for tp in self.ingest.position(assignment) if tp.offset >= 0]
             if positions:
-                self.producer.send_offsets_to_transaction(
-                    positions, self.ingest.consumer_group_metadata(), 30
-                )
+                with guarded(self.watchdog, "send_offsets_to_transaction", SEND_OFFSETS_TIMEOUT_S):
+                    self.producer.send_offsets_to_transaction(
+                        positions, self.ingest.consumer_group_metadata(), SEND_OFFSETS_TIMEOUT_S
+                    )
         try:
             self.producer.commit_transaction(60)
         except KafkaException:

@@ -130,7 +130,7 @@ class Clients:
     """The ingest and control consumers and the producer of one processor instance."""
 
     def __init__(self, conf: dict[str, str], group: str, transactional_id: str | None) -> None:
-        self.ingest = Consumer(ingest_settings(conf, group, 6000))
+        self.ingest = Consumer(ingest_settings(conf, group, 6000, transactional_id or f"{group}-member"))
         self.control = Consumer(control_settings(conf, f"{group}-control"))
         self.producer = Producer(batch_producer_settings(conf, transactional_id, 10_000))
 

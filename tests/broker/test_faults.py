@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 
 from processor.cli.tokenfabric import main
 from processor.core.contract import Contract
+from processor.kafka.exits import EXIT_SUPERSEDED, EXIT_TEMPFAIL
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import create_topics, topic_specs
 from processor.ops.audit import audit
@@ -25,7 +26,7 @@ from processor.ops.status import gather
 from processor.wire.control import encode_contract, encode_ledger_snapshot
 from processor.wire.records import ContractRecord, LedgerSnapshotRecord
 from processor.wire.schemas import schema_of
-from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce, running_rig
+from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce, running_rig, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -65,9 +66,98 @@ def test_a_zombie_processor_is_fenced_and_emits_nothing(rig: Rig) -> None:
     old.send_signal(signal.SIGCONT)
     rig.wait_completed(len(ids), timeout_s=240)
     old_code = old.wait(60)
-    assert old_code == 1, "the zombie should stop on being fenced, and not ask for a restart (75)"
+    assert old_code == EXIT_SUPERSEDED, "the zombie should stop on being fenced, and not ask for a restart"
+    assert_one_line_superseded(rig, "old", "processor p0")
     codes = rig.pipeline.stop()
     assert codes["new"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+def assert_one_line_superseded(rig: Rig, name: str, who: str) -> None:
+    """The loser's log says who it is and which pipeline, once, and nothing more alarming."""
+    log = (rig.pipeline.log_dir / f"{name}.log").read_text()
+    lines = [line for line in log.splitlines() if "a newer process with the same id took over" in line]
+    assert len(lines) == 1, log
+    assert f"{who} of pipeline {rig.topics.prefix}:" in lines[0], lines[0]
+    assert f"exiting with {EXIT_SUPERSEDED}" in lines[0], lines[0]
+    assert "Traceback" not in log and "SystemError" not in log, log
+
+
+def assert_one_line_taking_over(rig: Rig, name: str, who: str) -> None:
+    """The newer process says, once, that the id was in use when it started."""
+    log = (rig.pipeline.log_dir / f"{name}.log").read_text()
+    lines = [line for line in log.splitlines() if "the group still had a member with this id" in line]
+    assert len(lines) == 1 and f"{who} of pipeline {rig.topics.prefix}:" in lines[0], log
+
+
+def test_a_second_processor_with_a_running_instance_id_takes_over_and_the_first_exits_78_once(
+    rig: Rig,
+) -> None:
+    """Two processes given one ``--instance``: the newer wins (its init_transactions and its static
+    join fence the older), the older exits 78 with one line, and a supervisor that restarts what
+    exits 75 has nothing to restart: no fencing loop."""
+    ids, tokens = produce(rig, 4_000, seed=13)
+    rig.spawn_processor("first")
+    rig.wait_completed(1, timeout_s=120)
+    rig.spawn_processor("second")
+    first = rig.pipeline.procs["first"]
+    assert first.wait(60) == EXIT_SUPERSEDED
+    assert_one_line_superseded(rig, "first", "processor p0")
+    assert_one_line_taking_over(rig, "second", "processor p0")
+    assert rig.respawn_exited(EXIT_TEMPFAIL) == []
+    rig.wait_completed(len(ids), timeout_s=240)
+    codes = rig.pipeline.stop()
+    assert codes["second"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+def test_a_second_consumer_with_a_running_id_takes_over_and_the_first_exits_78_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    small, large = CARDS
+    with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
+        rig.spawn_consumer("large", large, overhead_ms=1)
+        rig.spawn_consumer("small", small, overhead_ms=20)
+        rig.spawn_processor("processor")
+        ids, tokens = produce(rig, 3_000, seed=19)
+        rig.wait_completed(1, timeout_s=120)
+        rig.spawn_consumer("small-twin", small, overhead_ms=20)
+        assert rig.pipeline.procs["small"].wait(90) == EXIT_SUPERSEDED
+        assert rig.respawn_exited(EXIT_TEMPFAIL) == []
+        rig.wait_completed(len(ids), timeout_s=240)
+        codes = rig.pipeline.stop()
+    assert_one_line_superseded(rig, "small", "consumer small")
+    assert_one_line_taking_over(rig, "small-twin", "consumer small")
+    assert codes["processor"] == codes["small-twin"] == 0
+    assert_exactly_once(rig, ids, tokens)
+
+
+def test_a_processor_paused_past_its_transaction_timeout_exits_75_and_its_restart_loses_nothing(
+    rig: Rig,
+) -> None:
+    """SIGSTOP longer than the transaction timeout plus the broker's sweep of expired transactions
+    (``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s): the broker aborts the
+    open transaction and fences its epoch. That is no twin, so the processor exits 75 (never 1 with
+    a SystemError from a delivery callback during its shutdown), and its restart completes every
+    item once."""
+    ids, tokens = produce(rig, 5_000, seed=31)
+    short = ("--transaction-timeout-ms", "2000")
+    rig.spawn_processor("paused", extra=short)
+    rig.wait_completed(1, timeout_s=120)
+    paused = rig.pipeline.procs["paused"]
+    paused.send_signal(signal.SIGSTOP)
+    time.sleep(16)
+    paused.send_signal(signal.SIGCONT)
+    wait_for(lambda: paused.poll() is not None, 120, "the paused processor to exit")
+    code = paused.returncode
+    log = (rig.pipeline.log_dir / "paused.log").read_text()
+    assert code == EXIT_TEMPFAIL, log
+    assert "past the transaction timeout (2 s)" in log and "a restart recovers" in log, log
+    assert "Traceback" not in log and "SystemError" not in log, log
+    assert rig.respawn_exited(EXIT_TEMPFAIL) == ["paused+"]
+    rig.wait_completed(len(ids), timeout_s=240)
+    codes = rig.pipeline.stop()
+    assert codes["paused+"] == 0
     assert_exactly_once(rig, ids, tokens)
 
 

@@ -361,12 +361,17 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
 
 @contextmanager
 def _consumer_command(
-    bootstrap: str, names: TopicNames, consumer: str, env: dict[str, str] | None = None
+    bootstrap: str,
+    names: TopicNames,
+    consumer: str,
+    env: dict[str, str] | None = None,
+    time_scale: str = "0",
+    extra: tuple[str, ...] = (),
 ) -> Iterator[subprocess.Popen[str]]:
-    """``tokenfabric consumer`` in its own process, instant sim engine; killed on the way out if the
-    test left it running."""
+    """``tokenfabric consumer`` in its own process, sim engine (instant unless ``time_scale``); killed
+    on the way out if the test left it running."""
     argv = [sys.executable, "-m", "processor", "consumer", "--id", consumer, "--model", MODEL]
-    argv += ["--budget", "1024", "--items", "8", "--time-scale", "0", "--metrics-port", "0"]
+    argv += ["--budget", "1024", "--items", "8", "--time-scale", time_scale, "--metrics-port", "0", *extra]
     argv += ["--bootstrap", bootstrap, "--topic-prefix", names.prefix]
     proc = subprocess.Popen(
         argv,
@@ -406,6 +411,25 @@ def test_consumer_command_finishes_its_batch_on_sigterm(kafka_bootstrap: str, na
     assert proc.returncode == 0, err
     assert out.startswith("consumer card-d: 1 batches, 2 items (ok 2, failed 0, rejected 0), 0 dead-lettered")
     assert "SIGTERM: finishing the current batch" in err
+
+
+@pytest.mark.kafka
+def test_consumer_command_aborts_on_a_second_sigterm_and_exits_130(
+    kafka_bootstrap: str, names: TopicNames
+) -> None:
+    """The engine takes a minute a batch: the first SIGTERM waits for it, the second aborts; nothing
+    of the batch was committed, so it runs again on restart."""
+    slow = ("--overhead-ms", "60000")
+    with _consumer_command(kafka_bootstrap, names, "card-g", time_scale="1", extra=slow) as proc:
+        _read(kafka_bootstrap, names.contracts, 1)
+        _send_batch(kafka_bootstrap, names, "card-g", "b1", ["g1"])
+        time.sleep(10)  # joined its group and fetched the batch: the engine is at work
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 130, err
+    assert "aborted; the unfinished batch runs again on restart" in err and "Traceback" not in err
 
 
 @pytest.mark.kafka

@@ -39,3 +39,115 @@ def test_a_delivery_failure_exits_75_unless_no_restart_can_deliver() -> None:
     assert exit_code(DeliveryFailed("fenced", KafkaError(KafkaError._FENCED, fatal=True))) == 1
     assert exit_code(ConsumerAppError("not open")) == 1
     assert exit_code(ValueError("a bug")) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# who ended the run: a twin, the broker's timeout abort, or the error itself
+
+
+def _fenced_producer() -> BaseException:
+    from confluent_kafka import KafkaError, KafkaException
+
+    return KafkaException(KafkaError(KafkaError._FENCED, "fenced by newer producer instance", fatal=True))
+
+
+def test_a_producer_fenced_while_its_transaction_is_young_was_fenced_by_a_twin() -> None:
+    from processor.kafka.exits import EXIT_SUPERSEDED, Superseded, ended_by, exit_code
+
+    ended = ended_by(_fenced_producer(), "processor p0 of pipeline a", 0.4, 10.0)
+    assert isinstance(ended, Superseded)
+    assert exit_code(ended) == EXIT_SUPERSEDED == 78
+    assert str(ended).startswith("processor p0 of pipeline a: a newer process") and "\n" not in str(ended)
+
+
+def test_a_producer_fenced_after_its_transaction_outlived_the_timeout_exits_75() -> None:
+    from processor.kafka.exits import TransientFailure, ended_by, exit_code
+
+    ended = ended_by(_fenced_producer(), "processor p0 of pipeline a", 14.2, 10.0)
+    assert isinstance(ended, TransientFailure) and exit_code(ended) == 75
+    assert "open 14 s, past the transaction timeout (10 s)" in str(ended)
+
+
+def test_a_fenced_static_member_was_fenced_by_a_twin_whatever_its_transaction() -> None:
+    """librdkafka hands a consumer's FENCED_INSTANCE_ID over as a message error with code _FATAL."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processor.kafka.exits import Superseded, ended_by, fatal, instance_fenced
+
+    text = f"Fatal consumer error: {KafkaError(KafkaError.FENCED_INSTANCE_ID).str()}"
+    error = KafkaError(KafkaError._FATAL, text)
+    assert fatal(error) and not error.fatal()
+    assert instance_fenced(KafkaException(error))
+    assert isinstance(ended_by(KafkaException(error), "consumer gpu0 of pipeline a", 99.0, 60.0), Superseded)
+    other = KafkaException(KafkaError(KafkaError._FATAL, "Fatal error: something else"))
+    assert not instance_fenced(other) and ended_by(other, "x", 0.0, 60.0) is other
+
+
+def test_the_systemerror_confluent_kafka_raises_around_a_callback_is_unwrapped_to_its_cause() -> None:
+    from processor.kafka.exits import Superseded, ended_by, exit_code, kafka_cause
+
+    cause = _fenced_producer()
+    try:
+        try:
+            raise cause
+        except BaseException as exc:
+            raise SystemError("<function _Base._failed> returned a result with an exception set") from exc
+    except SystemError as wrapped:
+        assert kafka_cause(wrapped) is cause
+        assert exit_code(wrapped) == 1  # a fatal error: no restart cures it by itself
+        assert isinstance(ended_by(wrapped, "p", 0.1, 10.0), Superseded)
+    bug = SystemError("something else")
+    assert kafka_cause(bug) is bug
+
+
+def test_a_purged_message_is_an_effect_and_not_a_cause() -> None:
+    from confluent_kafka import KafkaError
+
+    from processor.kafka.exits import purged
+
+    assert purged(KafkaError(KafkaError._PURGE_QUEUE)) and purged(KafkaError(KafkaError._PURGE_INFLIGHT))
+    assert not purged(KafkaError(KafkaError._MSG_TIMED_OUT))
+
+
+def test_any_kafka_error_of_a_transaction_past_its_timeout_exits_75() -> None:
+    """Paused past the timeout, librdkafka first times the messages out and refuses to produce."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processor.kafka.exits import TransientFailure, ended_by
+
+    state = KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"))
+    assert isinstance(ended_by(state, "processor p0 of pipeline a", 16.0, 2.0), TransientFailure)
+    assert ended_by(state, "processor p0 of pipeline a", 0.5, 2.0) is state
+
+
+# ------------------------------------------------------------------------------------------------
+# docs/operations.md, "How a processor or consumer ends": one row per way, each with its test
+
+
+def _exit_table() -> list[list[str]]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("## How a processor or consumer ends\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| code")]
+    return [[cell.strip() for cell in row.replace("\\|", "/").strip("|").split("|")] for row in rows]
+
+
+def test_the_exit_table_in_the_docs_has_every_code_of_the_module_and_no_other() -> None:
+    from processor.kafka import exits
+
+    codes = {value for name, value in vars(exits).items() if name.startswith("EXIT_")}
+    table = {int(row[0]) for row in _exit_table()}
+    assert table == codes
+
+
+def test_every_row_of_the_exit_table_names_tests_that_exist() -> None:
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for row in _exit_table():
+        named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row[3])
+        assert named, f"exit {row[0]} ({row[1][:40]}...) names no test"
+        for path, test in named:
+            assert f"def {test}(" in (root / path).read_text(), f"{path}::{test} does not exist"
