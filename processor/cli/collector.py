@@ -166,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
         for name in ("poll_s", "jobs_refresh_s", "progress_every_s"):
             if not getattr(args, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-        conf, topics = kafka_settings(args)
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        conf, topics = kafka_settings(args)
     except (ValueError, ConfigError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

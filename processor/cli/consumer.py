@@ -167,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not CONSUMER_ID.match(args.id):
             raise ValueError(f"--id {args.id!r}: use 1-200 of A-Z a-z 0-9 . _ - (it names a topic)")
-        conf, topics = kafka_settings(args)
         if args.retire:
+            conf, topics = kafka_settings(args)
             retire(conf, topics, args.id)
             print(f"retired consumer {args.id}: tombstone on {topics.contracts}")
             return 0
@@ -183,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
         contract = _contract(args)
         http = http_settings(args, CONSUMER_PORT)
         watchdog = watchdog_from(args)
-        engine = make_engine(args.engine, _engine_options(args))
+        options = _engine_options(args)
+        conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
+        engine = make_engine(args.engine, options)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -85,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level, args.log_format)
     try:
-        conf, topics = kafka_settings(args)
         lanes, dispatch = lanes_from(args)
         if args.commit_interval_ms < 1:
             raise ValueError("--commit-interval-ms must be >= 1")
@@ -108,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         )
         http = http_settings(args, PROCESSOR_PORT)
         watchdog = watchdog_from(args)
+        conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
     except (ConfigError, ValueError) as exc:
         print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
         return 2

@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     from processor.kafka.config import ConfigError
 
     try:
+        if not args.interval_s > 0:
+            raise ConfigError(f"--interval-s must be > 0, got {args.interval_s:g}")
         conf, topics = kafka_settings(args, reach=True)
     except ConfigError as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
