@@ -41,11 +41,18 @@ log = logging.getLogger("tokenfabric.collector")
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True, help="folder for <job>.jsonl (or .parquet) and its journal")
-    p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", help="output format")
-    p.add_argument("--poll-s", type=float, default=1.0, help="pause when nothing is new (default: 1)")
-    p.add_argument("--jobs-refresh-s", type=float, default=5.0, help="re-read the jobs topic this often")
     p.add_argument(
-        "--progress-every-s", type=float, default=10.0, help="write a job's progress at most this often"
+        "--format", choices=("jsonl", "parquet"), default="jsonl", help="output format (default: jsonl)"
+    )
+    p.add_argument("--poll-s", type=float, default=1.0, help="pause when nothing is new (default: 1)")
+    p.add_argument(
+        "--jobs-refresh-s", type=float, default=5.0, help="re-read the jobs topic this often (default: 5)"
+    )
+    p.add_argument(
+        "--progress-every-s",
+        type=float,
+        default=10.0,
+        help="write a job's progress at most this often (default: 10)",
     )
     p.add_argument("--once", action="store_true", help="collect what is there now, then exit")
     add_kafka_arguments(p)

@@ -37,7 +37,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         help=f"a shipped trace ({', '.join(SHIPPED)}) or a file path (default: mooncake_synthetic)",
     )
     p.add_argument("--format", default=None, help="format of a trace file (shipped traces know theirs)")
-    p.add_argument("--shape-blocks", type=int, default=1, help="mooncake: hash ids that make a shape")
+    p.add_argument(
+        "--shape-blocks", type=int, default=1, help="mooncake: hash ids that make a shape (default: 1)"
+    )
     p.add_argument("--limit", type=int, default=2000, help="items to replay (default: 2000; 0 = all)")
     p.add_argument(
         "--time-scale",

@@ -65,8 +65,8 @@ def _print_info(info: BrokerInfo) -> None:
     print(f"log_dir={info.log_dir}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``start|stop|status`` a local broker; ``start`` prints ``bootstrap=HOST:PORT`` first."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of everything after ``tokenfabric kafka``."""
     parser = argparse.ArgumentParser(
         prog="tokenfabric kafka",
         description=f"A local single-node Apache Kafka {KAFKA_VERSION} broker (KRaft) on {HOST}.",
@@ -79,16 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     start = sub.add_parser("start", help="start a broker unless one is running; print bootstrap=...")
     start.add_argument("--port", type=int, default=None, help="client port (default: a free one)")
     start.add_argument("--heap-mb", type=int, default=768, help="JVM max heap in MiB (default: 768)")
-    start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    start.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: 120)"
+    )
     sub.add_parser("stop", help="stop the broker (exit 0 also when none runs)")
     restart = sub.add_parser(
         "restart", help="stop the broker and start it again on the same port, its topics and data kept"
     )
     restart.add_argument("--heap-mb", type=int, default=768, help="JVM max heap in MiB (default: 768)")
-    restart.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    restart.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: 120)"
+    )
     sub.add_parser("status", help="print the running broker (exit 1 when none runs)")
     sub.add_parser("jars", help="resolve the jars and print their folder")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``start|stop|status`` a local broker; ``start`` prints ``bootstrap=HOST:PORT`` first."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="kafka: %(message)s", stream=sys.stderr)
     state_dir: Path = args.state_dir or default_state_dir()
     try:

@@ -69,21 +69,47 @@ def add_trace_reading_arguments(p: argparse.ArgumentParser) -> None:
 def add_lane_arguments(p: argparse.ArgumentParser) -> None:
     d = LaneSettings()
     g = p.add_argument_group("lanes (docs/lanes.md)")
-    g.add_argument("--lane-budget", type=int, default=d.lane_budget, help="lanes per (model, shape)")
-    g.add_argument("--floor-tokens", type=int, default=d.floor_tokens, help="padding that never opens a lane")
     g.add_argument(
-        "--cap-tokens", type=int, default=d.cap_tokens, help="padding never accepted while a lane can open"
+        "--lane-budget",
+        type=int,
+        default=d.lane_budget,
+        help="lanes per (model, shape) (default: %(default)s)",
     )
-    g.add_argument("--start-ratio", type=float, default=d.start_ratio, help="threshold/length with no lanes")
     g.add_argument(
-        "--full-ratio", type=float, default=d.full_ratio, help="threshold/length with the budget full"
+        "--floor-tokens",
+        type=int,
+        default=d.floor_tokens,
+        help="padding that never opens a lane (default: %(default)s)",
     )
-    g.add_argument("--idle-ms", type=int, default=d.idle_ms, help="empty lanes go quiet after this long")
+    g.add_argument(
+        "--cap-tokens",
+        type=int,
+        default=d.cap_tokens,
+        help="padding never accepted while a lane can open (default: %(default)s)",
+    )
+    g.add_argument(
+        "--start-ratio",
+        type=float,
+        default=d.start_ratio,
+        help="threshold/length with no lanes (default: %(default)s)",
+    )
+    g.add_argument(
+        "--full-ratio",
+        type=float,
+        default=d.full_ratio,
+        help="threshold/length with the budget full (default: %(default)s)",
+    )
+    g.add_argument(
+        "--idle-ms",
+        type=int,
+        default=d.idle_ms,
+        help="empty lanes go quiet after this long (default: %(default)s)",
+    )
     g.add_argument(
         "--max-wait-ms",
         type=int,
         default=DispatchSettings().max_wait_ms,
-        help="an item waiting this long overrides shape stickiness",
+        help="an item waiting this long overrides shape stickiness (default: %(default)s)",
     )
 
 

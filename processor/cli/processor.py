@@ -31,7 +31,10 @@ from processor.ops.health import PROCESSOR_PORT, add_http_arguments, http_settin
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
-    p.add_argument("--instance", default="processor-0", help="this instance's id (names its checkpoints)")
+    p.add_argument(
+        "--instance", default="processor-0",
+        help="this instance's id, which names its checkpoints (default: processor-0)",
+    )
     p.add_argument(
         "--group", default="",
         help="ingest consumer group (default: <topic prefix>-processor, the pipeline's)"

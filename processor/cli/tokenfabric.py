@@ -40,7 +40,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None) -> OneLineParser:
+    from processor import __version__
+
     parser = OneLineParser(prog="tokenfabric", description="Schedule LLM inference work by the token.")
+    parser.add_argument("--version", action="version", version=f"tokenfabric {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, (module, help_text) in COMMANDS.items():
         sub = subs.add_parser(name, help=help_text, description=help_text)
