@@ -166,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.jobs.collect import CollectError
+    from processor.jobs.datasets import need_pyarrow
     from processor.jobs.topic import JobsTopicError
     from processor.kafka.config import ConfigError
 
@@ -173,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
         for name in ("poll_s", "jobs_refresh_s", "progress_every_s"):
             if not getattr(args, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+        if args.format == "parquet":
+            need_pyarrow()
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         conf, topics = kafka_settings(args)

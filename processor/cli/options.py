@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
+from pathlib import Path
 
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings
@@ -64,6 +66,16 @@ def add_trace_reading_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", default="default", help="model of mooncake/azure items (default: default)")
     p.add_argument("--limit", type=int, default=None, help="take only the first N items of the trace")
+
+
+def check_plot(path: str, *, need_matplotlib: bool = True) -> None:
+    """``--plot FILE``'s mistakes, found before the run rather than after it: a folder that is not
+    there, and (unless the caller can do without the chart) no matplotlib. Raises ValueError."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ValueError(f"--plot {path}: there is no folder {folder} (create it, or plot elsewhere)")
+    if need_matplotlib and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'tokenfabric[plot]'")
 
 
 def add_lane_arguments(p: argparse.ArgumentParser) -> None:

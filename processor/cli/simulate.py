@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from typing import IO
 
-from processor.cli.options import add_lane_arguments, add_trace_reading_arguments, lanes_from
+from processor.cli.options import add_lane_arguments, add_trace_reading_arguments, check_plot, lanes_from
 from processor.core.contract import BATCHING_MODES
 from processor.sim.report import render_table
 from processor.sim.simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, simulate
@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--emit-batches needs a single --policy and --batching mode")
         if args.plot and len(modes) > 1:
             raise ValueError("--plot compares policies: give a single --batching mode")
+        if args.plot:
+            check_plot(args.plot)
         if "memory" in modes and not args.consumer:
             missing = [f"--{n.replace('_', '-')}" for n in MEMORY_NUMBERS[:2] if getattr(args, n) is None]
             if missing:
@@ -132,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from processor.sim.plots import plot_simulation
 
-        plot_simulation(reports, args.plot)
+        try:
+            plot_simulation(reports, args.plot)
+        except (ValueError, OSError) as exc:  # the folder went away or is not writable
+            print(f"{prog}: error: --plot {args.plot}: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
