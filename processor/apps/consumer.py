@@ -44,8 +44,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processor.core.contract import Contract, contract_violation
 from processor.engines.base import Engine, ItemResult
-from processor.kafka.clients import with_kafka_logger
 from processor.kafka.exits import DeliveryFailed
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.kafka.watchdog import CallWatchdog, guarded
 from processor.wire.completions import encode_completion, encode_completion_batches

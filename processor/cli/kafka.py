@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from processor.cli.logs import setup_logging
 from processor.local.broker import (
     HOST,
     BrokerInfo,
@@ -113,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``start|stop|status`` a local broker; ``start`` prints ``bootstrap=HOST:PORT`` first."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="kafka: %(message)s", stream=sys.stderr)
+    if not logging.getLogger().handlers:  # called directly, not through tokenfabric.main
+        setup_logging("INFO", "text")
     state_dir: Path = args.state_dir or default_state_dir()
     try:
         if args.command != "jars":

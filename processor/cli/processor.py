@@ -1,7 +1,10 @@
 """``tokenfabric processor``: run the stream processor until SIGTERM or SIGINT.
 
-Exit status: 0 after a clean stop; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when
-a run-time failure left nothing committed past the last commit and a restart recovers (a produce not
+With no broker answering at start it says so once and waits (processor.kafka.reach.wait_for_cluster).
+
+Exit status: 0 after a clean stop; 2 for bad arguments or Kafka settings, and for a ``--group`` the
+topics contradict (processor.kafka.exits.WrongSettings); 75 (``EX_TEMPFAIL``) when a run-time failure
+left nothing committed past the last commit and a restart recovers (missing topics, a produce not
 delivered, a retriable or abortable Kafka error, a stuck commit: processor.kafka.watchdog); 1 otherwise (a
 fatal Kafka error such as being fenced, a ledger that does not balance: a bug, logged with its trace).
 
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from processor.apps.observe import ProcessorSettings
     from processor.apps.service import ProcessorService
     from processor.kafka.config import ConfigError, describe
-    from processor.kafka.exits import EXIT_TEMPFAIL, TransientFailure, exit_code
+    from processor.kafka.exits import EXIT_TEMPFAIL, EXIT_USAGE, TransientFailure, WrongSettings, exit_code
+    from processor.kafka.reach import wait_for_cluster
     from processor.ops.health import ProcessorHealth, start_http
     from processor.ops.metrics import processor_registry
 
@@ -119,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if not wait_for_cluster(conf, stop, log):  # no broker yet: said once, retried until one answers
+        log.info("stopped before Kafka answered")
+        return 0
     service = ProcessorService(conf, topics, settings)
     service.watchdog = watchdog
     server = None
@@ -131,8 +138,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         service.run(stop)
-    except (KafkaException, TransientFailure) as exc:
+    except (KafkaException, TransientFailure, WrongSettings) as exc:
         code = exit_code(exc)
+        if code == EXIT_USAGE:
+            log.error("%s (exit %d)", exc, code)
+            return code
         if code != EXIT_TEMPFAIL:
             raise
         log.error("%s: exiting with %d, a restart recovers from the last commit", exc, code)

@@ -52,6 +52,18 @@ def build_parser(command: str | None = None) -> OneLineParser:
     return parser
 
 
+def default_logging(command: str) -> None:
+    """Every command logs in the one format of processor/cli/logs.py: warnings and errors (the local
+    broker's progress too, for ``kafka``) unless its own ``--log-level`` / ``--log-format`` say
+    otherwise. Left alone when the root logger already has a handler (an embedding program, pytest)."""
+    import logging
+
+    from processor.cli.logs import setup_logging
+
+    if not logging.getLogger().handlers:
+        setup_logging("INFO" if command == "kafka" else "WARNING", "text")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -65,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
+    default_logging(args.command)
     from processor.kafka.reach import EXIT_UNREACHABLE, BrokerUnreachable
 
     try:

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from processor.jobs.codec import decode_job, encode_job
 from processor.jobs.model import JobRecord
-from processor.kafka.clients import with_kafka_logger
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.wire.errors import DecodeError

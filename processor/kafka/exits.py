@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # imported where needed: the CLI imports this module before a
     from confluent_kafka import KafkaError
 
 EXIT_FAILED = 1
+#: Bad arguments or settings, found at start or when the topics' contents contradict them (a
+#: ``--group`` that did not process these topics): the same settings would fail the same way.
+EXIT_USAGE = 2
 #: ``EX_TEMPFAIL`` (sysexits.h): the process ended on a failure that a restart recovers from.
 EXIT_TEMPFAIL = 75
 
@@ -48,6 +51,16 @@ class TransientFailure(RuntimeError):
     """Nothing was committed past the last good commit, and the cause lies outside the process."""
 
 
+class WrongSettings(RuntimeError):
+    """The settings contradict what the topics hold; nothing was written. Exit :data:`EXIT_USAGE`."""
+
+
+class MissingTopics(TransientFailure):
+    """Topics the process needs do not exist (yet). Nothing was read or written; a restart succeeds
+    once they are created (in k8s/ the topics Job runs beside the processor, which restarts until
+    the Job is done: docs/operations.md)."""
+
+
 class DeliveryFailed(TransientFailure):
     """A produced message was not delivered, so the transaction (or offset commit) that would have
     covered it was not made. ``transient`` is False for errors no restart cures (see
@@ -64,7 +77,10 @@ def delivery_recovers(error: KafkaError) -> bool:
 
 
 def exit_code(exc: BaseException) -> int:
-    """:data:`EXIT_TEMPFAIL` for a failure a restart recovers from, else :data:`EXIT_FAILED`."""
+    """:data:`EXIT_TEMPFAIL` for a failure a restart recovers from, :data:`EXIT_USAGE` for settings
+    the topics contradict, else :data:`EXIT_FAILED`."""
+    if isinstance(exc, WrongSettings):
+        return EXIT_USAGE
     if isinstance(exc, DeliveryFailed):
         return EXIT_TEMPFAIL if exc.transient else EXIT_FAILED
     if isinstance(exc, TransientFailure):

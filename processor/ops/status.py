@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from processor.core.contract import Contract
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import passing, read_topic, watermarks
 from processor.kafka.topics import TopicNames
 from processor.wire.control import decode_contract, decode_ledger_snapshot
@@ -47,7 +48,7 @@ def ingest_lag(
     conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
 ) -> tuple[int | None, int]:
     """(messages the group has not committed past, messages ever written) on ``topic``."""
-    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
+    consumer = Consumer(with_kafka_logger({**conf, "group.id": group, "enable.auto.commit": "false"}))
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None:
