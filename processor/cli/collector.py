@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.jobs.datasets import need_pyarrow
     from processor.jobs.topic import JobsTopicError
     from processor.kafka.config import ConfigError
+    from processor.kafka.reach import wait_for_cluster
 
     try:
         for name in ("poll_s", "jobs_refresh_s", "progress_every_s"):
@@ -187,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     service: CollectorService | None = None
     try:
+        if not wait_for_cluster(conf, stop, log):  # said once, retried until the cluster answers
+            log.info("stopped before Kafka answered")
+            return 0
         service = CollectorService(conf, topics, out_dir, args.format, progress_every_s=args.progress_every_s)
         serve(service, stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
         open_jobs = sorted(service.collection.collectors)

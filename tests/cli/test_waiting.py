@@ -1,9 +1,10 @@
 """The long-running commands, started with no broker to talk to, say so once and keep waiting.
 
-The processor and a consumer are pointed at a closed port: each logs one warning (what it tried,
-what librdkafka saw, what to check, how often it retries), none of librdkafka's own lines, and keeps
+The processor, a consumer and the collector are pointed at a closed port: each logs one warning
+(what it tried, what librdkafka saw, what to check, how often it retries), none of librdkafka's
+own lines, and keeps
 probing until it is stopped; SIGTERM then ends it with exit 0 (processor/kafka/reach.py,
-``wait_for_cluster``; docs/operations.md). Both run side by side to keep the test to one probe's time;
+``wait_for_cluster``; docs/operations.md). They run side by side to keep the test to one probe's time;
 tests/kafka/test_reach.py checks that the retries stay silent.
 """
 
@@ -14,22 +15,36 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from processor.kafka.reach import PROBE_TIMEOUT_S, RETRY_S
 from tests.common import ROOT
 
 DEAD = "127.0.0.1:1"
+#: The collector serves no metrics.
+SILENT = {
+    "processor": ["--bootstrap", DEAD, "--metrics-port", "0"],
+    "consumer": ["--bootstrap", DEAD, "--metrics-port", "0"],
+    "collector": ["--bootstrap", DEAD],
+}
 COMMANDS = {
     "processor": ["processor"],
     "consumer": ["consumer", "--id", "c1", "--model", "m", "--budget", "1024", "--items", "4"],
+    "collector": ["collector", "--out-dir", "{tmp}"],
 }
 
 
-def test_processor_and_consumer_say_once_that_no_broker_answers_and_keep_retrying() -> None:
+def test_the_long_running_commands_say_once_that_no_broker_answers_and_keep_retrying(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENFABRIC_KAFKA_")}
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "processor", *argv, "--bootstrap", DEAD, "--metrics-port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "processor",
+                *(a.replace("{tmp}", str(tmp_path)) for a in argv),
+                *SILENT[name],
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
