@@ -44,7 +44,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from processor.core.contract import Contract, contract_violation
 from processor.engines.base import Engine, ItemResult
-from processor.kafka.clients import static_member, static_member_present, with_kafka_logger
+from processor.kafka.clients import static_member, static_member_present
 from processor.kafka.exits import (
     DeliveryFailed,
     age_s,
@@ -55,6 +55,7 @@ from processor.kafka.exits import (
     producer_fenced,
     taking_over,
 )
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.wire.completions import encode_completion, encode_completion_batches

@@ -34,7 +34,7 @@ import xxhash
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from processor.core.signature import shape_signature
-from processor.kafka.clients import with_kafka_logger
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.topics import TopicNames
 from processor.wire.items import encode_token_item
 from processor.wire.records import TokenItemRecord

@@ -46,7 +46,8 @@ from processor.kafka.clients import (
     ingest_settings,
     static_member_present,
 )
-from processor.kafka.exits import ended_by, fatal, taking_over
+from processor.kafka.exits import MissingTopics, ended_by, fatal, taking_over
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
@@ -124,13 +125,19 @@ class ProcessorService(PartitionHandover):
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
 
         member = transactional_id(s.instance, s.group_id)  # also its group.instance.id: one identity
-        self.ingest = Consumer(ingest_settings(self.conf, s.group_id, s.session_timeout_ms, member))
-        self.control = Consumer(control_settings(self.conf, f"{s.group_id}-control-{s.instance}"))
+        self.ingest = Consumer(
+            with_kafka_logger(ingest_settings(self.conf, s.group_id, s.session_timeout_ms, member))
+        )
+        self.control = Consumer(
+            with_kafka_logger(control_settings(self.conf, f"{s.group_id}-control-{s.instance}"))
+        )
         args = (self.ingest, self.control, topics, s.instance, s.commit_interval_ms)
         self.committer: Committer
         if s.exactly_once:
             txn = transactional_id(s.instance, s.group_id)
-            self.producer = Producer(batch_producer_settings(self.conf, txn, s.transaction_timeout_ms))
+            self.producer = Producer(
+                with_kafka_logger(batch_producer_settings(self.conf, txn, s.transaction_timeout_ms))
+            )
             self.committer = TransactionalCommitter(
                 self.producer,
                 *args,
@@ -139,7 +146,7 @@ class ProcessorService(PartitionHandover):
                 eager_ms=s.eager_commit_ms,
             )
         else:
-            self.producer = Producer(batch_producer_settings(self.conf))
+            self.producer = Producer(with_kafka_logger(batch_producer_settings(self.conf)))
             self.committer = AtLeastOnceCommitter(self.producer, *args)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -156,6 +163,7 @@ class ProcessorService(PartitionHandover):
         generation every 50,000 allocations instead of 700 (it took 8-13% of the loop and a third of
         restore; docs/benchmarks.md)."""
         gc.set_threshold(50_000, 20, 100)
+        self._check_topics()
         if isinstance(self.committer, TransactionalCommitter):
             self.committer.watchdog = self.watchdog
         member = transactional_id(self.settings.instance, self.settings.group_id)
@@ -246,6 +254,18 @@ class ProcessorService(PartitionHandover):
     def _set_contract(self, contract: Contract) -> None:
         slots = self.credits.share(contract.max_inflight) if self.exactly_once else None
         self.core.set_contract(contract, slots)
+
+    def _check_topics(self) -> None:
+        """Raise :class:`MissingTopics` naming every topic the processor needs that does not exist."""
+        t = self.topics
+        needed = (t.ingest, t.results, t.contracts, t.accounting, t.changelog, t.dead_letter)
+        existing = self.control.list_topics(timeout=30).topics
+        missing = [name for name in needed if name not in existing]
+        if missing:
+            raise MissingTopics(
+                f"missing topic(s) {', '.join(missing)} on {self.conf.get('bootstrap.servers', '?')}: "
+                f"create them with 'tokenfabric topics create --topic-prefix {t.prefix}' (the topics Job)"
+            )
 
     def _partitions(self, topic: str) -> list[int]:
         """``topic``'s partitions, asked through the control consumer. It assigns the contracts and

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.jobs.collect import CollectError, Collection, JobCollector
-    from processor.jobs.datasets import DatasetError, output_format
+    from processor.jobs.datasets import DatasetError, need_pyarrow, output_format
     from processor.jobs.journal import JournalError
     from processor.jobs.topic import JobsTopicError, JobWriter, read_jobs
     from processor.kafka.config import ConfigError
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
         if not args.poll_s > 0:
             raise ValueError(f"--poll-s must be > 0, got {args.poll_s}")
-        output_format(args.out)
+        if output_format(args.out) == "parquet":
+            need_pyarrow()
         conf, topics = kafka_settings(args, reach=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

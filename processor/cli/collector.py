@@ -41,11 +41,18 @@ log = logging.getLogger("tokenfabric.collector")
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True, help="folder for <job>.jsonl (or .parquet) and its journal")
-    p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", help="output format")
-    p.add_argument("--poll-s", type=float, default=1.0, help="pause when nothing is new (default: 1)")
-    p.add_argument("--jobs-refresh-s", type=float, default=5.0, help="re-read the jobs topic this often")
     p.add_argument(
-        "--progress-every-s", type=float, default=10.0, help="write a job's progress at most this often"
+        "--format", choices=("jsonl", "parquet"), default="jsonl", help="output format (default: jsonl)"
+    )
+    p.add_argument("--poll-s", type=float, default=1.0, help="pause when nothing is new (default: 1)")
+    p.add_argument(
+        "--jobs-refresh-s", type=float, default=5.0, help="re-read the jobs topic this often (default: 5)"
+    )
+    p.add_argument(
+        "--progress-every-s",
+        type=float,
+        default=10.0,
+        help="write a job's progress at most this often (default: 10)",
     )
     p.add_argument("--once", action="store_true", help="collect what is there now, then exit")
     add_kafka_arguments(p)
@@ -159,16 +166,20 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.jobs.collect import CollectError
+    from processor.jobs.datasets import need_pyarrow
     from processor.jobs.topic import JobsTopicError
     from processor.kafka.config import ConfigError
+    from processor.kafka.reach import wait_for_cluster
 
     try:
         for name in ("poll_s", "jobs_refresh_s", "progress_every_s"):
             if not getattr(args, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-        conf, topics = kafka_settings(args)
+        if args.format == "parquet":
+            need_pyarrow()
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        conf, topics = kafka_settings(args)
     except (ValueError, ConfigError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -177,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     service: CollectorService | None = None
     try:
+        if not wait_for_cluster(conf, stop, log):  # said once, retried until the cluster answers
+            log.info("stopped before Kafka answered")
+            return 0
         service = CollectorService(conf, topics, out_dir, args.format, progress_every_s=args.progress_every_s)
         serve(service, stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
         open_jobs = sorted(service.collection.collectors)

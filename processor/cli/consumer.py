@@ -1,5 +1,7 @@
 """``tokenfabric consumer``: run one GPU consumer app (processor.apps.consumer) with an engine.
 
+With no broker answering at start it says so once and waits (processor.kafka.reach.wait_for_cluster).
+
 Exit status: 0 after a clean stop (SIGTERM/SIGINT, ``--max-batches``, ``--idle-exit-s``) or a
 ``--retire``; 2 for bad arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when a run-time failure left
 the batch uncommitted and a restart recovers (completions not delivered, a retriable or abortable Kafka
@@ -162,14 +164,15 @@ def run(args: argparse.Namespace) -> int:
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure
+    from processor.kafka.reach import wait_for_cluster
     from processor.ops.consumer_metrics import ConsumerMetrics
     from processor.ops.health import ServingHealth, start_http
 
     try:
         if not CONSUMER_ID.match(args.id):
             raise ValueError(f"--id {args.id!r}: use 1-200 of A-Z a-z 0-9 . _ - (it names a topic)")
-        conf, topics = kafka_settings(args)
         if args.retire:
+            conf, topics = kafka_settings(args, reach=True)
             retire(conf, topics, args.id)
             print(f"retired consumer {args.id}: tombstone on {topics.contracts}")
             return 0
@@ -184,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
         contract = _contract(args)
         http = http_settings(args, CONSUMER_PORT)
         watchdog = watchdog_from(args)
-        engine = make_engine(args.engine, _engine_options(args))
+        options = _engine_options(args)
+        conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
+        engine = make_engine(args.engine, options)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -217,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _install_stop_handlers(stop)
     try:
+        if not wait_for_cluster(conf, stop, logging.getLogger("tokenfabric.consumer")):
+            print(f"{PROG}: stopped before Kafka answered", file=sys.stderr)
+            return 0
         stats = app.run(stop)
     except (KafkaException, ConsumerAppError, TransientFailure, Superseded) as exc:
         return _failed(exc)

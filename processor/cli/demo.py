@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from processor.cli.options import check_plot
 from processor.cli.status import ledger_table
 from processor.kafka.topics import TopicNames
 from processor.local.pipeline import (
@@ -37,7 +38,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         help=f"a shipped trace ({', '.join(SHIPPED)}) or a file path (default: mooncake_synthetic)",
     )
     p.add_argument("--format", default=None, help="format of a trace file (shipped traces know theirs)")
-    p.add_argument("--shape-blocks", type=int, default=1, help="mooncake: hash ids that make a shape")
+    p.add_argument(
+        "--shape-blocks", type=int, default=1, help="mooncake: hash ids that make a shape (default: 1)"
+    )
     p.add_argument("--limit", type=int, default=2000, help="items to replay (default: 2000; 0 = all)")
     p.add_argument(
         "--time-scale",
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             path, fmt = Path(args.trace), args.format or "jsonl"
         records = read_trace(path, fmt, shape_blocks=args.shape_blocks, limit=args.limit or None)
+        if args.plot:
+            check_plot(args.plot, need_matplotlib=False)  # without it the report stands alone
     except (TraceError, ValueError) as exc:
         print(f"tokenfabric demo: error: {exc}", file=sys.stderr)
         return 2
@@ -161,7 +166,7 @@ def _plot(records: list[TraceRecord], cards: tuple[Card, ...], model: str, path:
         from processor.sim.plots import plot_simulation
 
         plot_simulation(reports, path)
-    except ValueError as exc:  # matplotlib missing: the report above stands on its own
+    except (ValueError, OSError) as exc:  # no matplotlib, or not writable: the report stands alone
         print(f"no chart: {exc}", file=sys.stderr)
         return
     print(f"chart of every policy on this trace (simulated): {path}")

@@ -7,10 +7,13 @@ what tests and ``python -m processor kafka`` call.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
 import sys
 from pathlib import Path
 
+from processor.cli.logs import setup_logging
 from processor.local.broker import (
     HOST,
     BrokerInfo,
@@ -26,6 +29,17 @@ log = logging.getLogger(__name__)
 
 
 ACTIONS = ("start", "stop", "restart", "status", "jars")
+
+
+def _port(text: str) -> int:
+    """A TCP port, 1-65535: refused by argparse, before a JVM starts to fail on it."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (1-65535)")
+    return port
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -65,9 +79,11 @@ def _print_info(info: BrokerInfo) -> None:
     print(f"log_dir={info.log_dir}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``start|stop|status`` a local broker; ``start`` prints ``bootstrap=HOST:PORT`` first."""
-    parser = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of everything after ``tokenfabric kafka``."""
+    from processor.cli.tokenfabric import OneLineParser
+
+    parser = OneLineParser(
         prog="tokenfabric kafka",
         description=f"A local single-node Apache Kafka {KAFKA_VERSION} broker (KRaft) on {HOST}.",
     )
@@ -77,25 +93,56 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="start a broker unless one is running; print bootstrap=...")
-    start.add_argument("--port", type=int, default=None, help="client port (default: a free one)")
+    start.add_argument("--port", type=_port, default=None, help="client port (default: a free one)")
     start.add_argument("--heap-mb", type=int, default=768, help="JVM max heap in MiB (default: 768)")
-    start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    start.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: 120)"
+    )
     sub.add_parser("stop", help="stop the broker (exit 0 also when none runs)")
     restart = sub.add_parser(
         "restart", help="stop the broker and start it again on the same port, its topics and data kept"
     )
     restart.add_argument("--heap-mb", type=int, default=768, help="JVM max heap in MiB (default: 768)")
-    restart.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    restart.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: 120)"
+    )
     sub.add_parser("status", help="print the running broker (exit 1 when none runs)")
     sub.add_parser("jars", help="resolve the jars and print their folder")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="kafka: %(message)s", stream=sys.stderr)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``start|stop|status`` a local broker; ``start`` prints ``bootstrap=HOST:PORT`` first."""
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:  # called directly, not through tokenfabric.main
+        setup_logging("INFO", "text")
     state_dir: Path = args.state_dir or default_state_dir()
     try:
+        if args.command != "jars":
+            _check_state_dir(state_dir, create=args.command == "start")
         return _run_command(args, state_dir)
     except KafkaLocalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the state dir cannot be made or written: a path under a file, no rights
+        where = exc.filename or state_dir
+        print(
+            f"tokenfabric kafka: error: --state-dir {state_dir}: {where}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _check_state_dir(state_dir: Path, *, create: bool) -> None:
+    """Raise OSError, naming the path, when the state dir is not a usable folder; ``create`` makes it
+    (``start``), so an unwritable place fails here in one line rather than deep inside the start-up."""
+    existing = next((p for p in (state_dir, *state_dir.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise OSError(errno.ENOTDIR, "not a folder", str(existing))
+    if create:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(state_dir, os.W_OK | os.X_OK):
+            raise OSError(errno.EACCES, "not writable", str(state_dir))
 
 
 def _run_command(args: argparse.Namespace, state_dir: Path) -> int:

@@ -45,9 +45,25 @@ def add_log_arguments(p: argparse.ArgumentParser, default_level: str = "INFO") -
     )
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (as logging's last resort does), so a
+    caller that swaps stderr (pytest's capture, a redirecting wrapper) still gets the lines."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def setup_logging(level: str, form: str) -> None:
     """Route every logger to one stderr handler in the chosen format (replacing any set before)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(JsonLines() if form == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
+from pathlib import Path
 
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings
@@ -67,24 +69,60 @@ def add_trace_reading_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="take only the first N items of the trace")
 
 
+def check_plot(path: str, *, need_matplotlib: bool = True) -> None:
+    """``--plot FILE``'s mistakes, found before the run rather than after it: a folder that is not
+    there, and (unless the caller can do without the chart) no matplotlib. Raises ValueError."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ValueError(f"--plot {path}: there is no folder {folder} (create it, or plot elsewhere)")
+    if need_matplotlib and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'tokenfabric[plot]'")
+
+
 def add_lane_arguments(p: argparse.ArgumentParser) -> None:
     d = LaneSettings()
     g = p.add_argument_group("lanes (docs/lanes.md)")
-    g.add_argument("--lane-budget", type=int, default=d.lane_budget, help="lanes per (model, shape)")
-    g.add_argument("--floor-tokens", type=int, default=d.floor_tokens, help="padding that never opens a lane")
     g.add_argument(
-        "--cap-tokens", type=int, default=d.cap_tokens, help="padding never accepted while a lane can open"
+        "--lane-budget",
+        type=int,
+        default=d.lane_budget,
+        help="lanes per (model, shape) (default: %(default)s)",
     )
-    g.add_argument("--start-ratio", type=float, default=d.start_ratio, help="threshold/length with no lanes")
     g.add_argument(
-        "--full-ratio", type=float, default=d.full_ratio, help="threshold/length with the budget full"
+        "--floor-tokens",
+        type=int,
+        default=d.floor_tokens,
+        help="padding that never opens a lane (default: %(default)s)",
     )
-    g.add_argument("--idle-ms", type=int, default=d.idle_ms, help="empty lanes go quiet after this long")
+    g.add_argument(
+        "--cap-tokens",
+        type=int,
+        default=d.cap_tokens,
+        help="padding never accepted while a lane can open (default: %(default)s)",
+    )
+    g.add_argument(
+        "--start-ratio",
+        type=float,
+        default=d.start_ratio,
+        help="threshold/length with no lanes (default: %(default)s)",
+    )
+    g.add_argument(
+        "--full-ratio",
+        type=float,
+        default=d.full_ratio,
+        help="threshold/length with the budget full (default: %(default)s)",
+    )
+    g.add_argument(
+        "--idle-ms",
+        type=int,
+        default=d.idle_ms,
+        help="empty lanes go quiet after this long (default: %(default)s)",
+    )
     g.add_argument(
         "--max-wait-ms",
         type=int,
         default=DispatchSettings().max_wait_ms,
-        help="an item waiting this long overrides shape stickiness",
+        help="an item waiting this long overrides shape stickiness (default: %(default)s)",
     )
 
 
@@ -183,7 +221,10 @@ def add_job_policy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens-per-s", type=float, default=None, help="cap in routed tokens per second")
     g.add_argument("--max-tokens", type=int, default=None, help="cap in routed tokens in all")
     g.add_argument(
-        "--burst-ms", type=int, default=JobPolicy().burst_ms, help="the rate cap's bucket, in ms of its rate"
+        "--burst-ms",
+        type=int,
+        default=JobPolicy().burst_ms,
+        help="the rate cap's bucket, in ms of its rate (default: %(default)s)",
     )
 
 

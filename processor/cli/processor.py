@@ -1,11 +1,14 @@
 """``tokenfabric processor``: run the stream processor until SIGTERM or SIGINT.
 
+With no broker answering at start it says so once and waits (processor.kafka.reach.wait_for_cluster).
+
 Exit status (processor.kafka.exits; docs/operations.md has the table): 0 after a clean stop; 2 for bad
-arguments or Kafka settings; 75 (``EX_TEMPFAIL``) when a run-time failure left nothing committed past
-the last commit and a restart recovers (a produce not delivered, a retriable or abortable Kafka error,
-a stuck commit: processor.kafka.watchdog, a transaction the broker aborted after a pause); 78 when a
-newer process with the same ``--instance`` took over (do not restart); 1 otherwise (a fatal Kafka
-error, a ledger that does not balance: a bug, logged with its trace).
+arguments or Kafka settings, and for a ``--group`` the topics contradict (WrongSettings); 75
+(``EX_TEMPFAIL``) when a run-time failure left nothing committed past the last commit and a restart
+recovers (missing topics, a produce not delivered, a retriable or abortable Kafka error, a stuck commit:
+processor.kafka.watchdog, a transaction the broker aborted after a pause); 78 when a newer process with
+the same ``--instance`` took over (do not restart); 1 otherwise (a fatal Kafka error, a ledger that does
+not balance: a bug, logged with its trace).
 
 It also serves ``/metrics``, ``/healthz`` and ``/readyz`` (processor.ops.metrics, processor.ops.health) on
 127.0.0.1:9464 unless ``--metrics-port 0``; the server lives exactly as long as the service.
@@ -34,7 +37,10 @@ from processor.ops.health import PROCESSOR_PORT, add_http_arguments, http_settin
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
-    p.add_argument("--instance", default="processor-0", help="this instance's id (names its checkpoints)")
+    p.add_argument(
+        "--instance", default="processor-0",
+        help="this instance's id, which names its checkpoints (default: processor-0)",
+    )
     p.add_argument(
         "--group", default="",
         help="ingest consumer group (default: <topic prefix>-processor, the pipeline's)"
@@ -78,13 +84,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--share-slack-tokens",
         type=int,
         default=ShareSettings().slack_tokens,
-        help="how far a card's job may run ahead of its share before the card leaves it",
+        help="how far a card's job may run ahead of its share before the card leaves it "
+        "(default: %(default)s)",
     )
     g.add_argument(
         "--max-jobs",
         type=int,
         default=ShareSettings().max_jobs,
-        help="most jobs with lanes and books of their own; the rest count as no job",
+        help="most jobs with lanes and books of their own; the rest count as no job (default: %(default)s)",
     )
     add_http_arguments(p, PROCESSOR_PORT, health_checks=True)
 
@@ -95,14 +102,22 @@ def run(args: argparse.Namespace) -> int:
     from processor.apps.observe import ProcessorSettings
     from processor.apps.service import ProcessorService
     from processor.kafka.config import ConfigError, describe
-    from processor.kafka.exits import EXIT_SUPERSEDED, EXIT_TEMPFAIL, Superseded, TransientFailure, exit_code
+    from processor.kafka.exits import (
+        EXIT_SUPERSEDED,
+        EXIT_TEMPFAIL,
+        EXIT_USAGE,
+        Superseded,
+        TransientFailure,
+        WrongSettings,
+        exit_code,
+    )
+    from processor.kafka.reach import wait_for_cluster
     from processor.ops.health import ProcessorHealth, start_http
     from processor.ops.kafka_stats import KafkaStats
     from processor.ops.metrics import processor_registry
 
     setup_logging(args.log_level, args.log_format)
     try:
-        conf, topics = kafka_settings(args)
         lanes, dispatch = lanes_from(args)
         if args.commit_interval_ms < 1:
             raise ValueError("--commit-interval-ms must be >= 1")
@@ -126,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         )
         http = http_settings(args, PROCESSOR_PORT)
         watchdog = watchdog_from(args)
+        conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
     except (ConfigError, ValueError) as exc:
         print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
         return 2
@@ -134,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if not wait_for_cluster(conf, stop, log):  # no broker yet: said once, retried until one answers
+        log.info("stopped before Kafka answered")
+        return 0
     kafka_stats = KafkaStats()  # librdkafka's statistics for /metrics, reported only when it is served
     service = ProcessorService(kafka_stats.attach(conf) if http is not None else conf, topics, settings)
     service.watchdog = watchdog
@@ -147,8 +166,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         service.run(stop)
-    except (KafkaException, TransientFailure, Superseded) as exc:
+    except (KafkaException, TransientFailure, Superseded, WrongSettings) as exc:
         code = exit_code(exc)
+        if code == EXIT_USAGE:
+            log.error("%s (exit %d)", exc, code)
+            return code
         if code == EXIT_SUPERSEDED:
             log.error("%s", exc)
             return code

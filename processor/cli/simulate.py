@@ -14,6 +14,7 @@ from processor.cli.options import (
     add_lane_arguments,
     add_share_arguments,
     add_trace_reading_arguments,
+    check_plot,
     lanes_from,
     shares_from,
 )
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--emit-batches needs a single --policy and --batching mode")
         if args.plot and len(modes) > 1:
             raise ValueError("--plot compares policies: give a single --batching mode")
+        if args.plot:
+            check_plot(args.plot)
         if "memory" in modes and not args.consumer:
             missing = [f"--{n.replace('_', '-')}" for n in MEMORY_NUMBERS[:2] if getattr(args, n) is None]
             if missing:
@@ -141,7 +144,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from processor.sim.plots import plot_simulation
 
-        plot_simulation(reports, args.plot)
+        try:
+            plot_simulation(reports, args.plot)
+        except (ValueError, OSError) as exc:  # the folder went away or is not writable
+            print(f"{prog}: error: --plot {args.plot}: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 

@@ -262,10 +262,10 @@ def run(args: argparse.Namespace) -> int:
     if args.schema:
         print(SCHEMA_PATH.read_text(), end="")
         return 0
-    if not args.interval_s > 0 or not args.stale_s > 0:
-        print("tokenfabric status: error: --interval-s and --stale-s must be > 0", file=sys.stderr)
-        return 2
     try:
+        for flag, value in (("--interval-s", args.interval_s), ("--stale-s", args.stale_s)):
+            if not value > 0:
+                raise ConfigError(f"{flag} must be > 0, got {value:g}")
         conf, topics = kafka_settings(args, reach=True)
     except ConfigError as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)

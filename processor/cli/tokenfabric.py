@@ -41,13 +41,28 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None) -> OneLineParser:
+    from processor import __version__
+
     parser = OneLineParser(prog="tokenfabric", description="Schedule LLM inference work by the token.")
+    parser.add_argument("--version", action="version", version=f"tokenfabric {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, (module, help_text) in COMMANDS.items():
         sub = subs.add_parser(name, help=help_text, description=help_text)
         if name == command:
             importlib.import_module(module).configure(sub)
     return parser
+
+
+def default_logging(command: str) -> None:
+    """Every command logs in the one format of processor/cli/logs.py: warnings and errors (the local
+    broker's progress too, for ``kafka``) unless its own ``--log-level`` / ``--log-format`` say
+    otherwise. Left alone when the root logger already has a handler (an embedding program, pytest)."""
+    import logging
+
+    from processor.cli.logs import setup_logging
+
+    if not logging.getLogger().handlers:
+        setup_logging("INFO" if command == "kafka" else "WARNING", "text")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
+    default_logging(args.command)
     from processor.kafka.reach import EXIT_UNREACHABLE, BrokerUnreachable
 
     try:

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     prog = "tokenfabric topics"
     from confluent_kafka import KafkaException
 
-    from processor.kafka.clients import with_kafka_logger
+    from processor.kafka.rdlog import with_kafka_logger
     from processor.kafka.topics import create_topics, topic_specs
 
     try:

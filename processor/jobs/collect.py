@@ -42,6 +42,7 @@ from processor.jobs.model import (
     row_of,
     summarize,
 )
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import position
 from processor.kafka.topics import TopicNames
 from processor.wire.completions import decode_completions
@@ -64,14 +65,16 @@ class ResultsTail:
     def __init__(self, conf: Mapping[str, str], topic: str) -> None:
         self.topic = topic
         self._consumer = Consumer(
-            {
-                **conf,
-                "group.id": f"tokenfabric-collect-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": "false",
-                "enable.partition.eof": "true",
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": "100",
-            }
+            with_kafka_logger(
+                {
+                    **conf,
+                    "group.id": f"tokenfabric-collect-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": "false",
+                    "enable.partition.eof": "true",
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": "100",
+                }
+            )
         )
         self._eof: dict[int, bool] = {}
         self._positions: dict[int, int] = {}

@@ -68,6 +68,15 @@ def dataset_format(path: str | Path) -> DatasetFormat:
     return fmt
 
 
+def need_pyarrow() -> None:
+    """Raise DatasetError, saying what to install, when Parquet is asked for and pyarrow is missing:
+    checked when the command starts, not after it has read a whole job."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise DatasetError("Parquet needs pyarrow: pip install 'tokenfabric[jobs]'")
+
+
 def output_format(path: str | Path) -> OutputFormat:
     name = Path(path).name.lower()
     if name.endswith(".jsonl"):

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from processor.core.shares import JobPolicy
 from processor.jobs.codec import decode_job, decode_job_share, encode_job, encode_job_share
 from processor.jobs.model import JobRecord
-from processor.kafka.clients import with_kafka_logger
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.wire.errors import DecodeError

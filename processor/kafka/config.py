@@ -20,7 +20,7 @@ error raised here quotes a line of the file (a malformed line may be a pasted pa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 ENV_PREFIX = "TOKENFABRIC_KAFKA_"
@@ -43,28 +43,100 @@ class ConfigError(ValueError):
 
 
 def read_properties(path: str | Path) -> dict[str, str]:
-    """``key=value`` (or ``key: value``) lines; ``#`` and ``!`` start comments.
+    """A Java properties file, as Kafka's own tools and clients read it (``java.util.Properties``).
 
-    Java properties without escapes or continuation lines: what a Kafka client config file holds.
-    The first ``=`` or ``:`` ends the key, so ``bootstrap.servers=host:9092`` reads as expected.
+    A key ends at the first unescaped ``=``, ``:`` or blank, so ``key=value``, ``key = value``,
+    ``key: value`` and ``key value`` all read alike, and ``bootstrap.servers=host:9092`` keeps its
+    colon. ``#`` and ``!`` start comment lines; a line ending in an odd number of ``\\`` continues on
+    the next (its leading blanks dropped); ``\\t``, ``\\n``, ``\\uXXXX`` and ``\\`` before any other
+    character are escapes (a Windows path is written with ``/`` or ``\\\\``). Unlike Java, a key with
+    neither separator nor value is an error: a bare word is more likely a pasted password than a
+    property, and trailing blanks (not escaped ones) are dropped from values.
     """
     out: dict[str, str] = {}
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"kafka config {path}: {exc.strerror or exc}") from None
-    for n, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        cut = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
-        key = line[:cut].strip() if cut > 0 else ""
-        if not key or any(c.isspace() for c in key):
+    for n, line in _logical_lines(text):
+        parsed = _property(line)
+        if parsed is None:
             raise ConfigError(
-                f"kafka config {path}:{n}: expected key=value (the line is not shown: it may hold a secret)"
+                f"kafka config {path}:{n}: expected key=value, key: value or key value "
+                "(the line is not shown: it may hold a secret)"
             )
-        out[key] = line[cut + 1 :].strip()
+        out[parsed[0]] = parsed[1]
     return out
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(number of its first line, text) of each property, comments and blank lines skipped,
+    continuation lines joined. A comment line never continues; a continued line is never a comment."""
+    pending: str | None = None
+    first = 0
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.lstrip(" \t\f")
+        if pending is None:
+            if not line or line[0] in "#!":
+                continue
+            pending, first = "", n
+        backslashes = len(line) - len(line.rstrip("\\"))
+        if backslashes % 2:
+            pending += line[:-1]
+            continue
+        yield first, pending + line
+        pending = None
+    if pending is not None:
+        yield first, pending
+
+
+def _property(line: str) -> tuple[str, str] | None:
+    """``(key, value)`` of one logical line, or None when it has no separator and no value."""
+    key, i = _unescape_until(line, 0, "=: \t\f")
+    while i < len(line) and line[i] in " \t\f":
+        i += 1
+    separated = i < len(line) and line[i] in "=:"
+    if separated:
+        i += 1
+        while i < len(line) and line[i] in " \t\f":
+            i += 1
+    value, _ = _unescape_until(line, i, "")
+    if not key or not (separated or value):
+        return None
+    return key, value
+
+
+def _unescape_until(line: str, i: int, stops: str) -> tuple[str, int]:
+    """The text from ``i`` to the first unescaped character of ``stops`` (or the end), unescaped,
+    trailing unescaped blanks dropped; and the index it stopped at."""
+    out: list[str] = []
+    kept = 0  # length of ``out`` that rstrip must not cut into (ends with an escaped character)
+    while i < len(line):
+        c = line[i]
+        if c == "\\" and i + 1 < len(line):
+            nxt = line[i + 1]
+            if nxt == "u" and len(line) >= i + 6:
+                try:
+                    out.append(chr(int(line[i + 2 : i + 6], 16)))
+                    i += 6
+                except ValueError:
+                    out.append("u")
+                    i += 2
+            else:
+                out.append(_ESCAPES.get(nxt, nxt))
+                i += 2
+            kept = len(out)
+            continue
+        if c in stops:
+            break
+        out.append(c)
+        i += 1
+    while len(out) > kept and out[-1] in " \t\f":
+        out.pop()
+    return "".join(out), i
 
 
 def from_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -40,7 +40,9 @@ if TYPE_CHECKING:  # imported where needed: the CLI imports this module before a
 EXIT_OK = 0
 #: A failure a restart does not cure (a fatal Kafka error, missing rights, a message too large, a bug).
 EXIT_FAILED = 1
-#: Bad arguments or Kafka settings, or the metrics port is taken: nothing was started.
+#: Bad arguments or settings, found at start or when the topics' contents contradict them (a
+#: ``--group`` that did not process these topics), or the metrics port is taken: nothing was started,
+#: and the same settings would fail the same way.
 EXIT_USAGE = 2
 #: ``EX_TEMPFAIL`` (sysexits.h): the process ended on a failure that a restart recovers from.
 EXIT_TEMPFAIL = 75
@@ -76,6 +78,16 @@ def _permanent_delivery() -> frozenset[int]:
 
 class TransientFailure(RuntimeError):
     """Nothing was committed past the last good commit, and the cause lies outside the process."""
+
+
+class WrongSettings(RuntimeError):
+    """The settings contradict what the topics hold; nothing was written. Exit :data:`EXIT_USAGE`."""
+
+
+class MissingTopics(TransientFailure):
+    """Topics the process needs do not exist (yet). Nothing was read or written; a restart succeeds
+    once they are created (in k8s/ the topics Job runs beside the processor, which restarts until
+    the Job is done: docs/operations.md)."""
 
 
 class DeliveryFailed(TransientFailure):
@@ -221,6 +233,8 @@ def exit_code(exc: BaseException) -> int:
     exc = kafka_cause(exc)
     if isinstance(exc, Superseded):
         return EXIT_SUPERSEDED
+    if isinstance(exc, WrongSettings):
+        return EXIT_USAGE
     if isinstance(exc, DeliveryFailed):
         return EXIT_TEMPFAIL if exc.transient else EXIT_FAILED
     if isinstance(exc, TransientFailure):

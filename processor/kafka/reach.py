@@ -4,14 +4,16 @@ Why: a command run against a broker that is not there (a typo in ``--bootstrap``
 firewall, wrong TLS or SASL settings) used to print librdkafka's reconnect line twenty times a second
 and end on a ``KafkaError{...}`` repr. The probe's own client logs into a private logger that only
 keeps what librdkafka said, so the person gets one line: what was tried, for how long, what
-librdkafka saw, and what to check. Long-running commands (processor, consumer) do not probe: they
-keep retrying, as docs/operations.md says.
+librdkafka saw, and what to check. Long-running commands (processor, consumer) wait instead
+(:func:`wait_for_cluster`): they say the same line once, as a warning, and probe again every
+``RETRY_S`` until the cluster answers or they are stopped, as docs/operations.md says.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +21,8 @@ from typing import Any
 #: ``EX_UNAVAILABLE`` (sysexits.h): the cluster could not be reached; every short command exits so.
 EXIT_UNREACHABLE = 69
 PROBE_TIMEOUT_S = 10.0
+#: A waiting long-running command probes again this long after a probe failed.
+RETRY_S = 5.0
 
 
 class BrokerUnreachable(RuntimeError):
@@ -70,3 +74,35 @@ def probe(conf: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> None:
         ) from None
     finally:
         logger.removeHandler(kept)
+
+
+def wait_for_cluster(
+    conf: Mapping[str, str],
+    stop: threading.Event,
+    log: logging.Logger,
+    *,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    retry_s: float = RETRY_S,
+) -> bool:
+    """Block until the cluster answers: True then, False if ``stop`` was set first.
+
+    The first failed probe is logged once, as a WARNING, with :func:`probe`'s line and the retry
+    interval; later failures are silent (the condition has not changed), and a cluster that answers
+    after a failure gets one INFO line. A stop request is seen within one probe's ``timeout_s``.
+    """
+    bootstrap = conf.get("bootstrap.servers", "?")
+    started = time.monotonic()
+    failed = False
+    while not stop.is_set():
+        try:
+            probe(conf, timeout_s)
+        except BrokerUnreachable as exc:
+            if not failed:
+                log.warning("%s; retrying every %g s until it answers", exc, retry_s)
+                failed = True
+            stop.wait(retry_s)
+            continue
+        if failed:
+            log.info("Kafka at %s answered after %.0f s", bootstrap, time.monotonic() - started)
+        return True
+    return False

@@ -14,6 +14,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from processor.kafka.rdlog import with_kafka_logger
+
 #: A consumer that must keep up with a fast topic (the processor's ingest, restore's reader): a large
 #: local queue, and when it is full librdkafka stops fetching for ``fetch.queue.backoff.ms``, 1 s by
 #: default, so after a backlog the last messages waited up to a second; 20 ms here.
@@ -101,18 +103,20 @@ def read_topic_chunks(
     the rest of reading it (docs/benchmarks.md, "Restore").
     """
     consumer = Consumer(
-        {
-            **conf,
-            "group.id": f"tokenfabric-reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": "false",
-            "enable.partition.eof": "true",
-            "fetch.wait.max.ms": "100",
-            "isolation.level": "read_committed",
-            # a restore reads whole partitions: large fetches, fewer round trips (docs/benchmarks.md)
-            "max.partition.fetch.bytes": str(16 * 1024 * 1024),
-            "fetch.max.bytes": str(64 * 1024 * 1024),
-            **LARGE_FETCH_QUEUE,
-        }
+        with_kafka_logger(
+            {
+                **conf,
+                "group.id": f"tokenfabric-reader-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": "false",
+                "enable.partition.eof": "true",
+                "fetch.wait.max.ms": "100",
+                "isolation.level": "read_committed",
+                # a restore reads whole partitions: large fetches, fewer round trips (docs/benchmarks.md)
+                "max.partition.fetch.bytes": str(16 * 1024 * 1024),
+                "fetch.max.bytes": str(64 * 1024 * 1024),
+                **LARGE_FETCH_QUEUE,
+            }
+        )
     )
     try:
         partitions = partitions_of(consumer, topic)

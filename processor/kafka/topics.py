@@ -111,7 +111,9 @@ def create_topics(conf: Mapping[str, str], specs: Iterable[TopicSpec], timeout_s
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient(dict(conf))
+    from processor.kafka.rdlog import with_kafka_logger
+
+    admin = AdminClient(with_kafka_logger(conf))
     new = [
         NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
         for s in specs

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from processor.kafka.config import ConfigError
+from processor.kafka.rdlog import with_kafka_logger
 from processor.local.jars import KAFKA_VERSION, PACKAGE_KAFKA_DIR, KafkaLocalError, jars_dir, write_atomic
 from processor.local.processes import (
     CHILDREN,
@@ -262,7 +263,9 @@ def _wait_ready(
         if _tcp_open(HOST, client_port):
             if admin is None:
                 admin = AdminClient(
-                    {"bootstrap.servers": f"{HOST}:{client_port}", "log_level": 3, **client_conf}
+                    with_kafka_logger(
+                        {"bootstrap.servers": f"{HOST}:{client_port}", "log_level": 3, **client_conf}
+                    )
                 )
             try:
                 metadata = admin.list_topics(timeout=min(5.0, max(remaining, 0.1)))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient
 
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import position, read_topic
 from processor.kafka.topics import TopicNames
 from processor.ops.status import StatusView, gather
@@ -79,7 +80,7 @@ class AuditReport:
 
 def batch_topics(conf: Mapping[str, str], topics: TopicNames) -> list[str]:
     prefix = topics.batches("")
-    names = AdminClient(dict(conf)).list_topics(timeout=30).topics
+    names = AdminClient(with_kafka_logger(conf)).list_topics(timeout=30).topics
     return sorted(name for name in names if name.startswith(prefix))
 
 

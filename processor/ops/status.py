@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from processor.core.contract import Contract
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import passing, read_topic, watermarks
 from processor.kafka.topics import TopicNames
 from processor.wire.control import decode_contract, decode_ledger_snapshot, encode_ledger_snapshot
@@ -119,7 +120,7 @@ def ingest_lag(
     conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
 ) -> tuple[int | None, int]:
     """(messages the group has not committed past, messages ever written) on ``topic``."""
-    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
+    consumer = Consumer(with_kafka_logger({**conf, "group.id": group, "enable.auto.commit": "false"}))
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -153,7 +154,7 @@ def consumer_groups(
     out = {c: GroupFacts() for c in consumers}
     if not consumers:
         return out
-    admin = AdminClient(dict(conf))
+    admin = AdminClient(with_kafka_logger(dict(conf)))
     groups = {topics.consumer_group(c): c for c in consumers}
     for group, future in admin.describe_consumer_groups(list(groups), request_timeout=timeout_s).items():
         # on an error (no right to describe it) members stay unknown: judged by the last completion alone
@@ -166,7 +167,9 @@ def consumer_groups(
         )[topics.consumer_group(c)]
         for c in consumers
     }
-    probe = Consumer({**conf, "group.id": "tokenfabric-status", "enable.auto.commit": "false"})
+    probe = Consumer(
+        with_kafka_logger({**conf, "group.id": "tokenfabric-status", "enable.auto.commit": "false"})
+    )
     try:
         for c, future in offsets.items():
             facts = out[c]
@@ -588,7 +591,7 @@ def _life(row: ConsumerRow) -> str:
 
 
 def _write(conf: Mapping[str, str], topic: str, key: bytes, value: bytes, timeout_s: float = 30.0) -> None:
-    producer = Producer({**conf, "enable.idempotence": "true", "acks": "all"})
+    producer = Producer(with_kafka_logger({**conf, "enable.idempotence": "true", "acks": "all"}))
     failed: list[str] = []
     producer.produce(topic, value, key, on_delivery=lambda err, _m: failed.append(err.str()) if err else None)
     if producer.flush(timeout_s) or failed:

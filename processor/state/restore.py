@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, TopicPartition
 
 from processor.core.contract import Contract
+from processor.kafka.exits import WrongSettings
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.reader import partitions_of, read_topic, read_topic_chunks
 from processor.kafka.topics import TopicNames
 from processor.state.changelog import ChangelogState
@@ -68,7 +70,9 @@ def committed_offsets(conf: Mapping[str, str], topic: str, group: str) -> dict[i
     """The group's committed offsets, stable ones only (read_committed: KIP-447 waits out any open
     transaction that is committing offsets for them)."""
     consumer = Consumer(
-        {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_committed"}
+        with_kafka_logger(
+            {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_committed"}
+        )
     )
     try:
         partitions = partitions_of(consumer, topic) or []
@@ -120,6 +124,14 @@ def restore(
         first: dict[int, int] = {}
         for partition, offset in (*waiting, *wanted):
             first[partition] = min(offset, first.get(partition, offset))
+        if not any(p in committed for p in first):
+            raise WrongSettings(
+                f"restore: the changelog of {topics.prefix} holds {len(waiting) + len(wanted):,} items of "
+                f"ingest partitions {sorted(first)}, but group {group!r} has committed no offset on them: "
+                "--group is not the group that processed these topics (default: <topic prefix>-processor), "
+                "or its offsets expired (offsets.retention.minutes); run with that group or a new "
+                "--topic-prefix"
+            )
         stops = {p: committed.get(p, 0) for p in first}
         adopted: list[tuple[int, int]] = []
         found = adopted.append

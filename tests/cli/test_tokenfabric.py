@@ -3,6 +3,7 @@ exit 2, no broker needed."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,60 @@ def test_bad_arguments_get_one_line_and_exit_2(
     assert main([*argv, "--bootstrap", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+# ------------------------------------------------------------------------------------------------
+# --version, and every default in the help
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from processor import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tokenfabric {__version__}"
+
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every parser a person meets: each subcommand's, and the kafka actions' (processor.cli.kafka)."""
+    from processor.cli.kafka import build_parser as kafka_parser
+    from processor.cli.tokenfabric import COMMANDS, build_parser
+
+    out: list[tuple[str, argparse.ArgumentParser]] = []
+    for name in COMMANDS:
+        sub = build_parser(name)._subparsers._group_actions[0].choices[name]  # type: ignore[union-attr]
+        out.append((name, sub))
+    kafka = kafka_parser()
+    out.append(("kafka (actions)", kafka))
+    for action in kafka._subparsers._group_actions[0].choices.values():  # type: ignore[union-attr]
+        out.append((f"kafka {action.prog.split()[-1]}", action))
+    return out
+
+
+def _shown(default: object) -> list[str]:
+    """How a help text may write ``default``: 180.0 as 180, 60000 as 60000 or 60,000."""
+    forms = [str(default)]
+    if isinstance(default, float):
+        forms.append(f"{default:g}")
+    if isinstance(default, int) and not isinstance(default, bool):
+        forms.append(f"{default:,}")
+    return forms
+
+
+def test_every_option_with_a_default_shows_it_in_its_help() -> None:
+    silent = []
+    checked = 0
+    for where, parser in _parsers():
+        for action in parser._actions:
+            flags = (argparse._HelpAction, argparse._VersionAction, argparse._StoreConstAction)
+            if not action.option_strings or isinstance(action, flags):
+                continue  # store_true is a _StoreConstAction: its default is "off"
+            if action.default in (None, argparse.SUPPRESS, [], ""):
+                continue  # no default, or one the help explains in words ("default: <topic prefix>-...")
+            checked += 1
+            text = (action.help or "") % {"default": action.default}
+            if "default" not in text or not any(form in text for form in _shown(action.default)):
+                silent.append(f"{where} {action.option_strings[-1]} (default {action.default!r}): {text!r}")
+    assert checked > 50
+    assert silent == []

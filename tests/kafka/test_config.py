@@ -89,6 +89,50 @@ def test_values_keep_their_separators(tmp_path: Path) -> None:
     assert read_properties(path) == {"sasl.password": "a=b:c", "bootstrap.servers": "h1:9092,h2:9092"}
 
 
+def test_every_separator_kafka_users_write(tmp_path: Path) -> None:
+    """``key=value``, ``key = value``, ``key: value`` and ``key value`` read alike, as in Java."""
+    path = _props(
+        tmp_path,
+        "a=1\nb = 2\nc: 3\nd 4\ne\t5\n  f=6\ng=\nbootstrap.servers h:9092\n",
+    )
+    assert read_properties(path) == {
+        "a": "1", "b": "2", "c": "3", "d": "4", "e": "5", "f": "6", "g": "", "bootstrap.servers": "h:9092"
+    }  # fmt: skip
+
+
+def test_continuation_lines_and_comments(tmp_path: Path) -> None:
+    path = _props(
+        tmp_path,
+        "# a comment \\\n"  # a comment line never continues
+        "! another\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n"
+        '    username="alice" \\\n'
+        f'    password="{SECRET}";\n'
+        "ssl.ca.location=/etc/\\\n"
+        "  # not a comment: the line continues\n"
+        "client.id = tf\n",
+    )
+    assert read_properties(path) == {
+        "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="alice" password="{SECRET}";',
+        "ssl.ca.location": "/etc/# not a comment: the line continues",
+        "client.id": "tf",
+    }
+
+
+def test_escapes_as_java_reads_them(tmp_path: Path) -> None:
+    path = _props(tmp_path, "my\\ key\\=x = a\\=b\\:c\\\\d\\u00e9\\tend\\ \ntrail = v  \n")
+    assert read_properties(path) == {"my key=x": "a=b:c\\d\u00e9\tend ", "trail": "v"}
+
+
+def test_a_continued_line_is_numbered_by_its_first_line(tmp_path: Path) -> None:
+    path = _props(tmp_path, "a=1\nb=2 \\\n  3\n" + SECRET + "\n")
+    with pytest.raises(ConfigError, match=r"kafka\.properties:4: expected key=value") as err:
+        read_properties(path)
+    assert SECRET not in str(err.value)
+    assert read_properties(_props(tmp_path, "a=1\nb=2 \\\n  3\n")) == {"a": "1", "b": "2 3"}
+
+
 @pytest.mark.parametrize(
     "key",
     [

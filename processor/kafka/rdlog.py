@@ -1,0 +1,86 @@
+"""librdkafka's own log, through Python logging: one format with everything else, repeats rate-limited.
+
+Every client tokenfabric creates passes :func:`with_kafka_logger` its settings, so librdkafka's lines
+reach the ``tokenfabric.kafka`` logger (and from there the handler and format of ``--log-format``)
+instead of librdkafka's own ``%3|1712...|FAIL|rdkafka#producer-1| ...`` lines on stderr.
+tests/kafka/test_rdlog.py checks every ``Consumer``, ``Producer`` and ``AdminClient`` call in the
+package for it. The one exception is :mod:`processor.kafka.reach`, whose probe keeps what librdkafka
+says to quote it in its own one-line error.
+
+Why rate-limited: librdkafka logs a failing connection on every reconnect attempt, about twenty lines
+a second per client for an unreachable broker. :class:`RateLimit` lets each distinct message through
+once per ``every_s`` (numbers aside: "after 0ms" and "after 1ms" are one message) and, when it next
+lets it through, says how many like it it held back.
+
+Logs are forwarded when the client is polled; a client that is never polled stays quiet.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+KAFKA_LOGGER = "tokenfabric.kafka"
+#: How long one librdkafka message stays quiet after it was logged.
+REPEAT_EVERY_S = 60.0
+
+
+class RateLimit(logging.Filter):
+    """Pass each distinct message at most once per ``every_s``; count the ones held back.
+
+    Invariant: every record is either passed or counted in ``suppressed`` (and in its key's count,
+    which the next passed record of that key reports and resets). ``max_keys`` bounds the memory:
+    past it the table starts afresh (at worst a message passes early).
+    """
+
+    def __init__(
+        self,
+        every_s: float = REPEAT_EVERY_S,
+        max_keys: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.max_keys = max_keys
+        self.suppressed = 0
+        self._clock = clock
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # key -> (last passed, held back since)
+
+    @staticmethod
+    def key(record: logging.LogRecord) -> tuple[str, str]:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 3:  # confluent-kafka logs (facility, client, text)
+            return str(args[0]), re.sub(r"\d+", "#", str(args[2]))
+        return "", re.sub(r"\d+", "#", record.getMessage())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = self.key(record)
+        now = self._clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.every_s:
+            self._seen[key] = (last[0], last[1] + 1)
+            self.suppressed += 1
+            return False
+        if last is not None and last[1]:
+            record.msg = f"{record.getMessage()} ({last[1]} more like it in the last {now - last[0]:.0f} s)"
+            record.args = None
+        if len(self._seen) >= self.max_keys:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return True
+
+
+def kafka_logger() -> logging.Logger:
+    """The Python logger librdkafka's own logs go to (``tokenfabric.kafka``), repeats rate-limited."""
+    logger = logging.getLogger(KAFKA_LOGGER)
+    if not any(isinstance(f, RateLimit) for f in logger.filters):
+        logger.addFilter(RateLimit())
+    return logger
+
+
+def with_kafka_logger(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``conf`` with librdkafka's logs routed to :func:`kafka_logger` (unless it names a logger)."""
+    return {"logger": kafka_logger(), **conf}
