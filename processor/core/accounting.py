@@ -16,6 +16,9 @@ even while a crashed instance's last checkpoint still claims what another one ad
 that hold the items (the lanes, the scheduler's in-flight batches): ``Scheduler.check`` compares the
 two, which is how a phantom (a counter that says items wait that are not there) is caught.
 
+A producer's repeat of an item id (``duplicate``) is dead-lettered, never received: it is counted
+beside the equations, in ``dead_lettered`` too.
+
 Counters only; no I/O. A snapshot is a flat ``dict[str, int]`` so it can be checkpointed to a
 compacted topic and compared by an audit.
 """
@@ -54,6 +57,9 @@ class ModelBook:
     adopted_in_flight: Tally
     released_queued: Tally
     released_in_flight: Tally
+    duplicate: Tally
+    """A producer's repeats of an item id within the dedupe window: dead-lettered, never received,
+    so outside both equations."""
 
     @classmethod
     def empty(cls) -> ModelBook:
@@ -81,7 +87,7 @@ class ConsumerBook:
 
 
 HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
-STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER)
+STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER, "duplicate")
 CONSUMER_STAGES = (
     "routed",
     "completed",
@@ -119,6 +125,11 @@ class Ledger:
         book = self._model(model)
         book.received.add(1, tokens)
         book.queued.add(1, tokens)
+
+    def duplicate(self, model: str, tokens: int) -> None:
+        """A repeat of an item id already taken: dead-lettered instead of received."""
+        self._model(model).duplicate.add(1, tokens)
+        self.dead_lettered += 1
 
     def routed(
         self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int, oversized: bool
