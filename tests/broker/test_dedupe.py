@@ -16,14 +16,15 @@ from processor.apps.producer import TokenProducer, synthetic_tokens
 from processor.kafka.reader import read_topic
 from processor.ops.audit import audit
 from processor.ops.status import gather
-from processor.sim.traces import TraceRecord
 from processor.sim.tracegen import synthetic_records
+from processor.sim.traces import TraceRecord
 from processor.wire.control import DUPLICATE_ITEM_ID, decode_dead_letter
 from tests.broker.rig import CARDS, Rig, Threads, assert_exactly_once, instant_app, running_rig, wait_for
 
 pytestmark = pytest.mark.kafka
 
 GROUP_ARGS = ("--session-timeout-ms", "6000", "--transaction-timeout-ms", "5000")
+"""A killed processor's group membership ends in 6 s, not 45: its replacement starts at once."""
 
 
 def send(rig: Rig, records: Sequence[TraceRecord]) -> None:
@@ -50,8 +51,8 @@ def assert_repeats_ran_once(rig: Rig, records: Sequence[TraceRecord], repeats: C
     report = audit(rig.conf, rig.topics, rig.group)
     assert report.clean, "\n".join(report.lines())
     assert Counter(i for i, _p, _o in report.repeats) == repeats
-    lines = "\n".join(report.lines())
-    assert f"producer repeat: item_id {next(iter(repeats))!r}" in lines
+    first_id, partition, offset = report.repeats[0]
+    assert f"producer repeat: item_id {first_id!r} at partition {partition} offset {offset}" in report.lines()
     length = {r.id: r.length for r in records}
     t = gather(rig.conf, rig.topics, group=rig.group).total
     assert t("duplicate_items") == sum(repeats.values())
@@ -67,7 +68,15 @@ def test_repeats_before_and_after_processor_kills_run_once(kafka_bootstrap: str,
         # No consumer yet, so no batch to commit early for, and a minute between commits: the first
         # processor takes every item and every repeat and is killed before any of it is committed.
         rig.spawn_processor(
-            "before-commit", extra=("--commit-interval-ms", "60000", "--transaction-timeout-ms", "120000")
+            "before-commit",
+            extra=(
+                "--session-timeout-ms",
+                "6000",
+                "--commit-interval-ms",
+                "60000",
+                "--transaction-timeout-ms",
+                "120000",
+            ),
         )
         log = rig.pipeline.log_dir / "before-commit.log"
         wait_for(lambda: log.read_text().count(DUPLICATE_ITEM_ID) >= len(first), 90, "the repeats to arrive")
@@ -79,14 +88,14 @@ def test_repeats_before_and_after_processor_kills_run_once(kafka_bootstrap: str,
         for c in CARDS:
             consumers.start(instant_app(rig.conf, rig.topics, c).run, c.consumer)
         try:
-            rig.spawn_processor("committed")
+            rig.spawn_processor("committed", extra=GROUP_ARGS)
             rig.wait_completed(len(records), timeout_s=120)
             wait_for(lambda: len(dead_letters(rig)) == len(first), 30, "the first repeats' dead letters")
             rig.pipeline.procs["committed"].send_signal(signal.SIGKILL)
             rig.pipeline.procs["committed"].wait()
 
             send(rig, [*first, *second])  # after the kill: a third copy and a second one
-            rig.spawn_processor("after-kill")
+            rig.spawn_processor("after-kill", extra=GROUP_ARGS)
             wait_for(lambda: len(dead_letters(rig)) == 2 * len(first) + len(second), 90, "every repeat")
             codes = rig.pipeline.stop()
         finally:
