@@ -75,6 +75,14 @@ def unpack_seen(value: bytes) -> array[int]:
     return out
 
 
+def _positions(tags: bytearray, tag: bytes) -> Iterable[int]:
+    """Every index of ``tag`` in ``tags`` (found by ``bytearray.find``, in C)."""
+    i = tags.find(tag)
+    while i >= 0:
+        yield i
+        i = tags.find(tag, i + 1)
+
+
 @dataclass(slots=True)
 class _Bucket:
     lo: int = 0
@@ -110,6 +118,8 @@ class SeenIds:
         self._buckets: dict[int, _Bucket] = {}
         self._new: dict[int, array[int]] = {}
         self._latest = -(1 << 62)
+        self._open = self._latest
+        self._open_ids = array("Q")
         self._resize(_MIN_SLOTS)
 
     def __len__(self) -> int:
@@ -125,10 +135,11 @@ class SeenIds:
         self._tags = bytearray(slots)
         self._mask = slots - 1
         self.count = 0
-        if old_table is not None and old_tags is not None:
-            for i, h in enumerate(old_table):
-                if h:
-                    self._insert(h, old_tags[i])
+        if old_table is None or old_tags is None:
+            return
+        for tag in set(old_tags) - {0}:
+            tb = bytes((tag,))
+            self._insert_all(array("Q", (old_table[i] for i in _positions(old_tags, tb))), tag)
 
     def _reserve(self, more: int) -> None:
         need = self.count + more
@@ -180,22 +191,32 @@ class SeenIds:
                 return False
             i = (i + 1) & mask
             v = table[i]
-        b = self._bucket_at(now_ms)
+        b = now_ms // self.bucket_ms
+        if b < self._latest:
+            b = self._latest
+        else:
+            self._latest = b
+        tag = b % 255 + 1
         if (self.count + 1) * 4 > len(table) * 3:
             self._reserve(1)
-            self._insert(h, b % 255 + 1)
+            self._insert(h, tag)
         else:
             table[i] = h
-            self._tags[i] = b % 255 + 1
+            self._tags[i] = tag
             self.count += 1
+        if b != self._open:
+            self._open_new(b)
+        self._open_ids.append(h)
+        return True
+
+    def _open_new(self, b: int) -> None:
+        """Ids seen from now on go to bucket ``b`` (kept apart so that ``first`` appends only)."""
         new = self._new.get(b)
         if new is None:
             new = self._new[b] = array("Q")
             if b not in self._buckets:
                 self._buckets[b] = _Bucket()
-        new.append(h)
-        self._buckets[b].size += 1
-        return True
+        self._open, self._open_ids = b, new
 
     # -- forgetting -----------------------------------------------------------------------------
 
@@ -218,11 +239,7 @@ class SeenIds:
         self.count -= 1
 
     def _slots_of(self, b: int) -> Iterable[int]:
-        tag, tags = bytes((b % 255 + 1,)), self._tags
-        i = tags.find(tag)
-        while i >= 0:
-            yield i
-            i = tags.find(tag, i + 1)
+        return _positions(self._tags, bytes((b % 255 + 1,)))
 
     def _forget(self, b: int) -> None:
         tag, tags = bytes((b % 255 + 1,)), self._tags
@@ -245,6 +262,9 @@ class SeenIds:
         out: list[Record] = []
         current = self._bucket_at(now_ms)
         horizon = now_ms - self.window_ms
+        for b, hashes in self._new.items():
+            self._buckets[b].size += len(hashes)
+        self._open = -(1 << 62)  # the next id opens its bucket's list again
         for b in sorted(self._buckets):
             over = self.max_ids and self.count > self.max_ids
             if (b + 1) * self.bucket_ms > horizon and not over:
@@ -333,7 +353,10 @@ class SeenBook:
 
     def first(self, partition: int, item_id: str, now_ms: int) -> bool:
         """True the first time ``item_id`` arrives in ``partition`` within the window."""
-        return self._of(partition).first(id_hash(item_id), now_ms)
+        seen = self.partitions.get(partition)
+        if seen is None:
+            seen = self._of(partition)
+        return seen.first(xxhash.xxh3_64_intdigest(item_id.encode("utf-8")) or 1, now_ms)  # id_hash, inlined
 
     def flush(self, now_ms: int) -> list[tuple[int, bytes, bytes | None]]:
         """(changelog partition, key, value) for every record to write: see :meth:`SeenIds.flush`."""
