@@ -122,7 +122,10 @@ def audit(
     say(topics.dead_letter)
     for msg in read_topic(conf, topics.dead_letter):
         r.dead_lettered += 1
-        dead = decode_dead_letter(msg.value())
+        try:
+            dead = decode_dead_letter(msg.value())
+        except DecodeError:
+            continue  # counted; not one of the processor's, so not a repeat
         if dead.reason != DUPLICATE_ITEM_ID or dead.source_topic != topics.ingest:
             continue
         repeat = received.pop((dead.partition, dead.offset), None)

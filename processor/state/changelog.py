@@ -14,7 +14,7 @@ Records, on a compacted topic with as many partitions as the ingest topic:
   consumer's in-flight slot it holds, which items are answered already, and where the results topic
   stood when it was emitted (its completions can only come after that). Binary
   (:data:`BATCH_FORMAT`); JSON values from earlier versions still parse.
-* ``D`` + ingest partition (4 bytes) + bucket (8 bytes) + segment (4 bytes): item ids the partition
+* ``D`` + ingest partition (4 bytes) + bucket start, ms (8 bytes) + segment (4 bytes): item ids the partition
   took within the dedupe window, as 64-bit hashes (``processor/state/seen.py``), so that a producer's
   repeat is caught after a restart or a handover too. Committed with the offsets of the items they
   remember; tombstoned as the window moves past their bucket.
@@ -67,8 +67,8 @@ def chunk_key(partition: int, chunk: int) -> bytes:
     return WAITING_SET + _CHUNK_KEY.pack(partition, chunk)
 
 
-def seen_key(partition: int, bucket: int, segment: int) -> bytes:
-    return SEEN + _SEEN_KEY.pack(partition, bucket, segment)
+def seen_key(partition: int, bucket_ms: int, segment: int) -> bytes:
+    return SEEN + _SEEN_KEY.pack(partition, bucket_ms, segment)
 
 
 def batch_key(batch_id: str) -> bytes:
@@ -287,7 +287,7 @@ class ChangelogState:
         self.batches: dict[str, BatchEntry] = {}
         self.homes: dict[str, int] = {}
         self.seen: dict[tuple[int, int, int], bytes] = {}
-        """Seen-id records by (ingest partition, bucket, segment) (``processor/state/seen.py``)."""
+        """Seen-id records by (ingest partition, bucket start ms, segment) (``processor/state/seen.py``)."""
         self.records = 0
         self._waiting: dict[tuple[int, int], int] | None = None
 

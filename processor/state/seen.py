@@ -26,8 +26,9 @@ Changelog records (:func:`processor.state.changelog.seen_key`): one per partitio
 its value a format byte and the bucket's hashes as little-endian uint64. Each commit appends one
 segment per bucket that took new ids; once a bucket is no longer the current one its segments are
 merged into as few records as :data:`RECORD_IDS` allows (the old ones tombstoned in the same
-transaction), and when it expires every record of it is tombstoned. A bucket's live segment numbers
-are always one run ``lo .. hi - 1``.
+transaction), and when it expires every record of it is tombstoned. A key names its bucket by the
+bucket's start in milliseconds, not its index, so a processor restarted with another window reads
+the records it restores in its own buckets.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import xxhash
 
@@ -85,15 +86,15 @@ def _positions(tags: bytearray, tag: bytes) -> Iterable[int]:
 
 @dataclass(slots=True)
 class _Bucket:
-    lo: int = 0
-    """First live segment number."""
-    hi: int = 0
-    """One past the last segment number written."""
+    keys: list[bytes] = field(default_factory=list)
+    """The changelog keys of the bucket's live records."""
+    next_segment: int = 0
+    """The segment number of the next record this bucket writes."""
     size: int = 0
     """Ids remembered in this bucket."""
 
     def merged(self) -> bool:
-        return self.hi - self.lo <= -(-self.size // RECORD_IDS)
+        return len(self.keys) <= -(-self.size // RECORD_IDS)
 
 
 Record = tuple[bytes, bytes | None]
@@ -274,7 +275,7 @@ class SeenIds:
             self._forget(b)
             if (b + 1) * self.bucket_ms > horizon:
                 self.evicted += bucket.size
-            out.extend((seen_key(self.partition, b, s), None) for s in range(bucket.lo, bucket.hi))
+            out.extend((key, None) for key in bucket.keys)
         for b, hashes in self._new.items():
             out.extend(self._segments(b, self._buckets[b], hashes))
         self._new.clear()
@@ -290,27 +291,32 @@ class SeenIds:
 
     def _merge(self, b: int, bucket: _Bucket) -> list[Record]:
         hashes = self._hashes_of(b)
-        out: list[Record] = [(seen_key(self.partition, b, s), None) for s in range(bucket.lo, bucket.hi)]
-        bucket.lo = bucket.hi
+        out: list[Record] = [(key, None) for key in bucket.keys]
+        bucket.keys = []
         return out + self._segments(b, bucket, hashes)
 
     def _segments(self, b: int, bucket: _Bucket, hashes: array[int]) -> list[Record]:
         """``hashes`` as the bucket's next segments, at most :data:`RECORD_IDS` each."""
         out: list[Record] = []
         for start in range(0, len(hashes), RECORD_IDS):
-            out.append((seen_key(self.partition, b, bucket.hi), _pack(hashes[start : start + RECORD_IDS])))
-            bucket.hi += 1
+            key = seen_key(self.partition, b * self.bucket_ms, bucket.next_segment)
+            bucket.keys.append(key)
+            bucket.next_segment += 1
+            out.append((key, _pack(hashes[start : start + RECORD_IDS])))
         return out
 
     def load(self, records: Iterable[tuple[int, int, bytes]]) -> None:
-        """Take over committed records, (bucket, segment, value) each: what restore read."""
-        parts = [(b, s, unpack_seen(v)) for b, s, v in records]
+        """Take over committed records, (bucket start ms, segment, value) each: what restore read."""
+        parts = [(start, s, unpack_seen(v)) for start, s, v in records]
         self._reserve(sum(len(h) for _, _, h in parts))
-        for b, s, hashes in sorted(parts, key=lambda r: (r[0], r[1])):
+        for start, s, hashes in sorted(parts, key=lambda r: (r[0], r[1])):
+            b = start // self.bucket_ms
             bucket = self._buckets.get(b)
             if bucket is None:
-                bucket = self._buckets[b] = _Bucket(s, s)
-            bucket.lo, bucket.hi = min(bucket.lo, s), max(bucket.hi, s + 1)
+                bucket = self._buckets[b] = _Bucket()
+            bucket.keys.append(seen_key(self.partition, start, s))
+            if start == b * self.bucket_ms:  # where this bucket writes: never reuse a live key
+                bucket.next_segment = max(bucket.next_segment, s + 1)
             bucket.size += self._insert_all(hashes, b % 255 + 1)
             self._latest = max(self._latest, b)
 
@@ -363,7 +369,7 @@ class SeenBook:
         return [(p, k, v) for p, seen in self.partitions.items() for k, v in seen.flush(now_ms)]
 
     def load(self, records: dict[tuple[int, int, int], bytes]) -> None:
-        """Records as restore folded them: (ingest partition, bucket, segment) -> value."""
+        """Records as restore folded them: (ingest partition, bucket start ms, segment) -> value."""
         by_partition: dict[int, list[tuple[int, int, bytes]]] = {}
         for (p, b, s), v in records.items():
             by_partition.setdefault(p, []).append((b, s, v))

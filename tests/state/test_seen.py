@@ -129,3 +129,26 @@ def test_bad_settings_are_refused() -> None:
         SeenIds(0, 0)
     with pytest.raises(ValueError, match="most ids"):
         SeenIds(0, W, max_ids=-1)
+
+
+def test_a_processor_restarted_with_another_window_forgets_on_its_own_schedule() -> None:
+    """Keys name a bucket by its start time, so records written under a 64 s window expire on time
+    when read back under a 640 s one (and the other way round), and every key is tombstoned."""
+    book = SeenBook(W)
+    written: list[tuple[int, bytes, bytes | None]] = []
+    for step in range(6):
+        book.first(0, f"id-{step}", T0 + 1500 * step)
+        written += book.flush(T0 + 1500 * step)
+    wider = SeenBook(10 * W)
+    state = ChangelogState()
+    for p, k, v in written:
+        state.apply(k, v, p)
+    wider.load(state.seen)
+    assert not wider.first(0, "id-0", T0 + 9000)
+    written += wider.flush(T0 + 9000)
+    written += wider.flush(T0 + 9000 + 11 * W)
+    assert len(wider) == 0
+    state = ChangelogState()
+    for p, k, v in written:
+        state.apply(k, v, p)
+    assert state.seen == {}, "every record tombstoned"
