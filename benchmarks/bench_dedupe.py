@@ -11,7 +11,7 @@ tombstones) are kept in log order. Then:
 
 * **bytes per id**: a fresh ``SeenBook`` loads those records under ``tracemalloc``; what it still
   holds afterwards (table, tags, buckets), divided by the ids. The table is at most 3/4 full and
-  doubles, so between growths this moves between about 12 and 24 bytes.
+  grows by half, so between growths this moves between about 12 and 18 bytes, plus a little.
 * **restore**: the records folded by ``ChangelogState.apply`` (as restore reads the changelog) and
   loaded into a ``SeenBook``, timed without tracemalloc; ids/s of wall-clock and of CPU time (the
   process's, librdkafka's threads included: on a shared machine the wall clock also counts waits).

@@ -18,9 +18,10 @@ Invariants:
   taken for one with probability about n²/2⁶⁵ (10 million ids: 3 in a million); such an item is
   dead-lettered whole, never lost.
 * The memory is one open-addressing table per partition: an ``array('Q')`` of hashes (0 is empty)
-  and a ``bytearray`` of bucket tags beside it, 9 bytes a slot, at most 3/4 full (about 15 bytes per
-  remembered id at 10 million: benchmarks/bench_dedupe.py). Linear probing with backward-shift
-  deletion, so forgetting leaves no tombstones.
+  and a ``bytearray`` of bucket tags beside it, 9 bytes a slot, between 1/2 and 3/4 full (it grows
+  by half: 12 to 18 bytes per remembered id, plus a little; benchmarks/bench_dedupe.py). Linear
+  probing (home slot: the hash modulo the table size) with backward-shift deletion, so forgetting
+  leaves no tombstones.
 
 Changelog records (:func:`processor.state.changelog.seen_key`): one per partition, bucket and segment,
 its value a format byte and the bucket's hashes as little-endian uint64. Each commit appends one
@@ -134,7 +135,7 @@ class SeenIds:
         old_table, old_tags = getattr(self, "_table", None), getattr(self, "_tags", None)
         self._table = array("Q", bytes(8 * slots))
         self._tags = bytearray(slots)
-        self._mask = slots - 1
+        self._n = slots
         self.count = 0
         if old_table is None or old_tags is None:
             return
@@ -148,13 +149,13 @@ class SeenIds:
         if need * 4 <= slots * 3:
             return
         while need * 4 > slots * 3:
-            slots *= 2
+            slots = slots * 3 // 2
         self._resize(slots)
 
     def _insert(self, h: int, tag: int) -> bool:
         """Put ``h`` in the table unless it is there; True when it was not."""
-        table, mask = self._table, self._mask
-        i = h & mask
+        table, n = self._table, self._n
+        i = h % n
         while True:
             v = table[i]
             if v == h:
@@ -164,18 +165,22 @@ class SeenIds:
                 self._tags[i] = tag
                 self.count += 1
                 return True
-            i = (i + 1) & mask
+            i += 1
+            if i == n:
+                i = 0
 
     def __contains__(self, h: int) -> bool:
-        table, mask = self._table, self._mask
-        i = h & mask
+        table, n = self._table, self._n
+        i = h % n
         while True:
             v = table[i]
             if v == h:
                 return True
             if v == _EMPTY:
                 return False
-            i = (i + 1) & mask
+            i += 1
+            if i == n:
+                i = 0
 
     def _bucket_at(self, now_ms: int) -> int:
         b = max(now_ms // self.bucket_ms, self._latest)
@@ -184,13 +189,15 @@ class SeenIds:
 
     def first(self, h: int, now_ms: int) -> bool:
         """Remember ``h`` as seen at ``now_ms``; True if it is new, False if it is a repeat."""
-        table, mask = self._table, self._mask
-        i = h & mask
+        table, n = self._table, self._n
+        i = h % n
         v = table[i]
         while v:
             if v == h:
                 return False
-            i = (i + 1) & mask
+            i += 1
+            if i == n:
+                i = 0
             v = table[i]
         b = now_ms // self.bucket_ms
         if b < self._latest:
@@ -223,14 +230,16 @@ class SeenIds:
 
     def _delete_at(self, i: int) -> None:
         """Empty slot ``i`` and shift back the entries after it that probed past it."""
-        table, tags, mask = self._table, self._tags, self._mask
+        table, tags, n = self._table, self._tags, self._n
         j = i
         while True:
-            j = (j + 1) & mask
+            j += 1
+            if j == n:
+                j = 0
             h = table[j]
             if h == _EMPTY:
                 break
-            k = h & mask  # the entry's home slot: it may fill the hole unless k lies in (i, j]
+            k = h % n  # the entry's home slot: it may fill the hole unless k lies in (i, j]
             if (k <= i or k > j) if i < j else (k <= i and k > j):
                 table[i] = h
                 tags[i] = tags[j]
@@ -285,7 +294,7 @@ class SeenIds:
         if self.count * 8 < len(self._table) and len(self._table) > _MIN_SLOTS:
             slots = len(self._table)
             while self.count * 8 < slots and slots > _MIN_SLOTS:
-                slots //= 2
+                slots = max(_MIN_SLOTS, slots // 2)
             self._resize(slots)
         return out
 
@@ -322,15 +331,17 @@ class SeenIds:
 
     def _insert_all(self, hashes: array[int], tag: int) -> int:
         """:meth:`_insert` inlined for a whole record (restore's loop); how many were new."""
-        table, tags, mask = self._table, self._tags, self._mask
+        table, tags, n = self._table, self._tags, self._n
         added = 0
         for h in hashes:
-            i = h & mask
+            i = h % n
             v = table[i]
             while v:
                 if v == h:
                     break
-                i = (i + 1) & mask
+                i += 1
+                if i == n:
+                    i = 0
                 v = table[i]
             else:
                 table[i] = h
