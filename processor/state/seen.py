@@ -10,7 +10,10 @@ Invariants:
 * An id is remembered from the ``now_ms`` it was first seen for at least ``window_ms`` and at most
   ``window_ms`` plus one bucket (``window_ms / BUCKETS``): ids are kept in time buckets and forgotten
   a whole bucket at a time. Buckets never go back in time (a wall clock that steps back keeps filling
-  the latest bucket), so the live buckets are consecutive and fewer than 255.
+  the latest bucket), so the live buckets are consecutive and fewer than 255, and a bucket's tag
+  (its index modulo 255, plus one) names it alone. Only records restored under a much narrower
+  window than they were written with can share a tag with a live bucket until the first flush has
+  expired them; forgetting one then forgets the other too: early, never wrongly.
 * With ``max_ids`` set, a partition remembers at most that many ids after each flush: past it, the
   oldest buckets are forgotten early (counted in ``evicted``), so memory stays bounded whatever the
   traffic; the window is then shorter than ``window_ms``.
