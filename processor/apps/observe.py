@@ -11,6 +11,7 @@ from processor.core.item import Batch
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings
 from processor.core.shares import ShareSettings
+from processor.kafka.topics import RETENTION_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,13 @@ class ProcessorSettings:
     max_waiting_tokens: int = 0
     """Backpressure: past this many tokens waiting in lanes, stop consuming ingest (the backlog stays in
     Kafka; nothing is dropped) until 10% has drained. 0 means no cap."""
+    dedupe_window_ms: int = RETENTION_MS
+    """Exactly-once: an item id an ingest partition took within this long is a producer's repeat,
+    dead-lettered as ``duplicate-item-id`` instead of scheduled (docs/producers.md). At least the
+    ingest topic's retention (the default is the retention ``topics create`` sets); 0 turns it off."""
+    dedupe_max_ids: int = 4_000_000
+    """Most ids one ingest partition remembers (about 15-24 bytes each); past it the oldest are
+    forgotten early, so the window is shorter. 0 means no cap."""
     lanes: LaneSettings = field(default_factory=LaneSettings)
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     shares: ShareSettings = field(default_factory=ShareSettings)
@@ -51,6 +59,7 @@ class ProcessorSettings:
 class ServiceCounters:
     consumed: int = 0
     dead_lettered: int = 0
+    duplicates: int = 0
     batches_produced: int = 0
     batches_delivered: int = 0
     completions: int = 0

@@ -56,9 +56,14 @@ from processor.state.credits import CreditBook
 from processor.state.handover import PartitionHandover
 from processor.state.ingest import IngestItem
 from processor.state.restore import latest_checkpoint, transactional_id
-from processor.wire.control import decode_contract, encode_dead_letter, encode_ledger_snapshot
+from processor.wire.control import (
+    DUPLICATE_ITEM_ID,
+    decode_contract,
+    encode_dead_letter,
+    encode_ledger_snapshot,
+)
 from processor.wire.errors import DecodeError
-from processor.wire.heads import decode_completions_head, decode_item_head
+from processor.wire.heads import ItemHead, decode_completions_head, decode_item_head
 from processor.wire.items import encode_batch
 from processor.wire.records import DeadLetterRecord, LedgerSnapshotRecord
 
@@ -144,6 +149,8 @@ class ProcessorService(PartitionHandover):
                 is_in_flight=self._is_in_flight,
                 done_items=self._done_items,
                 eager_ms=s.eager_commit_ms,
+                dedupe_window_ms=s.dedupe_window_ms,
+                dedupe_max_ids=s.dedupe_max_ids,
             )
         else:
             self.producer = Producer(with_kafka_logger(batch_producer_settings(self.conf)))
@@ -341,16 +348,31 @@ class ProcessorService(PartitionHandover):
         try:
             head = decode_item_head(msg.value())
         except DecodeError as exc:
-            self._dead_letter(msg, exc, partition, offset)
+            self._dead_letter(msg, exc.reason, str(exc), partition, offset)
+            self.core.dead_lettered()
+            return
+        if not self.committer.first_seen(partition, head.item_id):
+            self._duplicate(msg, head, partition, offset)
             return
         item = IngestItem(head, now, partition, offset)
         self.committer.item_seen(item)
         self.core.submit(item, now)
 
-    def _dead_letter(self, msg: Any, exc: DecodeError, partition: int, offset: int) -> None:
+    def _duplicate(self, msg: Any, head: ItemHead, partition: int, offset: int) -> None:
+        """A producer's repeat: not scheduled, dead-lettered whole and counted as a duplicate."""
+        window_s = self.settings.dedupe_window_ms / 1000
+        detail = (
+            f"item_id {head.item_id!r} was already taken from partition {partition} within the dedupe "
+            f"window ({window_s:g} s); this repeat is not scheduled"
+        )
+        self._dead_letter(msg, DUPLICATE_ITEM_ID, detail, partition, offset)
+        self.core.duplicate(head.model, head.token_count, head.job)
+        self.counters.duplicates += 1
+
+    def _dead_letter(self, msg: Any, reason: str, detail: str, partition: int, offset: int) -> None:
         record = DeadLetterRecord(
-            reason=exc.reason,
-            detail=str(exc),
+            reason=reason,
+            detail=detail,
             source_topic=msg.topic(),
             partition=partition,
             offset=offset,
@@ -364,9 +386,8 @@ class ProcessorService(PartitionHandover):
             msg.key(),
             self.committer.dead_letter(partition, offset),
         )
-        self.core.dead_lettered()
         self.counters.dead_lettered += 1
-        log.warning("dead-lettered %s[%d]@%d: %s: %s", msg.topic(), partition, offset, exc.reason, exc)
+        log.warning("dead-lettered %s[%d]@%d: %s: %s", msg.topic(), partition, offset, reason, detail)
 
     def _control(self, now: int) -> None:
         for msg in self.control.consume(num_messages=10_000, timeout=0):
@@ -545,6 +566,10 @@ class ProcessorService(PartitionHandover):
             if high is not None and high >= 0:
                 self.lag[tp.partition] = max(0, high - tp.offset)
 
+    def _remembered_ids(self) -> int:
+        seen = getattr(self.committer, "seen", None)
+        return 0 if seen is None else len(seen)
+
     def snapshot(self) -> LedgerSnapshotRecord:
         """The ledger plus the gauges ``status`` shows, as one checkpoint record."""
         core = self.core
@@ -568,6 +593,7 @@ class ProcessorService(PartitionHandover):
                 "owned_partitions": len(self.owned),
                 "ingest_partitions": self.credits.partitions,
                 "replayed_completions": self.counters.replayed_completions,
+                "remembered_ids": self._remembered_ids(),
             }
         )
         counters.update(self._share_counters(self.now_ms()))

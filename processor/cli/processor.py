@@ -32,6 +32,7 @@ from processor.cli.options import (
     watchdog_from,
 )
 from processor.core.shares import ShareSettings
+from processor.kafka.topics import RETENTION_MS
 from processor.ops.health import PROCESSOR_PORT, add_http_arguments, http_settings
 
 
@@ -75,6 +76,21 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=10_000,
         help="after a crash, how long the broker waits before aborting the open transaction; the new "
         "owner of its partitions restores after at most this long (default: 10000)",
+    )
+    p.add_argument(
+        "--dedupe-window-ms",
+        type=int,
+        default=RETENTION_MS,
+        help="an item_id an ingest partition took within this long is a producer's repeat: dead-lettered "
+        "as duplicate-item-id, not run (default: 604800000, the ingest retention topics create sets; "
+        "keep it >= your ingest retention; 0 turns dedupe off)",
+    )
+    p.add_argument(
+        "--dedupe-max-ids",
+        type=int,
+        default=4_000_000,
+        help="most item ids one ingest partition remembers (15-24 bytes each); past it the oldest are "
+        "forgotten early (default: 4000000; 0: no cap)",
     )
     add_watchdog_argument(p)
     add_log_arguments(p)
@@ -125,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--max-waiting-tokens must be >= 0 (0 means no cap)")
         if args.session_timeout_ms < 1000:
             raise ValueError("--session-timeout-ms must be >= 1000 (brokers usually require >= 6000)")
+        if args.dedupe_window_ms < 0 or args.dedupe_max_ids < 0:
+            raise ValueError("--dedupe-window-ms and --dedupe-max-ids must be >= 0 (0: off, no cap)")
         if args.transaction_timeout_ms <= args.commit_interval_ms:
             raise ValueError("--transaction-timeout-ms must be longer than --commit-interval-ms")
         settings = ProcessorSettings(
@@ -138,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
             max_waiting_tokens=args.max_waiting_tokens,
             session_timeout_ms=args.session_timeout_ms,
             transaction_timeout_ms=args.transaction_timeout_ms,
+            dedupe_window_ms=args.dedupe_window_ms,
+            dedupe_max_ids=args.dedupe_max_ids,
         )
         http = http_settings(args, PROCESSOR_PORT)
         watchdog = watchdog_from(args)

@@ -19,6 +19,9 @@ two, which is how a phantom (a counter that says items wait that are not there) 
 The same two equations hold per job (``JobBook``: a job's cost in tokens, padding included), and the
 jobs' books sum to the models' (``check``). The job of an item that names none is "".
 
+A producer's repeat of an item id (``duplicate``) is dead-lettered, never received: it is counted
+beside the equations, in ``dead_lettered`` too.
+
 Counters only; no I/O. A snapshot is a flat ``dict[str, int]`` so it can be checkpointed to a
 compacted topic and compared by an audit.
 """
@@ -57,6 +60,9 @@ class ModelBook:
     adopted_in_flight: Tally
     released_queued: Tally
     released_in_flight: Tally
+    duplicate: Tally
+    """A producer's repeats of an item id within the dedupe window: dead-lettered, never received,
+    so outside both equations."""
 
     @classmethod
     def empty(cls) -> ModelBook:
@@ -100,17 +106,19 @@ class JobBook:
     adopted_in_flight: Tally
     released_queued: Tally
     released_in_flight: Tally
+    duplicate: Tally
+    """Producer repeats of the job's item ids, dead-lettered (outside both equations)."""
     batches: int = 0
     padded_tokens: int = 0
 
     @classmethod
     def empty(cls) -> JobBook:
         t = Tally
-        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
+        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
 
 
 HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
-STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER)
+STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER, "duplicate")
 CONSUMER_STAGES = (
     "routed",
     "completed",
@@ -155,6 +163,12 @@ class Ledger:
         book = self._model(model)
         book.received.add(1, tokens)
         book.queued.add(1, tokens)
+
+    def duplicate(self, model: str, tokens: int, job: str = "") -> None:
+        """A repeat of an item id already taken: dead-lettered instead of received."""
+        self._model(model).duplicate.add(1, tokens)
+        self.job(job).duplicate.add(1, tokens)
+        self.dead_lettered += 1
 
     def routed(
         self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int, oversized: bool

@@ -518,6 +518,11 @@ class Scheduler:
         """An input that never became an item (undecodable or invalid): counted, never queued."""
         self.ledger.dead_lettered += 1
 
+    def duplicate(self, model: str, tokens: int, job: str = "") -> None:
+        """A producer's repeat of an item id within the dedupe window: dead-lettered, never queued;
+        counted in its job's book too (as ``submit`` would name the job)."""
+        self.ledger.duplicate(model, tokens, self.shares.track(job) if job else "")
+
     def cache_reported(self, consumer: str, hit: bool) -> None:
         """A finished batch's engine said whether its prefix was already in the KV cache."""
         self.ledger.cache(consumer, hit)

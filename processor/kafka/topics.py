@@ -85,7 +85,9 @@ COMPACTED = {
     "segment.bytes": str(4 * 1024 * 1024),
 }
 # Batches and results carry token payloads; a week of retention lets an audit replay them.
-RETAINED = {"retention.ms": str(7 * 24 * 3600 * 1000), "max.message.bytes": str(64 * 1024 * 1024)}
+RETENTION_MS = 7 * 24 * 3600 * 1000
+"""The retention ``topics create`` gives ingest, batches, results and dead letters."""
+RETAINED = {"retention.ms": str(RETENTION_MS), "max.message.bytes": str(64 * 1024 * 1024)}
 
 
 def topic_specs(

@@ -5,6 +5,10 @@ topic, results, dead letters and the changelog from the beginning (``read_commit
 items and tokens at each stage by item id, and reports:
 
 * duplicates: an item in two committed batches, or completed twice (must be 0);
+* producer repeats: ingest messages that repeat an ``item_id`` the processor had already taken and
+  dead-lettered as ``duplicate-item-id``, named by id. They are not failures: the audit counts them
+  apart from received (as the ledger does, under ``duplicate``) and checks that each one's id was
+  taken once (otherwise the item is lost);
 * lost: an item received that is neither in a batch nor waiting in the changelog (must be 0);
 * every difference between the derived figures and the latest checkpoint of each processor.
 
@@ -26,6 +30,7 @@ from processor.kafka.topics import TopicNames
 from processor.ops.status import StatusView, gather
 from processor.state import changelog
 from processor.wire.completions import decode_completions
+from processor.wire.control import DUPLICATE_ITEM_ID, decode_dead_letter
 from processor.wire.errors import DecodeError
 from processor.wire.heads import decode_batch_head
 from processor.wire.items import decode_token_item
@@ -49,6 +54,9 @@ class AuditReport:
     duplicate_completions: int = 0
     redelivered: int = 0
     lost_items: int = 0
+    repeats: list[tuple[str, int, int]] = field(default_factory=list)
+    """Producer repeats dead-lettered as duplicates: (item_id, ingest partition, offset)."""
+    repeat_tokens: int = 0
     differences: list[str] = field(default_factory=list)
 
     @property
@@ -72,10 +80,20 @@ class AuditReport:
             f"duplicates    {self.duplicate_dispatches:>12,} dispatches ({self.redelivered:,} redelivered), "
             f"{self.duplicate_completions:,} completions",
             f"lost          {self.lost_items:>12,} items",
+            f"repeats       {len(self.repeats):>12,} items {self.repeat_tokens:>16,} tokens "
+            "(a producer sent an item_id again: dead-lettered as duplicate-item-id, not run)",
         ]
+        shown = self.repeats[:REPEATS_SHOWN]
+        out += [f"producer repeat: item_id {i!r} at partition {p} offset {o}" for i, p, o in shown]
+        if len(self.repeats) > len(shown):
+            out.append(f"producer repeat: ... and {len(self.repeats) - len(shown):,} more")
         out += [f"DIFFERENCE: {d}" for d in self.differences]
         out.append("audit clean" if self.clean else "AUDIT FAILED")
         return out
+
+
+REPEATS_SHOWN = 50
+"""Producer repeats named one per line in the report; the rest are counted."""
 
 
 def batch_topics(conf: Mapping[str, str], topics: TopicNames) -> list[str]:
@@ -93,8 +111,7 @@ def audit(
     """``progress`` is told the name of each topic as the audit starts reading it."""
     say = progress or (lambda _topic: None)
     r = AuditReport()
-    tokens: dict[str, int] = {}
-    by_position: dict[tuple[int, int], str] = {}
+    received: dict[tuple[int, int], tuple[str, int]] = {}  # (partition, offset) -> (item_id, tokens)
     say(topics.ingest)
     for msg in read_topic(conf, topics.ingest):
         try:
@@ -102,12 +119,27 @@ def audit(
         except DecodeError:
             r.undecodable_ingest += 1
             continue
-        tokens[rec.item_id] = rec.token_count
-        by_position[position(msg)] = rec.item_id
-        r.received_items += 1
-        r.received_tokens += rec.token_count
+        received[position(msg)] = (rec.item_id, rec.token_count)
     say(topics.dead_letter)
-    r.dead_lettered = sum(1 for _ in read_topic(conf, topics.dead_letter))
+    for msg in read_topic(conf, topics.dead_letter):
+        r.dead_lettered += 1
+        try:
+            dead = decode_dead_letter(msg.value())
+        except DecodeError:
+            continue  # counted; not one of the processor's, so not a repeat
+        if dead.reason != DUPLICATE_ITEM_ID or dead.source_topic != topics.ingest:
+            continue
+        repeat = received.pop((dead.partition, dead.offset), None)
+        if repeat is not None:
+            r.repeats.append((repeat[0], dead.partition, dead.offset))
+            r.repeat_tokens += repeat[1]
+    tokens: dict[str, int] = {}
+    by_position: dict[tuple[int, int], str] = {}
+    for ref, (item_id, count) in received.items():
+        tokens[item_id] = count
+        by_position[ref] = item_id
+        r.received_items += 1
+        r.received_tokens += count
 
     dispatched: Counter[str] = Counter()
     for topic in batch_topics(conf, topics):
@@ -141,6 +173,7 @@ def audit(
     r.waiting_items = len(waiting)
     r.waiting_tokens = sum(tokens[i] for i in waiting)
     r.lost_items = sum(1 for i in tokens if i not in dispatched and i not in waiting)
+    r.lost_items += sum(1 for i, _p, _o in r.repeats if i not in tokens)  # a "repeat" of nothing taken
     _compare(r, gather(conf, topics, group))
     return r
 
@@ -169,6 +202,8 @@ def _compare(r: AuditReport, view: StatusView) -> None:
         ("queued_items", r.waiting_items),
         ("queued_tokens", r.waiting_tokens),
         ("dead_lettered_items", r.dead_lettered),
+        ("duplicate_items", len(r.repeats)),
+        ("duplicate_tokens", r.repeat_tokens),
     ]
     for key, derived in pairs:
         claimed = view.held(key) if key.startswith("queued_") else total(key)

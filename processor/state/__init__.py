@@ -1,6 +1,7 @@
-"""The processor's durable state: the lanes changelog, offsets, consumer credits, commit, restore, handover.
+"""The processor's durable state: the lanes changelog, seen ids, offsets, credits, commit, restore, handover.
 
 What survives a crash or moves between instances, and the protocol that keeps it exact; imports the
 core, the wire format and the Kafka plumbing. Public face: ``ingest`` (IngestItem), ``commit``
-(the committers), ``restore``, ``handover`` (PartitionHandover), ``changelog``, ``credits``, ``offsets``.
+(the committers), ``restore``, ``handover`` (PartitionHandover), ``changelog``, ``seen`` (SeenBook:
+the dedupe window), ``credits``, ``offsets``.
 """

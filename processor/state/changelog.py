@@ -14,6 +14,10 @@ Records, on a compacted topic with as many partitions as the ingest topic:
   consumer's in-flight slot it holds, which items are answered already, and where the results topic
   stood when it was emitted (its completions can only come after that). Binary
   (:data:`BATCH_FORMAT`); JSON values from earlier versions still parse.
+* ``D`` + ingest partition (4 bytes) + bucket start, ms (8 bytes) + segment (4 bytes): item ids the partition
+  took within the dedupe window, as 64-bit hashes (``processor/state/seen.py``), so that a producer's
+  repeat is caught after a restart or a handover too. Committed with the offsets of the items they
+  remember; tombstoned as the window moves past their bucket.
 * ``W`` + partition (4 bytes) + offset (8 bytes), value ``b"1"``: one waiting item, written by
   earlier versions. Still read; a processor that adopts one rewrites it into its chunk and
   tombstones it in the same transaction.
@@ -39,10 +43,12 @@ from typing import NamedTuple, Protocol
 WAITING = b"W"
 WAITING_SET = b"S"
 BATCH = b"B"
+SEEN = b"D"
 LEGACY_RESULTS = b"R"  # results positions, written by 0.1 processors; now derived from batch records
 PRESENT = b"1"
 _REF = struct.Struct(">iq")
 _CHUNK_KEY = struct.Struct(">iq")
+_SEEN_KEY = struct.Struct(">iqI")
 CHUNK_BITS = 16
 """A waiting-set record covers 2**16 consecutive offsets of one ingest partition: at most 8 KiB."""
 _CHUNK_MASK = (1 << CHUNK_BITS) - 1
@@ -59,6 +65,10 @@ def waiting_key(partition: int, offset: int) -> bytes:
 
 def chunk_key(partition: int, chunk: int) -> bytes:
     return WAITING_SET + _CHUNK_KEY.pack(partition, chunk)
+
+
+def seen_key(partition: int, bucket_ms: int, segment: int) -> bytes:
+    return SEEN + _SEEN_KEY.pack(partition, bucket_ms, segment)
 
 
 def batch_key(batch_id: str) -> bytes:
@@ -276,6 +286,8 @@ class ChangelogState:
         self.legacy_waiting: dict[tuple[int, int], int] = {}
         self.batches: dict[str, BatchEntry] = {}
         self.homes: dict[str, int] = {}
+        self.seen: dict[tuple[int, int, int], bytes] = {}
+        """Seen-id records by (ingest partition, bucket start ms, segment) (``processor/state/seen.py``)."""
         self.records = 0
         self._waiting: dict[tuple[int, int], int] | None = None
 
@@ -304,6 +316,12 @@ class ChangelogState:
             elif self.legacy_waiting.get(ref) == partition:
                 del self.legacy_waiting[ref]
             self._waiting = None
+        elif kind == SEEN:
+            ref3: tuple[int, int, int] = _SEEN_KEY.unpack(key[1:])
+            if value is not None:
+                self.seen[ref3] = value
+            else:
+                self.seen.pop(ref3, None)
         elif kind == LEGACY_RESULTS:
             return
         else:

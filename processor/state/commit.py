@@ -30,6 +30,7 @@ from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guard
 from processor.state import changelog
 from processor.state.ingest import IngestItem
 from processor.state.offsets import DeadMark, OffsetTracker
+from processor.state.seen import SeenBook
 
 log = logging.getLogger("tokenfabric.processor")
 
@@ -60,6 +61,7 @@ class Committer(Protocol):
     ) -> None: ...
     def start(self) -> None: ...
     def item_seen(self, item: IngestItem) -> None: ...
+    def first_seen(self, partition: int, item_id: str) -> bool: ...
     def dead_letter(self, partition: int, offset: int) -> Deliver: ...
     def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver: ...
     def batch_finished(self, batch_id: str) -> None: ...
@@ -147,6 +149,10 @@ class AtLeastOnceCommitter(_Base):
     def item_seen(self, item: IngestItem) -> None:
         self.offsets.seen(item.partition, item)
 
+    def first_seen(self, partition: int, item_id: str) -> bool:
+        """No dedupe: without a changelog, a re-read after a rebalance would look like a repeat."""
+        return True
+
     def dead_letter(self, partition: int, offset: int) -> Deliver:
         mark = DeadMark(offset)
         self.offsets.seen(partition, mark)
@@ -210,9 +216,15 @@ class TransactionalCommitter(_Base):
         is_in_flight: Callable[[str], bool],
         done_items: Callable[[str], list[str]],
         eager_ms: int,
+        dedupe_window_ms: int = 0,
+        dedupe_max_ids: int = 0,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.seen = SeenBook(dedupe_window_ms, dedupe_max_ids) if dedupe_window_ms > 0 else None
+        """The item ids each owned ingest partition took within the window (None: no dedupe)."""
+        self._wall_ms = wall_ms
         self._is_in_flight = is_in_flight
         self._done_items = done_items
         self.eager_ms = eager_ms
@@ -264,8 +276,10 @@ class TransactionalCommitter(_Base):
         item.home = home
 
     def adopt_waiting(self, state: changelog.ChangelogState) -> None:
-        """The committed waiting sets restore read, so that later changes rewrite them."""
+        """The committed waiting sets and seen ids restore read, so that later changes rewrite them."""
         self._waiting.load(state)
+        if self.seen is not None:
+            self.seen.load(state.seen)
 
     def adopt_batch(self, batch: Batch, partition: int, entry: changelog.BatchEntry) -> None:
         for item in batch.items:
@@ -280,9 +294,17 @@ class TransactionalCommitter(_Base):
         self._progressed.clear()
         self._logged_batches.clear()
         self._waiting.clear()
+        if self.seen is not None:
+            self.seen.clear()
 
     def item_seen(self, item: IngestItem) -> None:
         self._new_items.append(item)
+
+    def first_seen(self, partition: int, item_id: str) -> bool:
+        """False for a repeat of an id the partition took within the dedupe window. Remembered in
+        memory now and in the changelog at the commit that also commits this message's offset, so
+        a crash before it forgets both together (the restarted processor reads the message again)."""
+        return self.seen is None or self.seen.first(partition, item_id, self._wall_ms())
 
     def dead_letter(self, partition: int, offset: int) -> Deliver:
         return self._failed
@@ -341,6 +363,9 @@ class TransactionalCommitter(_Base):
             self._log_batch(batch_id)
         for home, key, value in waiting.flush():
             self.produce(cl, value, key, partition=home)
+        if self.seen is not None:
+            for home, key, value in self.seen.flush(self._wall_ms()):
+                self.produce(cl, value, key, partition=home)
         self._new_items.clear()
         self._emitted.clear()
         self._finished.clear()

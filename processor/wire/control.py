@@ -106,6 +106,10 @@ _PREVIOUS_CONTRACT = _Previous("ConsumerContract", CONTRACT_FIELDS_ADDED)
 #: The single-object header of announcements written with the previous ConsumerContract schema.
 PREVIOUS_CONTRACT_HEADER = _PREVIOUS_CONTRACT.header
 
+DUPLICATE_ITEM_ID = "duplicate-item-id"
+"""The dead-letter reason of a producer's repeat: an ``item_id`` its ingest partition already took
+within the processor's dedupe window (docs/producers.md). Not a ``DecodeError``: the message is valid."""
+
 #: ``DeadLetter`` gained ``detail`` when ``reason`` became the short code alone.
 DEAD_LETTER_FIELDS_ADDED = ("detail",)
 _PREVIOUS_DEAD_LETTER = _Previous("DeadLetter", DEAD_LETTER_FIELDS_ADDED)

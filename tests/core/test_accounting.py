@@ -184,3 +184,17 @@ def test_adopting_more_than_was_released_shows_in_the_delta() -> None:
     ledger.adopted_waiting("alpha", 40)
     ledger.check()
     assert ledger.handover_delta() == {"alpha": (1, 40)}
+
+
+def test_a_producer_repeat_is_counted_as_a_duplicate_beside_the_equations() -> None:
+    ledger = busy_ledger()
+    before = ledger.snapshot()
+    ledger.duplicate("alpha", 250)
+    ledger.duplicate("alpha", 100)
+    ledger.check()  # never received, so both equations still hold
+    after = ledger.snapshot()
+    assert (after["duplicate_items"], after["duplicate_tokens"]) == (2, 350)
+    assert (after["duplicate_items@alpha"], after["duplicate_tokens@alpha"]) == (2, 350)
+    assert after["dead_lettered_items"] == before["dead_lettered_items"] + 2
+    assert after["received_items"] == before["received_items"]
+    assert Ledger.restore(after).snapshot() == after
