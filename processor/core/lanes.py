@@ -9,6 +9,12 @@ bounds frame the threshold: padding at or below ``floor_tokens`` never opens a l
 don't spawn lanes over a few tokens), and padding above ``cap_tokens`` is never accepted while a lane
 can still be opened or reclaimed.
 
+A batch is cut from one lane (:meth:`LaneTable.take_batch`). In ``cut="length"`` (the default) the
+lane is kept sorted by length, longest first, and a batch takes the longest items while they fit and
+while each pads by at most ``cut_tokens`` to the batch's longest: items of nearly equal length go
+together however the lane's range is spread, so lanes may be wide (few, and few partial end batches)
+without padding more. ``cut="arrival"`` takes items in arrival order (the first generation's rule).
+
 Lanes are never merged. A lane that has been empty for ``idle_ms`` goes quiet: it leaves the sorted
 order and its id returns to a pool, so ids stay below ``lane_budget`` and are reused.
 
@@ -29,6 +35,8 @@ from processor.core.item import Item
 
 ShapeKey = tuple[str, int]
 
+CUT_ORDERS = ("length", "arrival")
+
 
 @dataclass(frozen=True, slots=True)
 class LaneSettings:
@@ -36,12 +44,21 @@ class LaneSettings:
 
     lane_budget: int = 2048
     """Most lanes one (model, shape) may hold at once."""
+    cut: str = "length"
+    """How a batch is cut from a lane: ``length`` (longest first, see ``cut_tokens``) or ``arrival``."""
+    cut_tokens: int = 64
+    """``cut="length"``: an item joins a batch only if it pads by at most this many tokens to the
+    batch's longest item (counted in whole ``pad_multiple``s of the contract), and by at most
+    ``cut_ratio`` of that longest item's length; the batch is cut there."""
+    cut_ratio: float = 0.02
     pad_multiple: int = 8
     """Rounding used to measure padding when choosing a lane (consumers use their own for batches)."""
-    floor_tokens: int = 0
-    """Padding at or below this many tokens never opens a lane. Padding is counted in whole pad
-    multiples, so any floor below ``pad_multiple`` means "same padded length always shares a lane"."""
-    cap_tokens: int = 256
+    floor_tokens: int = 1 << 20
+    """Padding at or below this many tokens never opens a lane. The default keeps one lane per shape,
+    cut by length (docs/lanes.md measures it against the narrow lanes of ``floor_tokens=0,
+    cap_tokens=256``). Padding is counted in whole pad multiples, so any floor below
+    ``pad_multiple`` means "same padded length always shares a lane"."""
+    cap_tokens: int = 1 << 20
     """Padding above this is never accepted while a lane can be opened or reclaimed."""
     start_ratio: float = 0.002
     """Threshold, as a fraction of the item's length, when the shape has no lanes."""
@@ -65,6 +82,12 @@ class LaneSettings:
             )
         if self.idle_ms < 0:
             raise ValueError(f"idle_ms must be >= 0, got {self.idle_ms}")
+        if self.cut not in CUT_ORDERS:
+            raise ValueError(f"cut must be one of {', '.join(CUT_ORDERS)}, got {self.cut!r}")
+        if self.cut_tokens < 0:
+            raise ValueError(f"cut_tokens must be >= 0, got {self.cut_tokens}")
+        if self.cut_ratio < 0:
+            raise ValueError(f"cut_ratio must be >= 0, got {self.cut_ratio}")
 
     def threshold_tokens(self, length: int, lanes_in_use: int) -> float:
         """Padding above which an item of ``length`` tokens opens a lane, given the budget's fill."""
@@ -74,9 +97,14 @@ class LaneSettings:
 
 
 class Lane:
-    """A FIFO of waiting items of similar length within one shape."""
+    """Waiting items of similar length within one shape.
 
-    __slots__ = ("id", "items", "last_ms", "rep", "tokens")
+    ``items`` is in arrival order under ``cut="arrival"``. Under ``cut="length"`` it is sorted longest
+    first (ties in arrival order) whenever ``unsorted`` is False; an item longer than the last one
+    appended sets ``unsorted`` and the next cut sorts (Timsort: linear on a sorted run plus a tail).
+    """
+
+    __slots__ = ("id", "items", "last_ms", "rep", "tokens", "unsorted")
 
     def __init__(self, lane_id: int, rep: int, now_ms: int) -> None:
         self.id = lane_id
@@ -84,6 +112,22 @@ class Lane:
         self.items: deque[Item] = deque()
         self.tokens = 0
         self.last_ms = now_ms
+        self.unsorted = False
+
+    def longest(self, by_length: bool) -> int:
+        """The longest waiting item's length under ``cut="length"``; else the representative (the
+        longest the lane ever held: in arrival order any waiting item may be the longest)."""
+        return self.head().length if by_length else self.rep
+
+    def head(self) -> Item:
+        """The item the next batch starts from (the longest, under ``cut="length"``)."""
+        if self.unsorted:
+            self.sort()
+        return self.items[0]
+
+    def sort(self) -> None:
+        self.items = deque(sorted(self.items, key=_length, reverse=True))
+        self.unsorted = False
 
 
 class ShapeLanes:
@@ -95,6 +139,7 @@ class ShapeLanes:
         "choices",
         "key",
         "lanes",
+        "newest_ms",
         "order",
         "ready",
         "waiting_items",
@@ -110,6 +155,7 @@ class ShapeLanes:
         self.ready: OrderedDict[int, Lane] = OrderedDict()  # non-empty lanes, oldest first
         self.waiting_items = 0
         self.waiting_tokens = 0
+        self.newest_ms = 0  # latest arrival_ms placed here (the overtaking deadline reads it)
         self._free_ids: list[int] = []
         self._next_id = 0
 
@@ -152,6 +198,7 @@ class LaneTable:
 
     def __init__(self, settings: LaneSettings | None = None) -> None:
         self.settings = settings or LaneSettings()
+        self.by_length = self.settings.cut == "length"
         self.shapes: dict[ShapeKey, ShapeLanes] = {}
         self.stats = LaneStats()
         self.waiting_items = 0
@@ -248,7 +295,12 @@ class LaneTable:
             sl.order.add((length, lane.id))
             sl.choices.clear()
             lane.rep = length
-        lane.items.append(item)
+        queue = lane.items
+        if self.by_length and queue and length > queue[-1].length:
+            lane.unsorted = True
+        queue.append(item)
+        if item.arrival_ms > sl.newest_ms:
+            sl.newest_ms = item.arrival_ms
         lane.tokens += length
         lane.last_ms = now_ms
         item.lane = lane.id
@@ -266,23 +318,47 @@ class LaneTable:
         rule = BatchRule(max_items, pad_multiple, "tokens", budget_tokens)
         return self.take_batch(sl, lane, rule, now_ms)
 
-    def take_batch(self, sl: ShapeLanes, lane: Lane, rule: BatchRule, now_ms: int) -> tuple[list[Item], int]:
-        """Pop a batch's worth of items from the head of ``lane``.
+    def take_batch(
+        self, sl: ShapeLanes, lane: Lane, rule: BatchRule, now_ms: int, anchor: Item | None = None
+    ) -> tuple[list[Item], int]:
+        """Pop one batch's worth of items from ``lane``; returns the items and the padded length.
 
-        Items leave in arrival order while the batch still ``rule.fits`` (the contract's batching
-        mode decides what that means); the batch is cut before the first item that would not fit. If
-        even the head item alone does not fit it leaves alone (an oversized batch). Returns the items
-        and the batch's padded length.
+        Items leave from the head of the lane (in arrival order, or longest first: ``settings.cut``)
+        while the batch still ``rule.fits`` (the contract's batching mode decides what that means);
+        the batch is cut before the first item that would not fit, and under ``cut="length"`` also
+        before the first that would pad by more than ``cut_tokens`` to the batch's longest. If even
+        the first item alone does not fit it leaves alone (an oversized batch).
+
+        ``anchor``, an item of the lane, goes first whatever the order (the deadline's overdue item);
+        the rest of the batch is cut as above around it.
         """
+        if lane.unsorted:
+            lane.sort()
         queue = lane.items
         taken: list[Item] = []
         fits = rule.fits
         output_tokens = rule.output_tokens if rule.counts_output else None
         longest = 0
         outputs = 0
-        while queue:
+        # the anchor first: rotate it to the head, cut at most the items from it to the end (in
+        # length order, none longer than it), then rotate the ones before it back in front
+        skip = 0 if anchor is None else queue.index(anchor)
+        if skip:
+            queue.rotate(-skip)
+        left = len(queue) - skip
+        # under cut="length" the lane is sorted longest first: the batch stops at the first item that
+        # pads by more than cut_tokens (in pad multiples) to the longest so far
+        pm = rule.pad_multiple
+        by_length = self.by_length
+        gap_tokens = self.settings.cut_tokens
+        gap_ratio = self.settings.cut_ratio
+        while len(taken) < left:
             head = queue[0]
             candidate = head.length if head.length > longest else longest
+            if by_length and taken:
+                pad = -(-candidate // pm) * pm - -(-head.length // pm) * pm
+                if pad > gap_tokens or pad > gap_ratio * candidate:
+                    break
             candidate_outputs = (
                 outputs if output_tokens is None else outputs + output_tokens(head.output_budget)
             )
@@ -295,6 +371,8 @@ class LaneTable:
             head = queue.popleft()
             taken.append(head)
             longest = head.length
+        if skip:
+            queue.rotate(skip)
         tokens = 0
         for item in taken:
             item.dispatched = True
@@ -394,3 +472,7 @@ class LaneTable:
             )
         if lanes != self.stats.lanes_in_use:
             raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")
+
+
+def _length(item: Item) -> int:
+    return item.length

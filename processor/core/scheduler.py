@@ -3,17 +3,29 @@
 The rules, in the order they are applied when a consumer has a free in-flight slot:
 
 1. **Deadline.** If the oldest waiting item of the consumer's model has waited ``max_wait_ms`` and the
-   consumer may take its lane, the batch comes from that lane. If the item is in another shape, the
-   consumer moves there only once it has stayed ``max_wait_ms`` on its current shape, so a backlog in
-   which everything is overdue still costs at most one shape switch per ``max_wait_ms`` per consumer.
-   An item therefore waits at most about ``max_wait_ms x (1 + shapes holding older overdue items)``
-   plus one batch's engine time, however busy the other shapes are.
+   consumer may take its lane, the batch comes from that lane, cut around that item. If the item is in
+   another shape, the consumer moves there only once it has stayed ``max_wait_ms`` on its current
+   shape. Under the default ``deadline="overtaking"`` the item must also be *overtaken*: the shape the
+   consumer would otherwise serve (rules 2 and 3) has received an item ``max_wait_ms`` or more after
+   it, and no other consumer that may take the item's lane is on the item's shape (that consumer's
+   own rule 1 serves it, in its shape, at its next free slot). In a backlog, where everything arrived
+   together, nothing is overtaken and the deadline costs no switch; in streaming a cold item behind a
+   hot shape is overtaken by the hot shape's fresh items, as under ``deadline="absolute"`` (the first
+   generation's rule, which does not ask). An item therefore waits at most about
+   ``max_wait_ms x (1 + shapes holding older overdue items)`` plus one batch's engine time, plus the
+   engine time of what arrived within ``max_wait_ms`` after it: it is never passed by a batch of items
+   more than ``max_wait_ms`` younger once it is overdue (tests/core/test_properties.py,
+   tests/core/test_scheduler.py).
 2. **Stick.** Otherwise the batch comes from the consumer's current shape while that shape has a lane
    it may take, lanes served round-robin (a lane that still holds items after a batch goes to the back).
 3. **Switch.** Otherwise the consumer moves to the shape of its model with the most waiting tokens
-   that has a lane it may take.
+   that has a lane it may take, preferring (``spread``) shapes no other consumer of the model is on.
 
-A consumer *may take* a lane whose representative length, alone, fits its batching rule (with the
+How a batch is cut from its lane (arrival order, or longest first) is the lane table's
+``take_batch`` (processor/core/lanes.py).
+
+A consumer *may take* a lane whose longest item (the longest waiting one when lanes are cut by length,
+else the lane's representative length), alone, fits its batching rule (with the
 head item's output budget in memory mode), or one that fits no live consumer of the model (its items
 then go out as single oversized batches). A small card is thus never sent an item a bigger card of the
 same model could hold.
@@ -28,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from processor.core.accounting import Ledger, LedgerImbalance
@@ -36,15 +48,25 @@ from processor.core.contract import Contract, check_batch
 from processor.core.item import Batch, Item
 from processor.core.lanes import Lane, LaneSettings, LaneTable, ShapeKey, ShapeLanes
 
+DEADLINES = ("overtaking", "absolute")
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchSettings:
     max_wait_ms: int = 60_000
     """An item waiting this long takes priority over shape stickiness (see rule 1)."""
+    deadline: str = "overtaking"
+    """``overtaking``: an overdue item takes priority only over batches holding items that arrived
+    ``max_wait_ms`` after it, and not while a peer serving its shape can take it (rule 1);
+    ``absolute``: over every batch (the first generation's rule)."""
+    spread: bool = True
+    """Rule 3 prefers a shape no other consumer of the model is on (``False``: most waiting tokens)."""
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 1:
             raise ValueError(f"max_wait_ms must be >= 1, got {self.max_wait_ms}")
+        if self.deadline not in DEADLINES:
+            raise ValueError(f"deadline must be one of {', '.join(DEADLINES)}, got {self.deadline!r}")
 
 
 class InFlight:
@@ -75,12 +97,13 @@ class ConsumerState:
         return limit - len(self.in_flight)
 
 
-def _fits(contract: Contract, lane: Lane) -> bool:
-    """Whether ``contract`` holds the lane's longest item (its representative length) alone, counting
-    the head item's output budget: the head is what would otherwise go out oversized."""
+def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
+    """Whether ``contract`` holds the lane's longest item alone (its longest waiting one when the lane
+    is cut by length, else its representative length), counting the head item's output budget: the
+    head is what would otherwise go out oversized."""
     rule = contract.rule
-    output = rule.output_tokens(lane.items[0].output_budget) if rule.counts_output and lane.items else 0
-    return rule.fits(1, lane.rep, output)
+    output = rule.output_tokens(lane.head().output_budget) if rule.counts_output and lane.items else 0
+    return rule.fits(1, lane.longest(by_length), output)
 
 
 class Scheduler:
@@ -237,8 +260,8 @@ class Scheduler:
         if not active:
             return None
         peers = self._by_model[model]
-        choice = self._overdue_lane(state, peers, now_ms)
-        if choice is None and state.shape is not None:
+        choice: tuple[ShapeLanes, Lane] | None = None
+        if state.shape is not None:
             sl = active.get(state.shape)
             if sl is not None:
                 lane = self._eligible_lane(sl, state.contract, peers)
@@ -246,14 +269,33 @@ class Scheduler:
                     choice = (sl, lane)
         if choice is None:
             choice = self._switch_target(state, active, peers)
+        overdue = self._overdue(state, peers, now_ms, choice)
+        if overdue is not None:
+            sl, lane, anchor = overdue
+            return self._emit(state, sl, lane, now_ms, anchor)
         if choice is None:
             return None
         sl, lane = choice
         return self._emit(state, sl, lane, now_ms)
 
-    def _overdue_lane(
-        self, state: ConsumerState, peers: list[ConsumerState], now_ms: int
-    ) -> tuple[ShapeLanes, Lane] | None:
+    def _overdue(
+        self,
+        state: ConsumerState,
+        peers: list[ConsumerState],
+        now_ms: int,
+        choice: tuple[ShapeLanes, Lane] | None,
+    ) -> tuple[ShapeLanes, Lane, Item | None] | None:
+        """Rule 1, the deadline: the lane of the model's oldest waiting item, and that item (the
+        anchor its batch is cut around, under the overtaking deadline), when it overrides ``choice``
+        (the batch rules 2 and 3 would give); None when it does not.
+
+        The item must have waited ``max_wait_ms``. A consumer on another shape leaves it for the item
+        only after staying there ``max_wait_ms``. Under ``deadline="overtaking"`` the item must also be
+        overtaken: ``choice``'s shape has received an item ``max_wait_ms`` or more after it (in a
+        backlog, where everything arrived together, nothing is ever overtaken), and no other consumer
+        that may take the item's lane is on its shape (that one serves it: it is overtaken by nothing
+        there but what arrived within ``max_wait_ms`` after it).
+        """
         arrivals = self._arrivals[state.contract.model]
         while arrivals and arrivals[0].dispatched:
             arrivals.popleft()
@@ -270,12 +312,20 @@ class Scheduler:
         lane = sl.lanes[oldest.lane]
         if not self._may_take(lane, state.contract, peers):
             return None
-        return sl, lane
+        if self.settings.deadline == "absolute":
+            return sl, lane, None
+        if choice is not None and choice[0].newest_ms - oldest.arrival_ms < max_wait:
+            return None  # what this consumer would serve arrived within max_wait_ms of the item
+        for peer in peers:
+            if peer is not state and peer.shape == key and _fits(peer.contract, lane, self.table.by_length):
+                return None
+        return sl, lane, oldest
 
     def _may_take(self, lane: Lane, contract: Contract, peers: list[ConsumerState]) -> bool:
-        if _fits(contract, lane):
+        by_length = self.table.by_length
+        if _fits(contract, lane, by_length):
             return True
-        return not any(_fits(p.contract, lane) for p in peers)
+        return not any(_fits(p.contract, lane, by_length) for p in peers)
 
     def _eligible_lane(self, sl: ShapeLanes, contract: Contract, peers: list[ConsumerState]) -> Lane | None:
         if len(peers) == 1:
@@ -288,19 +338,35 @@ class Scheduler:
     def _switch_target(
         self, state: ConsumerState, active: dict[ShapeKey, ShapeLanes], peers: list[ConsumerState]
     ) -> tuple[ShapeLanes, Lane] | None:
-        best = max(active.values(), key=_waiting_tokens)
+        key = self._switch_key(state, peers)
+        best = max(active.values(), key=key)
         lane = self._eligible_lane(best, state.contract, peers)
         if lane is not None:
             return best, lane
-        for sl in sorted(active.values(), key=_waiting_tokens, reverse=True):
+        for sl in sorted(active.values(), key=key, reverse=True):
             lane = self._eligible_lane(sl, state.contract, peers)
             if lane is not None:
                 return sl, lane
         return None
 
-    def _emit(self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int) -> Batch:
+    def _switch_key(
+        self, state: ConsumerState, peers: list[ConsumerState]
+    ) -> Callable[[ShapeLanes], tuple[bool, int]]:
+        """Rule 3's order of shapes: most waiting tokens first, and with ``spread``, shapes no other
+        consumer of the model is on before those one is (two cards on one shape both pay its
+        prefix-cache miss and both switch again when it drains; on different shapes each pays once)."""
+        taken = (
+            {p.shape for p in peers if p is not state and p.shape is not None}
+            if self.settings.spread and len(peers) > 1
+            else set()
+        )
+        return lambda sl: (sl.key not in taken, _waiting_tokens(sl))
+
+    def _emit(
+        self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int, anchor: Item | None = None
+    ) -> Batch:
         c = state.contract
-        items, padded_length = self.table.take_batch(sl, lane, c.rule, now_ms)
+        items, padded_length = self.table.take_batch(sl, lane, c.rule, now_ms, anchor)
         if lane.items:
             sl.ready.move_to_end(lane.id)
         if sl.waiting_items == 0:

@@ -8,9 +8,13 @@ from processor.core.item import Item
 from processor.core.lanes import LaneSettings, LaneTable, ShapeLanes
 from tests.core.helpers import MODEL, SHAPE_A, SHAPE_B, lane_of, make_item, reps
 
+# The placement tests run on the first generation's narrow lanes, cut in arrival order; the defaults
+# (one lane per shape, cut by length) are tested at the end.
+FIRST_GENERATION: dict[str, object] = {"floor_tokens": 0, "cap_tokens": 256, "cut": "arrival"}
+
 
 def table(**settings: object) -> LaneTable:
-    return LaneTable(LaneSettings(**settings))  # type: ignore[arg-type]
+    return LaneTable(LaneSettings(**{**FIRST_GENERATION, **settings}))  # type: ignore[arg-type]
 
 
 def place(t: LaneTable, length: int, now_ms: int = 0, shape: int = SHAPE_A) -> Item:
@@ -106,8 +110,8 @@ def test_same_padded_length_always_shares_a_lane_with_the_default_floor() -> Non
 
 
 def test_padding_above_threshold_opens_a_lane_while_room_exists() -> None:
-    s = LaneSettings()
-    t = LaneTable(s)
+    t = table()
+    s = t.settings
     place(t, 10_000)
     assert 16 < s.threshold_tokens(10_016, lanes_in_use=1) < 64
     assert place(t, 10_016).lane == 0  # 16 tokens of padding: below the threshold, joins
@@ -116,7 +120,7 @@ def test_padding_above_threshold_opens_a_lane_while_room_exists() -> None:
 
 
 def test_threshold_starts_at_start_ratio_and_reaches_full_ratio() -> None:
-    s = LaneSettings(lane_budget=100, start_ratio=0.01, full_ratio=0.05, cap_tokens=10_000)
+    s = LaneSettings(lane_budget=100, floor_tokens=0, start_ratio=0.01, full_ratio=0.05, cap_tokens=10_000)
     assert s.threshold_tokens(10_000, 0) == pytest.approx(100)
     assert s.threshold_tokens(10_000, 50) == pytest.approx(300)
     assert s.threshold_tokens(10_000, 100) == pytest.approx(500)

@@ -28,7 +28,10 @@ from tests.core.helpers import (
     submit_all,
 )
 
-ONE_LANE = LaneSettings(floor_tokens=4096, cap_tokens=4096)  # every item of a shape joins one lane
+# every item of a shape joins one lane, cut in arrival order (the first generation's cut)
+ONE_LANE = LaneSettings(floor_tokens=4096, cap_tokens=4096, cut="arrival")
+# the first generation's narrow lanes (floor 0, cap 256), which the tests of lane structure need
+NARROW = LaneSettings(floor_tokens=0, cap_tokens=256)
 
 # ------------------------------------------------------------------------------ cutting batches
 
@@ -61,7 +64,7 @@ def test_a_batch_holds_one_model_one_shape_one_lane() -> None:
         "a2": make_contract("a2", model="alpha", budget=8192, pad=64),
         "b1": make_contract("b1", model="beta", budget=4096, items=5),
     }
-    sched = make_scheduler(*contracts.values())
+    sched = make_scheduler(*contracts.values(), lanes=NARROW)
     for i in range(300):
         model = "alpha" if i % 3 else "beta"
         shape = (SHAPE_A, SHAPE_B, SHAPE_C)[i % 7 % 3]
@@ -117,7 +120,7 @@ def test_a_consumer_sticks_to_its_shape_then_moves_to_the_shape_with_most_waitin
 
 
 def test_lanes_of_the_current_shape_are_served_round_robin() -> None:
-    sched = make_scheduler(make_contract(items=1, inflight=1, budget=100_000))
+    sched = make_scheduler(make_contract(items=1, inflight=1, budget=100_000), lanes=NARROW)
     short = submit_all(sched, make_items([100, 100, 100]))
     long = submit_all(sched, make_items([9000, 9000, 9000]))
     assert short[0].lane != long[0].lane
