@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
@@ -50,7 +50,7 @@ class LaneSettings:
     """``cut="length"``: an item joins a batch only if it pads by at most this many tokens to the
     batch's longest item (counted in whole ``pad_multiple``s of the contract), and by at most
     ``cut_ratio`` of that longest item's length; the batch is cut there."""
-    cut_ratio: float = 0.02
+    cut_ratio: float = 0.015
     pad_multiple: int = 8
     """Rounding used to measure padding when choosing a lane (consumers use their own for batches)."""
     floor_tokens: int = 1 << 20
@@ -319,7 +319,13 @@ class LaneTable:
         return self.take_batch(sl, lane, rule, now_ms)
 
     def take_batch(
-        self, sl: ShapeLanes, lane: Lane, rule: BatchRule, now_ms: int, anchor: Item | None = None
+        self,
+        sl: ShapeLanes,
+        lane: Lane,
+        rule: BatchRule,
+        now_ms: int,
+        anchor: Item | None = None,
+        leave_longer: bool = False,
     ) -> tuple[list[Item], int]:
         """Pop one batch's worth of items from ``lane``; returns the items and the padded length.
 
@@ -330,7 +336,9 @@ class LaneTable:
         the first item alone does not fit it leaves alone (an oversized batch).
 
         ``anchor``, an item of the lane, goes first whatever the order (the deadline's overdue item);
-        the rest of the batch is cut as above around it.
+        the rest of the batch is cut as above after it. ``leave_longer`` (cut by length): the batch
+        starts at the longest item that fits ``rule`` alone, leaving the longer ones in the lane (for
+        a bigger consumer of the model); the scheduler asks only when one fits.
         """
         if lane.unsorted:
             lane.sort()
@@ -342,7 +350,14 @@ class LaneTable:
         outputs = 0
         # the anchor first: rotate it to the head, cut at most the items from it to the end (in
         # length order, none longer than it), then rotate the ones before it back in front
-        skip = 0 if anchor is None else queue.index(anchor)
+        if anchor is not None:
+            skip = queue.index(anchor)
+        elif leave_longer:
+            skip = next(
+                (i for i, it in enumerate(queue) if fits(1, it.length, _output(output_tokens, it))), 0
+            )
+        else:
+            skip = 0
         if skip:
             queue.rotate(-skip)
         left = len(queue) - skip
@@ -452,6 +467,8 @@ class LaneTable:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: holds {t} tokens, counted {lane.tokens}")
                 if lengths and max(lengths) > lane.rep:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: an item is longer than rep {lane.rep}")
+                if self.by_length and not lane.unsorted and lengths != sorted(lengths, reverse=True):
+                    raise AssertionError(f"lane {sl.key}/{lane.id}: not longest first, not marked unsorted")
                 s_items += n
                 s_tokens += t
                 lanes += 1
@@ -476,3 +493,7 @@ class LaneTable:
 
 def _length(item: Item) -> int:
     return item.length
+
+
+def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:
+    return 0 if output_tokens is None else output_tokens(item.output_budget)

@@ -106,6 +106,11 @@ def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
     return rule.fits(1, lane.longest(by_length), output)
 
 
+def _fits_item(contract: Contract, item: Item) -> bool:
+    rule = contract.rule
+    return rule.fits(1, item.length, rule.output_tokens(item.output_budget) if rule.counts_output else 0)
+
+
 class Scheduler:
     """The scheduling core: lanes, contracts, dispatch and the ledger, driven by ``now_ms``.
 
@@ -312,6 +317,12 @@ class Scheduler:
         lane = sl.lanes[oldest.lane]
         if not self._may_take(lane, state.contract, peers):
             return None
+        if (
+            self.table.by_length
+            and not _fits_item(state.contract, oldest)
+            and any(_fits_item(p.contract, oldest) for p in peers)
+        ):
+            return None  # a bigger peer holds it
         if self.settings.deadline == "absolute":
             return sl, lane, None
         if choice is not None and choice[0].newest_ms - oldest.arrival_ms < max_wait:
@@ -322,10 +333,22 @@ class Scheduler:
         return sl, lane, oldest
 
     def _may_take(self, lane: Lane, contract: Contract, peers: list[ConsumerState]) -> bool:
+        """A lane whose longest item ``contract`` holds alone, or that no peer holds (its head then goes
+        out oversized); cut by length, also one whose shortest item it holds while a peer holds the
+        longest (:meth:`_leaves_longer`: the batch starts below what the peer must take)."""
         by_length = self.table.by_length
         if _fits(contract, lane, by_length):
             return True
-        return not any(_fits(p.contract, lane, by_length) for p in peers)
+        if not any(_fits(p.contract, lane, by_length) for p in peers):
+            return True
+        return by_length and _fits_item(contract, lane.items[-1])
+
+    def _leaves_longer(self, contract: Contract, lane: Lane) -> bool:
+        """Whether a batch for ``contract`` must leave the lane's longest items to a peer that holds
+        them (cut by length, the lane may hold items only the bigger cards of the model take)."""
+        if not self.table.by_length or _fits(contract, lane, True):
+            return False
+        return any(_fits(p.contract, lane, True) for p in self._by_model[contract.model])
 
     def _eligible_lane(self, sl: ShapeLanes, contract: Contract, peers: list[ConsumerState]) -> Lane | None:
         if len(peers) == 1:
@@ -366,7 +389,8 @@ class Scheduler:
         self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int, anchor: Item | None = None
     ) -> Batch:
         c = state.contract
-        items, padded_length = self.table.take_batch(sl, lane, c.rule, now_ms, anchor)
+        leave = anchor is None and self._leaves_longer(c, lane)
+        items, padded_length = self.table.take_batch(sl, lane, c.rule, now_ms, anchor, leave)
         if lane.items:
             sl.ready.move_to_end(lane.id)
         if sl.waiting_items == 0:

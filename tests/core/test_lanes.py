@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from processor.core.contract import BatchRule
 from processor.core.item import Item
 from processor.core.lanes import LaneSettings, LaneTable, ShapeLanes
 from tests.core.helpers import MODEL, SHAPE_A, SHAPE_B, lane_of, make_item, reps
@@ -357,3 +358,88 @@ def test_lane_pressure_is_lanes_in_use_over_shapes_times_budget() -> None:
     assert t.lane_pressure() == pytest.approx(3 / 8)
     _sl, rep = lane_of(t, place(t, 4999))
     assert rep == 5000
+
+
+# ------------------------------------------------------------------------------ cut by length (defaults)
+
+
+def length_table(**settings: object) -> LaneTable:
+    return LaneTable(LaneSettings(**settings))  # type: ignore[arg-type]
+
+
+def test_the_defaults_keep_one_lane_per_shape_cut_by_length() -> None:
+    t = length_table()
+    assert t.settings.cut == "length" and t.by_length
+    items = [place(t, n) for n in (100, 9000, 3000, 40, 9000)] + [place(t, 500, shape=SHAPE_B)]
+    assert {it.lane for it in items} == {0} and len(shape_lanes(t).lanes) == 1
+    assert len(shape_lanes(t, SHAPE_B).lanes) == 1
+    t.check()
+
+
+def test_a_batch_takes_the_longest_items_first_ties_in_arrival_order() -> None:
+    t = length_table(cut_ratio=1.0, cut_tokens=10**6)
+    items = [place(t, n) for n in (100, 300, 200, 300, 500, 100)]
+    sl = shape_lanes(t)
+    taken, padded = t.take(sl, sl.lanes[0], budget_tokens=1600, max_items=10, pad_multiple=8, now_ms=0)
+    assert taken == [items[4], items[1], items[3]] and padded == 504  # a 4th: 4 x 504 > 1600
+    taken, padded = t.take(sl, sl.lanes[0], budget_tokens=10**6, max_items=10, pad_multiple=8, now_ms=0)
+    assert taken == [items[2], items[0], items[5]] and padded == 200
+    t.check()
+
+
+def test_the_cut_stops_where_an_item_would_pad_by_more_than_cut_tokens_or_cut_ratio() -> None:
+    t = length_table(cut_tokens=64, cut_ratio=0.02)
+    lengths = (10_000, 9_950, 9_900, 1_000, 995, 970)
+    items = [place(t, n) for n in lengths]
+    sl = shape_lanes(t)
+    cuts = []
+    while sl.waiting_items:
+        taken, _ = t.take(sl, sl.lanes[0], budget_tokens=10**6, max_items=100, pad_multiple=8, now_ms=0)
+        cuts.append([it.length for it in taken])
+    # padded to 8: 9,904 pads by 96 > 64 tokens; 976 pads by 24 > 2% of 1,000 (995 -> 1,000 by 0)
+    assert cuts == [[10_000, 9_950], [9_900], [1_000, 995], [970]]
+    assert sorted(it.id for it in items) == sorted(it.id for it in items if it.dispatched)
+
+
+def test_an_item_longer_than_the_last_marks_the_lane_unsorted_and_the_next_cut_sorts_it() -> None:
+    t = length_table()
+    place(t, 100)
+    place(t, 50)
+    lane = shape_lanes(t).lanes[0]
+    assert not lane.unsorted  # appended in descending order
+    longest = place(t, 700)
+    assert lane.unsorted and lane.head() is longest and not lane.unsorted
+    assert [it.length for it in lane.items] == [700, 100, 50]
+    t.check()
+
+
+def test_an_anchor_goes_first_and_the_batch_takes_only_items_no_longer_than_it() -> None:
+    t = length_table(cut_ratio=1.0, cut_tokens=10**6)
+    items = [place(t, n) for n in (900, 500, 800, 400, 300)]
+    sl = shape_lanes(t)
+    rule = BatchRule(max_items=3, pad_multiple=8, batching="tokens", budget_tokens=10**6)
+    taken, padded = t.take_batch(sl, sl.lanes[0], rule, 0, anchor=items[1])
+    assert taken == [items[1], items[3], items[4]] and padded == 504
+    assert [it.length for it in sl.lanes[0].items] == [900, 800]  # the longer ones stay, in order
+    t.check()
+
+
+def test_leave_longer_starts_the_batch_at_the_longest_item_that_fits_alone() -> None:
+    t = length_table(cut_ratio=1.0, cut_tokens=10**6)
+    items = [place(t, n) for n in (5000, 900, 4000, 800)]
+    sl = shape_lanes(t)
+    rule = BatchRule(max_items=8, pad_multiple=8, batching="tokens", budget_tokens=2048)
+    taken, padded = t.take_batch(sl, sl.lanes[0], rule, 0, leave_longer=True)
+    assert taken == [items[1], items[3]] and padded == 904
+    assert [it.length for it in sl.lanes[0].items] == [5000, 4000]
+    t.check()
+
+
+def test_check_catches_a_lane_cut_by_length_that_is_out_of_order() -> None:
+    t = length_table()
+    place(t, 100)
+    place(t, 50)
+    lane = shape_lanes(t).lanes[0]
+    lane.items.rotate(1)  # [50, 100] without the flag saying so
+    with pytest.raises(AssertionError, match="not longest first"):
+        t.check()
