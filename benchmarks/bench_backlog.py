@@ -2,6 +2,7 @@
 
     python benchmarks/bench_backlog.py               # 200,000 items (about a minute)
     python benchmarks/bench_backlog.py --items 20000 --json FILE
+    python benchmarks/bench_backlog.py --lanes cut_ratio=0.01,floor_tokens=0   # other settings, first row
 
 The backlog (issue 18, section 1) is :func:`processor.sim.tracegen.templated_records`: 40 prompt
 templates with Zipf(1.1) popularity, prefixes of 150-2,500 tokens, the 20 most popular on ``model-a``
@@ -77,10 +78,23 @@ def compulsory(records: list[TraceRecord], specs: list[ConsumerSpec]) -> tuple[i
     return per_card, bound
 
 
-def runs(records: list[TraceRecord], specs: list[ConsumerSpec]) -> list[tuple[str, SimReport, float]]:
+def lane_settings(text: str | None) -> LaneSettings | None:
+    """``KEY=VALUE,...`` of :class:`LaneSettings` fields (numbers or ``cut``'s word), or None."""
+    if not text:
+        return None
+    fields: dict[str, Any] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        fields[key] = value if key == "cut" else float(value) if "." in value else int(value)
+    return LaneSettings(**fields)
+
+
+def runs(
+    records: list[TraceRecord], specs: list[ConsumerSpec], ours: LaneSettings | None = None
+) -> list[tuple[str, SimReport, float]]:
     out = []
     for label, policy, lanes, dispatch in (
-        ("lanes (defaults)", "lanes", None, None),
+        ("lanes (defaults)" if ours is None else "lanes (--lanes)", "lanes", ours, None),
         ("lanes (first generation)", "lanes", FIRST_GENERATION_LANES, FIRST_GENERATION_DISPATCH),
         ("lanes (first generation, no deadline)", "lanes", FIRST_GENERATION_LANES, NO_DEADLINE),
         ("oracle (shape-sorted offline)", "oracle", None, None),
@@ -96,13 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=200_000, help="backlog size (default: 200,000)")
     p.add_argument("--seed", type=int, default=1, help="trace seed (default: 1)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--lanes", metavar="K=V,...", help="LaneSettings of the first row (default: the defaults)")
     args = p.parse_args(argv)
     if args.items < 1:
         p.error(f"--items must be >= 1, got {args.items}")
     records = backlog(args.items, args.seed)
     specs = [parse_consumer_spec(s) for s in CARDS]
     per_card, bound = compulsory(records, specs)
-    results = runs(records, specs)
+    try:
+        ours = lane_settings(args.lanes)
+    except (TypeError, ValueError) as exc:
+        p.error(f"--lanes {args.lanes!r}: {exc}")
+    results = runs(records, specs, ours)
     oracle_ms = results[-1][1].makespan_ms
 
     print("## Templated backlog: dispatch against the offline packer\n")
