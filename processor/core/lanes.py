@@ -24,9 +24,12 @@ Everything here is driven by the ``now_ms`` the caller passes in: no clock, no I
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort_left
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableSequence
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import cast
 
 from sortedcontainers import SortedList
 
@@ -99,35 +102,38 @@ class LaneSettings:
 class Lane:
     """Waiting items of similar length within one shape.
 
-    ``items`` is in arrival order under ``cut="arrival"``. Under ``cut="length"`` it is sorted longest
-    first (ties in arrival order) whenever ``unsorted`` is False; an item longer than the last one
-    appended sets ``unsorted`` and the next cut sorts (Timsort: linear on a sorted run plus a tail).
+    Cut in arrival order, ``items`` is a deque in arrival order. Cut by length it is a list sorted by
+    length, shortest first, with equal lengths newest first: the next batch is taken from the end
+    (longest first, equal lengths oldest first), and an item is placed by binary search
+    (``bisect.insort_left``: a memmove, not a re-sort).
     """
 
-    __slots__ = ("id", "items", "last_ms", "rep", "tokens", "unsorted")
+    __slots__ = ("by_length", "id", "items", "last_ms", "rep", "tokens")
 
-    def __init__(self, lane_id: int, rep: int, now_ms: int) -> None:
+    def __init__(self, lane_id: int, rep: int, now_ms: int, by_length: bool = False) -> None:
         self.id = lane_id
         self.rep = rep
-        self.items: deque[Item] = deque()
+        self.by_length = by_length
+        self.items: MutableSequence[Item] = [] if by_length else deque()
         self.tokens = 0
         self.last_ms = now_ms
-        self.unsorted = False
-
-    def longest(self, by_length: bool) -> int:
-        """The longest waiting item's length under ``cut="length"``; else the representative (the
-        longest the lane ever held: in arrival order any waiting item may be the longest)."""
-        return self.head().length if by_length else self.rep
 
     def head(self) -> Item:
-        """The item the next batch starts from (the longest, under ``cut="length"``)."""
-        if self.unsorted:
-            self.sort()
+        """The item the next batch starts from (the longest, cut by length; else the oldest)."""
+        return self.items[-1] if self.by_length else self.items[0]
+
+    def shortest(self) -> Item:
+        """Cut by length: the shortest waiting item."""
         return self.items[0]
 
-    def sort(self) -> None:
-        self.items = deque(sorted(self.items, key=_length, reverse=True))
-        self.unsorted = False
+    def longest(self, by_length: bool) -> int:
+        """The longest waiting item's length cut by length; else the representative (the longest
+        the lane ever held: in arrival order any waiting item may be the longest)."""
+        return self.items[-1].length if by_length else self.rep
+
+    def in_cut_order(self) -> list[Item]:
+        """The waiting items in the order batches take them (without an anchor)."""
+        return list(reversed(self.items)) if self.by_length else list(self.items)
 
 
 class ShapeLanes:
@@ -273,7 +279,7 @@ class LaneTable:
 
     def _open(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
         lane_id, recycled = sl._new_id()
-        lane = Lane(lane_id, length, now_ms)
+        lane = Lane(lane_id, length, now_ms, self.by_length)
         sl.lanes[lane_id] = lane
         sl.order.add((length, lane_id))
         sl.choices.clear()
@@ -295,10 +301,10 @@ class LaneTable:
             sl.order.add((length, lane.id))
             sl.choices.clear()
             lane.rep = length
-        queue = lane.items
-        if self.by_length and queue and length > queue[-1].length:
-            lane.unsorted = True
-        queue.append(item)
+        if self.by_length:
+            insort_left(cast(list[Item], lane.items), item, key=_LENGTH)
+        else:
+            lane.items.append(item)
         if item.arrival_ms > sl.newest_ms:
             sl.newest_ms = item.arrival_ms
         lane.tokens += length
@@ -340,40 +346,83 @@ class LaneTable:
         starts at the longest item that fits ``rule`` alone, leaving the longer ones in the lane (for
         a bigger consumer of the model); the scheduler asks only when one fits.
         """
-        if lane.unsorted:
-            lane.sort()
-        queue = lane.items
+        if self.by_length:
+            taken, longest = self._cut_by_length(cast(list[Item], lane.items), rule, anchor, leave_longer)
+        else:
+            taken, longest = self._cut_in_arrival_order(cast(deque[Item], lane.items), rule, anchor)
+        tokens = 0
+        for item in taken:
+            item.dispatched = True
+            tokens += item.length
+        lane.tokens -= tokens
+        lane.last_ms = now_ms
+        sl.waiting_items -= len(taken)
+        sl.waiting_tokens -= tokens
+        self.waiting_items -= len(taken)
+        self.waiting_tokens -= tokens
+        if not lane.items:
+            del sl.ready[lane.id]
+            self._quiet[(sl.key, lane.id)] = now_ms
+        return taken, rule.padded_length(longest)
+
+    def _cut_by_length(
+        self, items: list[Item], rule: BatchRule, anchor: Item | None, leave_longer: bool
+    ) -> tuple[list[Item], int]:
+        """Take a batch from the end of ``items`` (sorted shortest first): the items taken are one
+        contiguous slice, deleted in one go."""
+        fits = rule.fits
+        output_tokens = rule.output_tokens if rule.counts_output else None
+        end = len(items)
+        if anchor is not None:
+            end = bisect_left(items, anchor.length, key=_LENGTH)
+            while items[end] is not anchor:
+                end += 1
+            end += 1
+        elif leave_longer:
+            while end > 1 and not fits(1, items[end - 1].length, _output(output_tokens, items[end - 1])):
+                end -= 1
+        pm = rule.pad_multiple
+        gap_tokens = self.settings.cut_tokens
+        gap_ratio = self.settings.cut_ratio
+        first = items[end - 1]
+        longest = first.length
+        outputs = _output(output_tokens, first)
+        start = end - 1
+        if fits(1, longest, outputs):
+            padded = -(-longest // pm) * pm
+            limit = min(gap_tokens, gap_ratio * longest)
+            while start > 0:
+                item = items[start - 1]
+                if padded - -(-item.length // pm) * pm > limit:
+                    break
+                candidate_outputs = (
+                    outputs if output_tokens is None else outputs + output_tokens(item.output_budget)
+                )
+                if not fits(end - start + 1, longest, candidate_outputs):
+                    break
+                outputs = candidate_outputs
+                start -= 1
+        taken = items[start:end]
+        taken.reverse()
+        del items[start:end]
+        return taken, longest
+
+    def _cut_in_arrival_order(
+        self, queue: deque[Item], rule: BatchRule, anchor: Item | None
+    ) -> tuple[list[Item], int]:
+        """Take a batch from the head of ``queue`` (or from ``anchor`` on)."""
         taken: list[Item] = []
         fits = rule.fits
         output_tokens = rule.output_tokens if rule.counts_output else None
         longest = 0
         outputs = 0
-        # the anchor first: rotate it to the head, cut at most the items from it to the end (in
-        # length order, none longer than it), then rotate the ones before it back in front
-        if anchor is not None:
-            skip = queue.index(anchor)
-        elif leave_longer:
-            skip = next(
-                (i for i, it in enumerate(queue) if fits(1, it.length, _output(output_tokens, it))), 0
-            )
-        else:
-            skip = 0
+        skip = 0 if anchor is None else queue.index(anchor)
         if skip:
             queue.rotate(-skip)
         left = len(queue) - skip
-        # under cut="length" the lane is sorted longest first: the batch stops at the first item that
-        # pads by more than cut_tokens (in pad multiples) to the longest so far
-        pm = rule.pad_multiple
-        by_length = self.by_length
-        gap_tokens = self.settings.cut_tokens
-        gap_ratio = self.settings.cut_ratio
         while len(taken) < left:
             head = queue[0]
             candidate = head.length if head.length > longest else longest
-            if by_length and taken:
-                pad = -(-candidate // pm) * pm - -(-head.length // pm) * pm
-                if pad > gap_tokens or pad > gap_ratio * candidate:
-                    break
             candidate_outputs = (
                 outputs if output_tokens is None else outputs + output_tokens(head.output_budget)
             )
@@ -388,20 +437,7 @@ class LaneTable:
             longest = head.length
         if skip:
             queue.rotate(skip)
-        tokens = 0
-        for item in taken:
-            item.dispatched = True
-            tokens += item.length
-        lane.tokens -= tokens
-        lane.last_ms = now_ms
-        sl.waiting_items -= len(taken)
-        sl.waiting_tokens -= tokens
-        self.waiting_items -= len(taken)
-        self.waiting_tokens -= tokens
-        if not queue:
-            del sl.ready[lane.id]
-            self._quiet[(sl.key, lane.id)] = now_ms
-        return taken, rule.padded_length(longest)
+        return taken, longest
 
     def reclaim_idle(self, now_ms: int) -> int:
         """Retire every lane that has been empty for ``idle_ms``; returns how many went quiet."""
@@ -467,8 +503,8 @@ class LaneTable:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: holds {t} tokens, counted {lane.tokens}")
                 if lengths and max(lengths) > lane.rep:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: an item is longer than rep {lane.rep}")
-                if self.by_length and not lane.unsorted and lengths != sorted(lengths, reverse=True):
-                    raise AssertionError(f"lane {sl.key}/{lane.id}: not longest first, not marked unsorted")
+                if self.by_length and lengths != sorted(lengths):
+                    raise AssertionError(f"lane {sl.key}/{lane.id}: cut by length, but not sorted by length")
                 s_items += n
                 s_tokens += t
                 lanes += 1
@@ -491,8 +527,7 @@ class LaneTable:
             raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")
 
 
-def _length(item: Item) -> int:
-    return item.length
+_LENGTH = attrgetter("length")
 
 
 def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:

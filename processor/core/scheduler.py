@@ -341,7 +341,7 @@ class Scheduler:
             return True
         if not any(_fits(p.contract, lane, by_length) for p in peers):
             return True
-        return by_length and _fits_item(contract, lane.items[-1])
+        return by_length and _fits_item(contract, lane.shortest())
 
     def _leaves_longer(self, contract: Contract, lane: Lane) -> bool:
         """Whether a batch for ``contract`` must leave the lane's longest items to a peer that holds

@@ -337,9 +337,9 @@ def test_take_cuts_the_longest_prefix_that_fits(
         sl = table.place(item(length, out), 0)
     while table.waiting_items:
         lane = next(iter(sl.ready.values()))
-        order = list(lane.items)
+        order = lane.in_cut_order()
         if cut == "length":
-            order.sort(key=lambda it: it.length, reverse=True)
+            assert order == sorted(order, key=lambda it: it.length, reverse=True)
         expected_n = 0
         for n in range(1, len(order) + 1):
             head = order[:n]

@@ -401,15 +401,12 @@ def test_the_cut_stops_where_an_item_would_pad_by_more_than_cut_tokens_or_cut_ra
     assert sorted(it.id for it in items) == sorted(it.id for it in items if it.dispatched)
 
 
-def test_an_item_longer_than_the_last_marks_the_lane_unsorted_and_the_next_cut_sorts_it() -> None:
+def test_a_lane_cut_by_length_stays_sorted_as_items_arrive() -> None:
     t = length_table()
-    place(t, 100)
-    place(t, 50)
+    a, b, c, d = (place(t, n) for n in (100, 50, 700, 100))
     lane = shape_lanes(t).lanes[0]
-    assert not lane.unsorted  # appended in descending order
-    longest = place(t, 700)
-    assert lane.unsorted and lane.head() is longest and not lane.unsorted
-    assert [it.length for it in lane.items] == [700, 100, 50]
+    assert lane.head() is c and lane.shortest() is b
+    assert lane.in_cut_order() == [c, a, d, b]  # longest first, equal lengths oldest first
     t.check()
 
 
@@ -420,7 +417,7 @@ def test_an_anchor_goes_first_and_the_batch_takes_only_items_no_longer_than_it()
     rule = BatchRule(max_items=3, pad_multiple=8, batching="tokens", budget_tokens=10**6)
     taken, padded = t.take_batch(sl, sl.lanes[0], rule, 0, anchor=items[1])
     assert taken == [items[1], items[3], items[4]] and padded == 504
-    assert [it.length for it in sl.lanes[0].items] == [900, 800]  # the longer ones stay, in order
+    assert [it.length for it in sl.lanes[0].in_cut_order()] == [900, 800]  # the longer ones stay
     t.check()
 
 
@@ -431,7 +428,7 @@ def test_leave_longer_starts_the_batch_at_the_longest_item_that_fits_alone() -> 
     rule = BatchRule(max_items=8, pad_multiple=8, batching="tokens", budget_tokens=2048)
     taken, padded = t.take_batch(sl, sl.lanes[0], rule, 0, leave_longer=True)
     assert taken == [items[1], items[3]] and padded == 904
-    assert [it.length for it in sl.lanes[0].items] == [5000, 4000]
+    assert [it.length for it in sl.lanes[0].in_cut_order()] == [5000, 4000]
     t.check()
 
 
@@ -440,6 +437,6 @@ def test_check_catches_a_lane_cut_by_length_that_is_out_of_order() -> None:
     place(t, 100)
     place(t, 50)
     lane = shape_lanes(t).lanes[0]
-    lane.items.rotate(1)  # [50, 100] without the flag saying so
-    with pytest.raises(AssertionError, match="not longest first"):
+    lane.items.reverse()  # longest first: not how a lane cut by length keeps them
+    with pytest.raises(AssertionError, match="not sorted by length"):
         t.check()
