@@ -24,11 +24,10 @@ Everything here is driven by the ``now_ms`` the caller passes in: no clock, no I
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort_left
+from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, MutableSequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import cast
 
 from sortedcontainers import SortedList
@@ -99,13 +98,65 @@ class LaneSettings:
         return max(self.floor_tokens, min(self.cap_tokens, length * ratio))
 
 
+class ByLength:
+    """A lane's items cut by length: one FIFO per distinct length, and the lengths sorted.
+
+    Placing an item is a dict lookup and an append (a new length also a binary-search insert into the
+    short list of lengths); a batch pops from the longest lengths down. Equal lengths leave oldest
+    first.
+    """
+
+    __slots__ = ("buckets", "lengths", "n")
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []  # ascending, each with a non-empty bucket
+        self.buckets: dict[int, deque[Item]] = {}
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def __iter__(self) -> Iterator[Item]:
+        for length in self.lengths:
+            yield from self.buckets[length]
+
+    def add(self, item: Item) -> None:
+        bucket = self.buckets.get(item.length)
+        if bucket is None:
+            self.buckets[item.length] = deque((item,))
+            insort(self.lengths, item.length)
+        else:
+            bucket.append(item)
+        self.n += 1
+
+    def remove(self, item: Item) -> None:
+        bucket = self.buckets[item.length]
+        bucket.remove(item)
+        self.n -= 1
+        if not bucket:
+            self._drop(item.length)
+
+    def _drop(self, length: int) -> None:
+        del self.buckets[length]
+        del self.lengths[bisect_left(self.lengths, length)]
+
+    def head(self) -> Item:
+        return self.buckets[self.lengths[-1]][0]
+
+    def shortest(self) -> Item:
+        return self.buckets[self.lengths[0]][0]
+
+    def in_cut_order(self) -> list[Item]:
+        return [it for length in reversed(self.lengths) for it in self.buckets[length]]
+
+
 class Lane:
     """Waiting items of similar length within one shape.
 
-    Cut in arrival order, ``items`` is a deque in arrival order. Cut by length it is a list sorted by
-    length, shortest first, with equal lengths newest first: the next batch is taken from the end
-    (longest first, equal lengths oldest first), and an item is placed by binary search
-    (``bisect.insort_left``: a memmove, not a re-sort).
+    Cut in arrival order, ``items`` is a deque in arrival order; cut by length, a :class:`ByLength`.
     """
 
     __slots__ = ("by_length", "id", "items", "last_ms", "rep", "tokens")
@@ -114,26 +165,28 @@ class Lane:
         self.id = lane_id
         self.rep = rep
         self.by_length = by_length
-        self.items: MutableSequence[Item] = [] if by_length else deque()
+        self.items: ByLength | deque[Item] = ByLength() if by_length else deque()
         self.tokens = 0
         self.last_ms = now_ms
 
     def head(self) -> Item:
         """The item the next batch starts from (the longest, cut by length; else the oldest)."""
-        return self.items[-1] if self.by_length else self.items[0]
+        items = self.items
+        return items.head() if isinstance(items, ByLength) else items[0]
 
     def shortest(self) -> Item:
         """Cut by length: the shortest waiting item."""
-        return self.items[0]
+        return cast(ByLength, self.items).shortest()
 
     def longest(self, by_length: bool) -> int:
         """The longest waiting item's length cut by length; else the representative (the longest
         the lane ever held: in arrival order any waiting item may be the longest)."""
-        return self.items[-1].length if by_length else self.rep
+        return self.head().length if by_length else self.rep
 
     def in_cut_order(self) -> list[Item]:
         """The waiting items in the order batches take them (without an anchor)."""
-        return list(reversed(self.items)) if self.by_length else list(self.items)
+        items = self.items
+        return items.in_cut_order() if isinstance(items, ByLength) else list(items)
 
 
 class ShapeLanes:
@@ -301,10 +354,11 @@ class LaneTable:
             sl.order.add((length, lane.id))
             sl.choices.clear()
             lane.rep = length
-        if self.by_length:
-            insort_left(cast(list[Item], lane.items), item, key=_LENGTH)
+        lane_items = lane.items
+        if isinstance(lane_items, ByLength):
+            lane_items.add(item)
         else:
-            lane.items.append(item)
+            lane_items.append(item)
         if item.arrival_ms > sl.newest_ms:
             sl.newest_ms = item.arrival_ms
         lane.tokens += length
@@ -347,7 +401,7 @@ class LaneTable:
         a bigger consumer of the model); the scheduler asks only when one fits.
         """
         if self.by_length:
-            taken, longest = self._cut_by_length(cast(list[Item], lane.items), rule, anchor, leave_longer)
+            taken, longest = self._cut_by_length(cast(ByLength, lane.items), rule, anchor, leave_longer)
         else:
             taken, longest = self._cut_in_arrival_order(cast(deque[Item], lane.items), rule, anchor)
         tokens = 0
@@ -366,45 +420,61 @@ class LaneTable:
         return taken, rule.padded_length(longest)
 
     def _cut_by_length(
-        self, items: list[Item], rule: BatchRule, anchor: Item | None, leave_longer: bool
+        self, items: ByLength, rule: BatchRule, anchor: Item | None, leave_longer: bool
     ) -> tuple[list[Item], int]:
-        """Take a batch from the end of ``items`` (sorted shortest first): the items taken are one
-        contiguous slice, deleted in one go."""
+        """Take a batch from the longest lengths of ``items`` down (or from ``anchor``'s, the anchor
+        first; or, ``leave_longer``, from the longest length whose oldest item fits alone)."""
         fits = rule.fits
         output_tokens = rule.output_tokens if rule.counts_output else None
-        end = len(items)
+        lengths = items.lengths
+        buckets = items.buckets
         if anchor is not None:
-            end = bisect_left(items, anchor.length, key=_LENGTH)
-            while items[end] is not anchor:
-                end += 1
-            end += 1
-        elif leave_longer:
-            while end > 1 and not fits(1, items[end - 1].length, _output(output_tokens, items[end - 1])):
-                end -= 1
-        pm = rule.pad_multiple
-        gap_tokens = self.settings.cut_tokens
-        gap_ratio = self.settings.cut_ratio
-        first = items[end - 1]
+            items.remove(anchor)
+            taken = [anchor]
+            top = bisect_right(lengths, anchor.length)  # the lengths below it, its own included
+        else:
+            top = len(lengths)
+            if leave_longer:
+                while top > 1:
+                    first = buckets[lengths[top - 1]][0]
+                    if fits(1, first.length, _output(output_tokens, first)):
+                        break
+                    top -= 1
+            first = buckets[lengths[top - 1]].popleft()
+            items.n -= 1
+            taken = [first]
+        first = taken[0]
         longest = first.length
         outputs = _output(output_tokens, first)
-        start = end - 1
         if fits(1, longest, outputs):
+            pm = rule.pad_multiple
             padded = -(-longest // pm) * pm
-            limit = min(gap_tokens, gap_ratio * longest)
-            while start > 0:
-                item = items[start - 1]
-                if padded - -(-item.length // pm) * pm > limit:
+            floor = padded - min(self.settings.cut_tokens, self.settings.cut_ratio * longest)
+            n = 1
+            k = top
+            done = False
+            while k > 0 and not done:
+                length = lengths[k - 1]
+                if -(-length // pm) * pm < floor:
                     break
-                candidate_outputs = (
-                    outputs if output_tokens is None else outputs + output_tokens(item.output_budget)
-                )
-                if not fits(end - start + 1, longest, candidate_outputs):
-                    break
-                outputs = candidate_outputs
-                start -= 1
-        taken = items[start:end]
-        taken.reverse()
-        del items[start:end]
+                bucket = buckets[length]
+                while bucket:
+                    item = bucket[0]
+                    candidate_outputs = (
+                        outputs if output_tokens is None else outputs + output_tokens(item.output_budget)
+                    )
+                    if not fits(n + 1, longest, candidate_outputs):
+                        done = True
+                        break
+                    taken.append(bucket.popleft())
+                    outputs = candidate_outputs
+                    n += 1
+                k -= 1
+            items.n -= n - 1
+        # drop the lengths whose buckets the cut emptied (they sit at and below ``top``)
+        for length in {it.length for it in taken}:
+            if length in buckets and not buckets[length]:
+                items._drop(length)
         return taken, longest
 
     def _cut_in_arrival_order(
@@ -503,7 +573,11 @@ class LaneTable:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: holds {t} tokens, counted {lane.tokens}")
                 if lengths and max(lengths) > lane.rep:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: an item is longer than rep {lane.rep}")
-                if self.by_length and lengths != sorted(lengths):
+                if isinstance(lane.items, ByLength) and (
+                    lane.items.lengths != sorted(lane.items.buckets)
+                    or not all(lane.items.buckets.values())
+                    or lengths != sorted(lengths)
+                ):
                     raise AssertionError(f"lane {sl.key}/{lane.id}: cut by length, but not sorted by length")
                 s_items += n
                 s_tokens += t
@@ -525,9 +599,6 @@ class LaneTable:
             )
         if lanes != self.stats.lanes_in_use:
             raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")
-
-
-_LENGTH = attrgetter("length")
 
 
 def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:

@@ -379,7 +379,7 @@ def test_dispatch_stops_rather_than_emit_a_mixed_batch() -> None:
     stray = make_item(100, shape=SHAPE_B)
     stray.lane = item.lane
     sl = sched.table.shapes[(MODEL, SHAPE_A)]
-    sl.lanes[item.lane].items.append(stray)  # corrupt the lane by hand
+    sl.lanes[item.lane].items.add(stray)  # type: ignore[union-attr]  # corrupt the lane by hand
     sl.lanes[item.lane].tokens += 100
     with pytest.raises(InvariantViolation, match=repr(stray.id)):
         sched.dispatch(0)
