@@ -103,14 +103,16 @@ class ByLength:
 
     Placing an item is a dict lookup and an append (a new length also a binary-search insert into the
     short list of lengths); a batch pops from the longest lengths down. Equal lengths leave oldest
-    first.
+    first. A length's FIFO is a list (56 bytes and a pointer per item: most lengths hold an item or
+    two) until it holds more than ``_DEQUE_AT`` items, then a deque (about 600 bytes, but popping its
+    head costs nothing however many wait).
     """
 
     __slots__ = ("buckets", "lengths", "n")
 
     def __init__(self) -> None:
         self.lengths: list[int] = []  # ascending, each with a non-empty bucket
-        self.buckets: dict[int, deque[Item]] = {}
+        self.buckets: dict[int, list[Item] | deque[Item]] = {}
         self.n = 0
 
     def __len__(self) -> int:
@@ -126,10 +128,12 @@ class ByLength:
     def add(self, item: Item) -> None:
         bucket = self.buckets.get(item.length)
         if bucket is None:
-            self.buckets[item.length] = deque((item,))
+            self.buckets[item.length] = [item]
             insort(self.lengths, item.length)
         else:
             bucket.append(item)
+            if len(bucket) > _DEQUE_AT and type(bucket) is list:
+                self.buckets[item.length] = deque(bucket)
         self.n += 1
 
     def remove(self, item: Item) -> None:
@@ -440,7 +444,9 @@ class LaneTable:
                     if fits(1, first.length, _output(output_tokens, first)):
                         break
                     top -= 1
-            first = buckets[lengths[top - 1]].popleft()
+            bucket = buckets[lengths[top - 1]]
+            first = bucket[0]
+            _drop_front(bucket, 1)
             items.n -= 1
             taken = [first]
         first = taken[0]
@@ -458,17 +464,19 @@ class LaneTable:
                 if -(-length // pm) * pm < floor:
                     break
                 bucket = buckets[length]
-                while bucket:
-                    item = bucket[0]
+                i = 0
+                for item in bucket:
                     candidate_outputs = (
                         outputs if output_tokens is None else outputs + output_tokens(item.output_budget)
                     )
                     if not fits(n + 1, longest, candidate_outputs):
                         done = True
                         break
-                    taken.append(bucket.popleft())
+                    taken.append(item)
                     outputs = candidate_outputs
                     n += 1
+                    i += 1
+                _drop_front(bucket, i)
                 k -= 1
             items.n -= n - 1
         # drop the lengths whose buckets the cut emptied (they sit at and below ``top``)
@@ -603,3 +611,15 @@ class LaneTable:
 
 def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:
     return 0 if output_tokens is None else output_tokens(item.output_budget)
+
+
+_DEQUE_AT = 32
+"""A length's FIFO turns from a list into a deque when it holds more items than this."""
+
+
+def _drop_front(bucket: list[Item] | deque[Item], n: int) -> None:
+    if type(bucket) is list:
+        del bucket[:n]
+    else:
+        for _ in range(n):
+            cast(deque[Item], bucket).popleft()

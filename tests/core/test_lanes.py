@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from processor.core.contract import BatchRule
 from processor.core.item import Item
-from processor.core.lanes import LaneSettings, LaneTable, ShapeLanes
+from processor.core.lanes import ByLength, LaneSettings, LaneTable, ShapeLanes
 from tests.core.helpers import MODEL, SHAPE_A, SHAPE_B, lane_of, make_item, reps
 
 # The placement tests run on the first generation's narrow lanes, cut in arrival order; the defaults
@@ -440,3 +442,18 @@ def test_check_catches_a_lane_cut_by_length_that_is_out_of_order() -> None:
     lane.items.lengths.reverse()  # type: ignore[union-attr]  # longest first: not how it keeps them
     with pytest.raises(AssertionError, match="not sorted by length"):
         t.check()
+
+
+def test_a_length_holding_many_items_moves_to_a_deque_and_stays_oldest_first() -> None:
+    t = length_table()
+    same = [place(t, 500) for _ in range(40)]
+    place(t, 300)
+    lane = shape_lanes(t).lanes[0]
+    assert isinstance(lane.items, ByLength)
+    assert type(lane.items.buckets[500]) is deque and type(lane.items.buckets[300]) is list
+    sl = shape_lanes(t)
+    taken, _ = t.take(sl, lane, budget_tokens=10 * 504, max_items=64, pad_multiple=8, now_ms=0)
+    assert taken == same[:10]
+    taken, _ = t.take(sl, lane, budget_tokens=10**6, max_items=64, pad_multiple=8, now_ms=0)
+    assert taken == same[10:]  # 300 pads by 200 > cut_tokens: not in this batch
+    t.check()
