@@ -109,7 +109,7 @@ def measure(items: int, tokens: int, shapes: int = 8, seed: int = 1) -> dict[str
 def breakdown(core: Scheduler) -> dict[str, int]:
     """``sys.getsizeof`` of one waiting item's own objects (shared and cached objects excluded)."""
     lane = next(lane for sl in core.table.shapes.values() for lane in sl.lanes.values() if lane.items)
-    item = lane.items[0]
+    item = lane.head()
     body: bytes = item.payload
     ints = [item.shape, item.length, item.offset, item.arrival_ms]
     return {

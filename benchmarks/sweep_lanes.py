@@ -1,12 +1,15 @@
 """Sweep the lane settings over the shipped traces (backlog replays, default cards).
 
 Prints a markdown table of padding waste / budget fill / new lanes per trace for each setting, the
-measurement behind LaneSettings' defaults (docs/lanes.md). Run: python benchmarks/sweep_lanes.py
+measurement behind LaneSettings' defaults (docs/lanes.md). The listed settings are the first
+generation's narrow lanes (cut in arrival order, absolute deadline, no spread); the last row is
+today's defaults (one lane per shape, cut by length). Run: python benchmarks/sweep_lanes.py
 """
 
 from __future__ import annotations
 
 from processor.core.lanes import LaneSettings
+from processor.core.scheduler import DispatchSettings
 from processor.sim.simulator import DEFAULT_CONSUMERS, parse_consumer_spec, simulate
 from processor.sim.traces import read_shipped
 
@@ -26,13 +29,24 @@ def main() -> None:
     records = {name: read_shipped(name) for name in TRACES}
     print("| floor | start | full | cap | " + " | ".join(TRACES) + " |")
     print("|---:|---:|---:|---:|" + "---|" * len(TRACES))
-    for floor, start, full, cap in SETTINGS:
-        lanes = LaneSettings(floor_tokens=floor, start_ratio=start, full_ratio=full, cap_tokens=cap)
+    first_generation = DispatchSettings(deadline="absolute", spread=False)
+    rows = [
+        (
+            f"| {floor} | {start} | {full} | {cap} |",
+            LaneSettings(
+                floor_tokens=floor, start_ratio=start, full_ratio=full, cap_tokens=cap, cut="arrival"
+            ),
+            first_generation,
+        )
+        for floor, start, full, cap in SETTINGS
+    ]
+    rows.append(("| defaults: one lane per shape, cut by length ||||", LaneSettings(), DispatchSettings()))
+    for label, lanes, dispatch in rows:
         cells = []
         for name in TRACES:
-            r = simulate(records[name], consumers, "lanes", backlog=True, lanes=lanes)
+            r = simulate(records[name], consumers, "lanes", backlog=True, lanes=lanes, dispatch=dispatch)
             cells.append(f"{r.padding_waste:.3%} / {r.budget_fill:.1%} / {r.new_lanes:,}")
-        print(f"| {floor} | {start} | {full} | {cap} | " + " | ".join(cells) + " |")
+        print(label + " " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ import importlib.util
 import re
 from pathlib import Path
 
-from processor.core.lanes import LaneSettings
-from processor.core.scheduler import DispatchSettings
+from processor.core.lanes import CUT_ORDERS, LaneSettings
+from processor.core.scheduler import DEADLINES, DispatchSettings
 from processor.core.shares import JobPolicy, Shares, ShareSettings
 from processor.kafka.config import ConfigError
 from processor.kafka.topics import DEFAULT_PREFIX, TopicNames
@@ -119,10 +119,43 @@ def add_lane_arguments(p: argparse.ArgumentParser) -> None:
         help="empty lanes go quiet after this long (default: %(default)s)",
     )
     g.add_argument(
+        "--cut",
+        choices=CUT_ORDERS,
+        default=d.cut,
+        help="cut batches from a lane longest first or in arrival order (default: %(default)s)",
+    )
+    g.add_argument(
+        "--cut-tokens",
+        type=int,
+        default=d.cut_tokens,
+        help="cut by length: most padding an item may add (default: %(default)s)",
+    )
+    g.add_argument(
+        "--cut-ratio",
+        type=float,
+        default=d.cut_ratio,
+        help="cut by length: most padding an item may add, as a fraction of the batch's longest "
+        "(default: %(default)s)",
+    )
+    dd = DispatchSettings()
+    g.add_argument(
         "--max-wait-ms",
         type=int,
-        default=DispatchSettings().max_wait_ms,
+        default=dd.max_wait_ms,
         help="an item waiting this long overrides shape stickiness (default: %(default)s)",
+    )
+    g.add_argument(
+        "--deadline",
+        choices=DEADLINES,
+        default=dd.deadline,
+        help="overtaking: an overdue item preempts only batches of items max-wait-ms younger; absolute: "
+        "all (default: %(default)s)",
+    )
+    g.add_argument(
+        "--no-spread",
+        dest="spread",
+        action="store_false",
+        help="a consumer switching shape takes the most waiting tokens even where another consumer is",
     )
 
 
@@ -135,8 +168,11 @@ def lanes_from(args: argparse.Namespace) -> tuple[LaneSettings, DispatchSettings
         start_ratio=args.start_ratio,
         full_ratio=args.full_ratio,
         idle_ms=args.idle_ms,
+        cut=args.cut,
+        cut_tokens=args.cut_tokens,
+        cut_ratio=args.cut_ratio,
     )
-    return lanes, DispatchSettings(max_wait_ms=args.max_wait_ms)
+    return lanes, DispatchSettings(max_wait_ms=args.max_wait_ms, deadline=args.deadline, spread=args.spread)
 
 
 def add_watchdog_argument(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,12 @@ bounds frame the threshold: padding at or below ``floor_tokens`` never opens a l
 don't spawn lanes over a few tokens), and padding above ``cap_tokens`` is never accepted while a lane
 can still be opened or reclaimed.
 
+A batch is cut from one lane (:meth:`LaneTable.take_batch`). In ``cut="length"`` (the default) the
+lane is kept sorted by length, longest first, and a batch takes the longest items while they fit and
+while each pads by at most ``cut_tokens`` to the batch's longest: items of nearly equal length go
+together however the lane's range is spread, so lanes may be wide (few, and few partial end batches)
+without padding more. ``cut="arrival"`` takes items in arrival order (the first generation's rule).
+
 Lanes are never merged. A lane that has been empty for ``idle_ms`` goes quiet: it leaves the sorted
 order and its id returns to a pool, so ids stay below ``lane_budget`` and are reused.
 
@@ -18,9 +24,11 @@ Everything here is driven by the ``now_ms`` the caller passes in: no clock, no I
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from sortedcontainers import SortedList
 
@@ -40,6 +48,8 @@ def key_job(key: ShapeKey) -> str:
     """The job of a shape key ("" for none)."""
     return key[2] if len(key) == 3 else ""
 
+CUT_ORDERS = ("length", "arrival")
+
 
 @dataclass(frozen=True, slots=True)
 class LaneSettings:
@@ -47,12 +57,21 @@ class LaneSettings:
 
     lane_budget: int = 2048
     """Most lanes one (model, shape) may hold at once."""
+    cut: str = "length"
+    """How a batch is cut from a lane: ``length`` (longest first, see ``cut_tokens``) or ``arrival``."""
+    cut_tokens: int = 64
+    """``cut="length"``: an item joins a batch only if it pads by at most this many tokens to the
+    batch's longest item (counted in whole ``pad_multiple``s of the contract), and by at most
+    ``cut_ratio`` of that longest item's length; the batch is cut there."""
+    cut_ratio: float = 0.015
     pad_multiple: int = 8
     """Rounding used to measure padding when choosing a lane (consumers use their own for batches)."""
-    floor_tokens: int = 0
-    """Padding at or below this many tokens never opens a lane. Padding is counted in whole pad
-    multiples, so any floor below ``pad_multiple`` means "same padded length always shares a lane"."""
-    cap_tokens: int = 256
+    floor_tokens: int = 1 << 20
+    """Padding at or below this many tokens never opens a lane. The default keeps one lane per shape,
+    cut by length (docs/lanes.md measures it against the narrow lanes of ``floor_tokens=0,
+    cap_tokens=256``). Padding is counted in whole pad multiples, so any floor below
+    ``pad_multiple`` means "same padded length always shares a lane"."""
+    cap_tokens: int = 1 << 20
     """Padding above this is never accepted while a lane can be opened or reclaimed."""
     start_ratio: float = 0.002
     """Threshold, as a fraction of the item's length, when the shape has no lanes."""
@@ -76,6 +95,12 @@ class LaneSettings:
             )
         if self.idle_ms < 0:
             raise ValueError(f"idle_ms must be >= 0, got {self.idle_ms}")
+        if self.cut not in CUT_ORDERS:
+            raise ValueError(f"cut must be one of {', '.join(CUT_ORDERS)}, got {self.cut!r}")
+        if self.cut_tokens < 0:
+            raise ValueError(f"cut_tokens must be >= 0, got {self.cut_tokens}")
+        if self.cut_ratio < 0:
+            raise ValueError(f"cut_ratio must be >= 0, got {self.cut_ratio}")
 
     def threshold_tokens(self, length: int, lanes_in_use: int) -> float:
         """Padding above which an item of ``length`` tokens opens a lane, given the budget's fill."""
@@ -84,17 +109,99 @@ class LaneSettings:
         return max(self.floor_tokens, min(self.cap_tokens, length * ratio))
 
 
+class ByLength:
+    """A lane's items cut by length: one FIFO per distinct length, and the lengths sorted.
+
+    Placing an item is a dict lookup and an append (a new length also a binary-search insert into the
+    short list of lengths); a batch pops from the longest lengths down. Equal lengths leave oldest
+    first. A length's FIFO is a list (56 bytes and a pointer per item: most lengths hold an item or
+    two) until it holds more than ``_DEQUE_AT`` items, then a deque (about 600 bytes, but popping its
+    head costs nothing however many wait).
+    """
+
+    __slots__ = ("buckets", "lengths", "n")
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []  # ascending, each with a non-empty bucket
+        self.buckets: dict[int, list[Item] | deque[Item]] = {}
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def __iter__(self) -> Iterator[Item]:
+        for length in self.lengths:
+            yield from self.buckets[length]
+
+    def add(self, item: Item) -> None:
+        bucket = self.buckets.get(item.length)
+        if bucket is None:
+            self.buckets[item.length] = [item]
+            insort(self.lengths, item.length)
+        else:
+            bucket.append(item)
+            if len(bucket) > _DEQUE_AT and type(bucket) is list:
+                self.buckets[item.length] = deque(bucket)
+        self.n += 1
+
+    def remove(self, item: Item) -> None:
+        bucket = self.buckets[item.length]
+        bucket.remove(item)
+        self.n -= 1
+        if not bucket:
+            self._drop(item.length)
+
+    def _drop(self, length: int) -> None:
+        del self.buckets[length]
+        del self.lengths[bisect_left(self.lengths, length)]
+
+    def head(self) -> Item:
+        return self.buckets[self.lengths[-1]][0]
+
+    def shortest(self) -> Item:
+        return self.buckets[self.lengths[0]][0]
+
+    def in_cut_order(self) -> list[Item]:
+        return [it for length in reversed(self.lengths) for it in self.buckets[length]]
+
+
 class Lane:
-    """A FIFO of waiting items of similar length within one shape."""
+    """Waiting items of similar length within one shape.
 
-    __slots__ = ("id", "items", "last_ms", "rep", "tokens")
+    Cut in arrival order, ``items`` is a deque in arrival order; cut by length, a :class:`ByLength`.
+    """
 
-    def __init__(self, lane_id: int, rep: int, now_ms: int) -> None:
+    __slots__ = ("by_length", "id", "items", "last_ms", "rep", "tokens")
+
+    def __init__(self, lane_id: int, rep: int, now_ms: int, by_length: bool = False) -> None:
         self.id = lane_id
         self.rep = rep
-        self.items: deque[Item] = deque()
+        self.by_length = by_length
+        self.items: ByLength | deque[Item] = ByLength() if by_length else deque()
         self.tokens = 0
         self.last_ms = now_ms
+
+    def head(self) -> Item:
+        """The item the next batch starts from (the longest, cut by length; else the oldest)."""
+        items = self.items
+        return items.head() if isinstance(items, ByLength) else items[0]
+
+    def shortest(self) -> Item:
+        """Cut by length: the shortest waiting item."""
+        return cast(ByLength, self.items).shortest()
+
+    def longest(self, by_length: bool) -> int:
+        """The longest waiting item's length cut by length; else the representative (the longest
+        the lane ever held: in arrival order any waiting item may be the longest)."""
+        return self.head().length if by_length else self.rep
+
+    def in_cut_order(self) -> list[Item]:
+        """The waiting items in the order batches take them (without an anchor)."""
+        items = self.items
+        return items.in_cut_order() if isinstance(items, ByLength) else list(items)
 
 
 class ShapeLanes:
@@ -106,6 +213,7 @@ class ShapeLanes:
         "choices",
         "key",
         "lanes",
+        "newest_ms",
         "order",
         "ready",
         "waiting_items",
@@ -121,6 +229,7 @@ class ShapeLanes:
         self.ready: OrderedDict[int, Lane] = OrderedDict()  # non-empty lanes, oldest first
         self.waiting_items = 0
         self.waiting_tokens = 0
+        self.newest_ms = 0  # latest arrival_ms placed here (the overtaking deadline reads it)
         self._free_ids: list[int] = []
         self._next_id = 0
 
@@ -167,6 +276,7 @@ class LaneTable:
 
     def __init__(self, settings: LaneSettings | None = None) -> None:
         self.settings = settings or LaneSettings()
+        self.by_length = self.settings.cut == "length"
         self.shapes: dict[ShapeKey, ShapeLanes] = {}
         self.stats = LaneStats()
         self.waiting_items = 0
@@ -241,7 +351,7 @@ class LaneTable:
 
     def _open(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
         lane_id, recycled = sl._new_id()
-        lane = Lane(lane_id, length, now_ms)
+        lane = Lane(lane_id, length, now_ms, self.by_length)
         sl.lanes[lane_id] = lane
         sl.order.add((length, lane_id))
         sl.choices.clear()
@@ -263,7 +373,13 @@ class LaneTable:
             sl.order.add((length, lane.id))
             sl.choices.clear()
             lane.rep = length
-        lane.items.append(item)
+        lane_items = lane.items
+        if isinstance(lane_items, ByLength):
+            lane_items.add(item)
+        else:
+            lane_items.append(item)
+        if item.arrival_ms > sl.newest_ms:
+            sl.newest_ms = item.arrival_ms
         lane.tokens += length
         lane.last_ms = now_ms
         item.lane = lane.id
@@ -281,21 +397,123 @@ class LaneTable:
         rule = BatchRule(max_items, pad_multiple, "tokens", budget_tokens)
         return self.take_batch(sl, lane, rule, now_ms)
 
-    def take_batch(self, sl: ShapeLanes, lane: Lane, rule: BatchRule, now_ms: int) -> tuple[list[Item], int]:
-        """Pop a batch's worth of items from the head of ``lane``.
+    def take_batch(
+        self,
+        sl: ShapeLanes,
+        lane: Lane,
+        rule: BatchRule,
+        now_ms: int,
+        anchor: Item | None = None,
+        leave_longer: bool = False,
+    ) -> tuple[list[Item], int]:
+        """Pop one batch's worth of items from ``lane``; returns the items and the padded length.
 
-        Items leave in arrival order while the batch still ``rule.fits`` (the contract's batching
-        mode decides what that means); the batch is cut before the first item that would not fit. If
-        even the head item alone does not fit it leaves alone (an oversized batch). Returns the items
-        and the batch's padded length.
+        Items leave from the head of the lane (in arrival order, or longest first: ``settings.cut``)
+        while the batch still ``rule.fits`` (the contract's batching mode decides what that means);
+        the batch is cut before the first item that would not fit, and under ``cut="length"`` also
+        before the first that would pad by more than ``cut_tokens`` to the batch's longest. If even
+        the first item alone does not fit it leaves alone (an oversized batch).
+
+        ``anchor``, an item of the lane, goes first whatever the order (the deadline's overdue item);
+        the rest of the batch is cut as above after it. ``leave_longer`` (cut by length): the batch
+        starts at the longest item that fits ``rule`` alone, leaving the longer ones in the lane (for
+        a bigger consumer of the model); the scheduler asks only when one fits.
         """
-        queue = lane.items
+        if self.by_length:
+            taken, longest = self._cut_by_length(cast(ByLength, lane.items), rule, anchor, leave_longer)
+        else:
+            taken, longest = self._cut_in_arrival_order(cast(deque[Item], lane.items), rule, anchor)
+        tokens = 0
+        for item in taken:
+            item.dispatched = True
+            tokens += item.length
+        lane.tokens -= tokens
+        lane.last_ms = now_ms
+        sl.waiting_items -= len(taken)
+        sl.waiting_tokens -= tokens
+        self.waiting_items -= len(taken)
+        self.waiting_tokens -= tokens
+        if not lane.items:
+            del sl.ready[lane.id]
+            self._quiet[(sl.key, lane.id)] = now_ms
+        return taken, rule.padded_length(longest)
+
+    def _cut_by_length(
+        self, items: ByLength, rule: BatchRule, anchor: Item | None, leave_longer: bool
+    ) -> tuple[list[Item], int]:
+        """Take a batch from the longest lengths of ``items`` down (or from ``anchor``'s, the anchor
+        first; or, ``leave_longer``, from the longest length whose oldest item fits alone)."""
+        fits = rule.fits
+        output_tokens = rule.output_tokens if rule.counts_output else None
+        lengths = items.lengths
+        buckets = items.buckets
+        if anchor is not None:
+            items.remove(anchor)
+            taken = [anchor]
+            top = bisect_right(lengths, anchor.length)  # the lengths below it, its own included
+        else:
+            top = len(lengths)
+            if leave_longer:
+                while top > 1:
+                    first = buckets[lengths[top - 1]][0]
+                    if fits(1, first.length, _output(output_tokens, first)):
+                        break
+                    top -= 1
+            bucket = buckets[lengths[top - 1]]
+            first = bucket[0]
+            _drop_front(bucket, 1)
+            items.n -= 1
+            taken = [first]
+        first = taken[0]
+        longest = first.length
+        outputs = _output(output_tokens, first)
+        if fits(1, longest, outputs):
+            pm = rule.pad_multiple
+            padded = -(-longest // pm) * pm
+            floor = padded - min(self.settings.cut_tokens, self.settings.cut_ratio * longest)
+            n = 1
+            k = top
+            done = False
+            while k > 0 and not done:
+                length = lengths[k - 1]
+                if -(-length // pm) * pm < floor:
+                    break
+                bucket = buckets[length]
+                i = 0
+                for item in bucket:
+                    candidate_outputs = (
+                        outputs if output_tokens is None else outputs + output_tokens(item.output_budget)
+                    )
+                    if not fits(n + 1, longest, candidate_outputs):
+                        done = True
+                        break
+                    taken.append(item)
+                    outputs = candidate_outputs
+                    n += 1
+                    i += 1
+                _drop_front(bucket, i)
+                k -= 1
+            items.n -= n - 1
+        # drop the lengths whose buckets the cut emptied (they sit at and below ``top``)
+        for length in {it.length for it in taken}:
+            if length in buckets and not buckets[length]:
+                items._drop(length)
+        return taken, longest
+
+    def _cut_in_arrival_order(
+        self, queue: deque[Item], rule: BatchRule, anchor: Item | None
+    ) -> tuple[list[Item], int]:
+        """Take a batch from the head of ``queue`` (or from ``anchor`` on)."""
         taken: list[Item] = []
         fits = rule.fits
         output_tokens = rule.output_tokens if rule.counts_output else None
         longest = 0
         outputs = 0
-        while queue:
+        skip = 0 if anchor is None else queue.index(anchor)
+        if skip:
+            queue.rotate(-skip)
+        left = len(queue) - skip
+        while len(taken) < left:
             head = queue[0]
             candidate = head.length if head.length > longest else longest
             candidate_outputs = (
@@ -310,20 +528,9 @@ class LaneTable:
             head = queue.popleft()
             taken.append(head)
             longest = head.length
-        tokens = 0
-        for item in taken:
-            item.dispatched = True
-            tokens += item.length
-        lane.tokens -= tokens
-        lane.last_ms = now_ms
-        sl.waiting_items -= len(taken)
-        sl.waiting_tokens -= tokens
-        self.waiting_items -= len(taken)
-        self.waiting_tokens -= tokens
-        if not queue:
-            del sl.ready[lane.id]
-            self._quiet[(sl.key, lane.id)] = now_ms
-        return taken, rule.padded_length(longest)
+        if skip:
+            queue.rotate(skip)
+        return taken, longest
 
     def reclaim_idle(self, now_ms: int) -> int:
         """Retire every lane that has been empty for ``idle_ms``; returns how many went quiet."""
@@ -389,6 +596,12 @@ class LaneTable:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: holds {t} tokens, counted {lane.tokens}")
                 if lengths and max(lengths) > lane.rep:
                     raise AssertionError(f"lane {sl.key}/{lane.id}: an item is longer than rep {lane.rep}")
+                if isinstance(lane.items, ByLength) and (
+                    lane.items.lengths != sorted(lane.items.buckets)
+                    or not all(lane.items.buckets.values())
+                    or lengths != sorted(lengths)
+                ):
+                    raise AssertionError(f"lane {sl.key}/{lane.id}: cut by length, but not sorted by length")
                 s_items += n
                 s_tokens += t
                 lanes += 1
@@ -409,3 +622,19 @@ class LaneTable:
             )
         if lanes != self.stats.lanes_in_use:
             raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")
+
+
+def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:
+    return 0 if output_tokens is None else output_tokens(item.output_budget)
+
+
+_DEQUE_AT = 32
+"""A length's FIFO turns from a list into a deque when it holds more items than this."""
+
+
+def _drop_front(bucket: list[Item] | deque[Item], n: int) -> None:
+    if type(bucket) is list:
+        del bucket[:n]
+    else:
+        for _ in range(n):
+            cast(deque[Item], bucket).popleft()

@@ -3,15 +3,23 @@
 The rules, in the order they are applied when a consumer has a free in-flight slot:
 
 1. **Deadline.** If the oldest waiting item of the consumer's model has waited ``max_wait_ms`` and the
-   consumer may take its lane, the batch comes from that lane. If the item is in another shape, the
-   consumer moves there only once it has stayed ``max_wait_ms`` on its current shape, so a backlog in
-   which everything is overdue still costs at most one shape switch per ``max_wait_ms`` per consumer.
-   An item therefore waits at most about ``max_wait_ms x (1 + shapes holding older overdue items)``
-   plus one batch's engine time, however busy the other shapes are.
+   consumer may take its lane, the batch comes from that lane, cut around that item. If the item is in
+   another shape, the consumer moves there only once it has stayed ``max_wait_ms`` on its current
+   shape. Under the default ``deadline="overtaking"`` the item must also be *overtaken*: the shape the
+   consumer would otherwise serve (rules 2 and 3) has received an item ``max_wait_ms`` or more after
+   it, and no other consumer that may take the item's lane is on the item's shape (that consumer's
+   own rule 1 serves it, in its shape, at its next free slot). In a backlog, where everything arrived
+   together, nothing is overtaken and the deadline costs no switch; in streaming a cold item behind a
+   hot shape is overtaken by the hot shape's fresh items, as under ``deadline="absolute"`` (the first
+   generation's rule, which does not ask). An item therefore waits at most about
+   ``max_wait_ms x (1 + shapes holding older overdue items)`` plus one batch's engine time, plus the
+   engine time of what arrived within ``max_wait_ms`` after it: it is never passed by a batch of items
+   more than ``max_wait_ms`` younger once it is overdue (tests/core/test_properties.py,
+   tests/core/test_scheduler.py).
 2. **Stick.** Otherwise the batch comes from the consumer's current shape while that shape has a lane
    it may take, lanes served round-robin (a lane that still holds items after a batch goes to the back).
 3. **Switch.** Otherwise the consumer moves to the shape of its model with the most waiting tokens
-   that has a lane it may take.
+   that has a lane it may take, preferring (``spread``) shapes no other consumer of the model is on.
 
 **Shares.** When several jobs of the consumer's model wait, or a job has a quota, the three rules
 ask ``core/shares.py`` (one :class:`~processor.core.shares.Gate` per decision, ``_next_batch``): the
@@ -20,7 +28,11 @@ ahead of the most owed one, and a switch goes to the most owed job's shape (the 
 first while it may keep it). A quota caps the items a batch takes. With one job and no quota the
 rules are exactly the three above.
 
-A consumer *may take* a lane whose representative length, alone, fits its batching rule (with the
+How a batch is cut from its lane (arrival order, or longest first) is the lane table's
+``take_batch`` (processor/core/lanes.py).
+
+A consumer *may take* a lane whose longest item (the longest waiting one when lanes are cut by length,
+else the lane's representative length), alone, fits its batching rule (with the
 head item's output budget in memory mode), or one that fits no live consumer of the model (its items
 then go out as single oversized batches). A small card is thus never sent an item a bigger card of the
 same model could hold.
@@ -35,7 +47,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from processor.core.accounting import Ledger, LedgerImbalance
@@ -44,15 +56,25 @@ from processor.core.item import Batch, Item
 from processor.core.lanes import Lane, LaneSettings, LaneTable, ShapeKey, ShapeLanes, key_job, shape_key
 from processor.core.shares import Gate, Shares
 
+DEADLINES = ("overtaking", "absolute")
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchSettings:
     max_wait_ms: int = 60_000
     """An item waiting this long takes priority over shape stickiness (see rule 1)."""
+    deadline: str = "overtaking"
+    """``overtaking``: an overdue item takes priority only over batches holding items that arrived
+    ``max_wait_ms`` after it, and not while a peer serving its shape can take it (rule 1);
+    ``absolute``: over every batch (the first generation's rule)."""
+    spread: bool = True
+    """Rule 3 prefers a shape no other consumer of the model is on (``False``: most waiting tokens)."""
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 1:
             raise ValueError(f"max_wait_ms must be >= 1, got {self.max_wait_ms}")
+        if self.deadline not in DEADLINES:
+            raise ValueError(f"deadline must be one of {', '.join(DEADLINES)}, got {self.deadline!r}")
 
 
 class InFlight:
@@ -84,12 +106,18 @@ class ConsumerState:
         return limit - len(self.in_flight)
 
 
-def _fits(contract: Contract, lane: Lane) -> bool:
-    """Whether ``contract`` holds the lane's longest item (its representative length) alone, counting
-    the head item's output budget: the head is what would otherwise go out oversized."""
+def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
+    """Whether ``contract`` holds the lane's longest item alone (its longest waiting one when the lane
+    is cut by length, else its representative length), counting the head item's output budget: the
+    head is what would otherwise go out oversized."""
     rule = contract.rule
-    output = rule.output_tokens(lane.items[0].output_budget) if rule.counts_output and lane.items else 0
-    return rule.fits(1, lane.rep, output)
+    output = rule.output_tokens(lane.head().output_budget) if rule.counts_output and lane.items else 0
+    return rule.fits(1, lane.longest(by_length), output)
+
+
+def _fits_item(contract: Contract, item: Item) -> bool:
+    rule = contract.rule
+    return rule.fits(1, item.length, rule.output_tokens(item.output_budget) if rule.counts_output else 0)
 
 
 class Scheduler:
@@ -262,14 +290,8 @@ class Scheduler:
             return None
         peers = self._by_model[model]
         gate = self.shares.gate(model, now_ms)
-        choice = self._overdue_lane(state, peers, now_ms)
-        if (
-            choice is not None
-            and gate is not None
-            and not (gate.admits(choice[0].job) and gate.allows(*choice))
-        ):
-            choice = None
-        if choice is None and state.shape is not None:
+        choice: tuple[ShapeLanes, Lane] | None = None
+        if state.shape is not None:
             sl = active.get(state.shape)
             if sl is not None and (gate is None or gate.keeps(sl.job, _ahead(state, peers, active, gate))):
                 lane = self._eligible_lane(sl, state.contract, peers)
@@ -280,14 +302,35 @@ class Scheduler:
                 choice = self._switch_target(state, active, peers)
             else:
                 choice = self._shared_target(state, active, peers, gate)
+        overdue = self._overdue(state, peers, now_ms, choice)
+        if overdue is not None and (
+            gate is None or (gate.admits(overdue[0].job) and gate.allows(overdue[0], overdue[1]))
+        ):
+            sl, lane, anchor = overdue
+            return self._emit(state, sl, lane, now_ms, anchor, None if gate is None else gate.room(sl, lane))
         if choice is None:
             return None
         sl, lane = choice
-        return self._emit(state, sl, lane, now_ms, None if gate is None else gate.room(sl, lane))
+        return self._emit(state, sl, lane, now_ms, None, None if gate is None else gate.room(sl, lane))
 
-    def _overdue_lane(
-        self, state: ConsumerState, peers: list[ConsumerState], now_ms: int
-    ) -> tuple[ShapeLanes, Lane] | None:
+    def _overdue(
+        self,
+        state: ConsumerState,
+        peers: list[ConsumerState],
+        now_ms: int,
+        choice: tuple[ShapeLanes, Lane] | None,
+    ) -> tuple[ShapeLanes, Lane, Item | None] | None:
+        """Rule 1, the deadline: the lane of the model's oldest waiting item, and that item (the
+        anchor its batch is cut around, under the overtaking deadline), when it overrides ``choice``
+        (the batch rules 2 and 3 would give); None when it does not.
+
+        The item must have waited ``max_wait_ms``. A consumer on another shape leaves it for the item
+        only after staying there ``max_wait_ms``. Under ``deadline="overtaking"`` the item must also be
+        overtaken: ``choice``'s shape has received an item ``max_wait_ms`` or more after it (in a
+        backlog, where everything arrived together, nothing is ever overtaken), and no other consumer
+        that may take the item's lane is on its shape (that one serves it: it is overtaken by nothing
+        there but what arrived within ``max_wait_ms`` after it).
+        """
         arrivals = self._arrivals[state.contract.model]
         while arrivals and arrivals[0].dispatched:
             arrivals.popleft()
@@ -304,12 +347,38 @@ class Scheduler:
         lane = sl.lanes[oldest.lane]
         if not self._may_take(lane, state.contract, peers):
             return None
-        return sl, lane
+        if (
+            self.table.by_length
+            and not _fits_item(state.contract, oldest)
+            and any(_fits_item(p.contract, oldest) for p in peers)
+        ):
+            return None  # a bigger peer holds it
+        if self.settings.deadline == "absolute":
+            return sl, lane, None
+        if choice is not None and choice[0].newest_ms - oldest.arrival_ms < max_wait:
+            return None  # what this consumer would serve arrived within max_wait_ms of the item
+        for peer in peers:
+            if peer is not state and peer.shape == key and _fits(peer.contract, lane, self.table.by_length):
+                return None
+        return sl, lane, oldest
 
     def _may_take(self, lane: Lane, contract: Contract, peers: list[ConsumerState]) -> bool:
-        if _fits(contract, lane):
+        """A lane whose longest item ``contract`` holds alone, or that no peer holds (its head then goes
+        out oversized); cut by length, also one whose shortest item it holds while a peer holds the
+        longest (:meth:`_leaves_longer`: the batch starts below what the peer must take)."""
+        by_length = self.table.by_length
+        if _fits(contract, lane, by_length):
             return True
-        return not any(_fits(p.contract, lane) for p in peers)
+        if not any(_fits(p.contract, lane, by_length) for p in peers):
+            return True
+        return by_length and _fits_item(contract, lane.shortest())
+
+    def _leaves_longer(self, contract: Contract, lane: Lane) -> bool:
+        """Whether a batch for ``contract`` must leave the lane's longest items to a peer that holds
+        them (cut by length, the lane may hold items only the bigger cards of the model take)."""
+        if not self.table.by_length or _fits(contract, lane, True):
+            return False
+        return any(_fits(p.contract, lane, True) for p in self._by_model[contract.model])
 
     def _eligible_lane(self, sl: ShapeLanes, contract: Contract, peers: list[ConsumerState]) -> Lane | None:
         if len(peers) == 1:
@@ -322,11 +391,12 @@ class Scheduler:
     def _switch_target(
         self, state: ConsumerState, active: dict[ShapeKey, ShapeLanes], peers: list[ConsumerState]
     ) -> tuple[ShapeLanes, Lane] | None:
-        best = max(active.values(), key=_waiting_tokens)
+        key = self._switch_key(state, peers)
+        best = max(active.values(), key=key)
         lane = self._eligible_lane(best, state.contract, peers)
         if lane is not None:
             return best, lane
-        for sl in sorted(active.values(), key=_waiting_tokens, reverse=True):
+        for sl in sorted(active.values(), key=key, reverse=True):
             lane = self._eligible_lane(sl, state.contract, peers)
             if lane is not None:
                 return sl, lane
@@ -342,24 +412,46 @@ class Scheduler:
         for sl in active.values():
             by_job.setdefault(sl.job, []).append(sl)
         jobs = gate.order(by_job)
+        switch_key = self._switch_key(state, peers)
         own = key_job(state.shape) if state.shape is not None else None
         if own in by_job and own in jobs and gate.keeps(own, _ahead(state, peers, active, gate)):
             jobs.remove(own)
             jobs.insert(0, own)
         for job in jobs:
-            for sl in sorted(by_job[job], key=_waiting_tokens, reverse=True):
+            for sl in sorted(by_job[job], key=switch_key, reverse=True):
                 lane = self._eligible_lane(sl, state.contract, peers)
                 if lane is not None and gate.allows(sl, lane):
                     return sl, lane
         return None
 
+    def _switch_key(
+        self, state: ConsumerState, peers: list[ConsumerState]
+    ) -> Callable[[ShapeLanes], tuple[bool, int]]:
+        """Rule 3's order of shapes: most waiting tokens first, and with ``spread``, shapes no other
+        consumer of the model is on before those one is (two cards on one shape both pay its
+        prefix-cache miss and both switch again when it drains; on different shapes each pays once)."""
+        taken = (
+            {p.shape for p in peers if p is not state and p.shape is not None}
+            if self.settings.spread and len(peers) > 1
+            else set()
+        )
+        return lambda sl: (sl.key not in taken, _waiting_tokens(sl))
+
     def _emit(
-        self, state: ConsumerState, sl: ShapeLanes, lane: Lane, now_ms: int, room: int | None = None
+        self,
+        state: ConsumerState,
+        sl: ShapeLanes,
+        lane: Lane,
+        now_ms: int,
+        anchor: Item | None = None,
+        room: int | None = None,
     ) -> Batch:
-        """Cut a batch from ``lane`` for ``state``'s consumer; ``room`` caps its items (a quota)."""
+        """Cut a batch from ``lane`` for ``state``'s consumer, around ``anchor`` (an overdue item) when
+        given; ``room`` caps its items (a job's quota)."""
         c = state.contract
         rule = c.rule if room is None or room >= c.rule.max_items else replace(c.rule, max_items=room)
-        items, padded_length = self.table.take_batch(sl, lane, rule, now_ms)
+        leave = anchor is None and self._leaves_longer(c, lane)
+        items, padded_length = self.table.take_batch(sl, lane, rule, now_ms, anchor, leave)
         if lane.items:
             sl.ready.move_to_end(lane.id)
         if sl.waiting_items == 0:

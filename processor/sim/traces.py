@@ -45,7 +45,9 @@ from dataclasses import dataclass
 from datetime import date
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, cast
+
+import msgspec
 
 from processor.core.signature import blocks_signature, shape_signature
 
@@ -176,9 +178,73 @@ def _parse_json_line(text: str, where: str) -> dict[str, Any]:
     return obj
 
 
-def _iter_jsonl(lines: Iterable[str], name: str) -> Iterator[TraceRecord]:
+class _JsonlRow(msgspec.Struct):
+    """One native line as msgspec decodes it: a line it refuses (or that needs a rule msgspec does not
+    express, such as "exactly one of shape or components") goes to the checked path below, which
+    gives the error its one-line message, so both paths accept and refuse the same lines."""
+
+    t_ms: Annotated[int, msgspec.Meta(ge=-(1 << 63))]
+    model: Annotated[str, msgspec.Meta(min_length=1)]
+    length: Annotated[int, msgspec.Meta(ge=1)]
+    shape: int | msgspec.UnsetType = msgspec.UNSET  # checked in [0, 2^64) below (msgspec bounds are int64)
+    components: list[str] | msgspec.UnsetType = msgspec.UNSET
+    id: str | None = None
+    output_length: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    job: str = ""
+
+
+_JSONL_DECODER = msgspec.json.Decoder(_JsonlRow)
+_BOM = "\ufeff".encode()
+
+
+def _iter_jsonl_fast(stream: io.BufferedIOBase, name: str, state: list[int]) -> Iterator[TraceRecord]:
+    """The native format, decoded by msgspec straight from the bytes (about 5x ``json.loads`` plus the
+    checks in Python); a line it cannot take is parsed by :func:`_iter_jsonl` instead."""
+    decode = _JSONL_DECODER.decode
+    unset = msgspec.UNSET
     cache: dict[tuple[str, ...], int] = {}
-    for lineno, text in enumerate(lines, 1):
+    for lineno, raw in enumerate(stream, 1):
+        state[0] = lineno
+        if lineno == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
+        try:
+            row = decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            row = None
+        if (
+            row is None
+            or (row.shape is unset) == (row.components is unset)
+            or (row.shape is not unset and not 0 <= row.shape <= _U64)
+        ):
+            if not raw.strip():
+                continue
+            yield from _iter_jsonl(_lines_from(raw, lineno, name), name, first=lineno)
+            continue
+        shape = row.shape
+        if shape is unset:
+            ckey = tuple(cast(list[str], row.components))
+            shape = cache.get(ckey, -1)
+            if shape < 0:
+                shape = cache[ckey] = shape_signature(ckey)
+        rid = row.id
+        yield TraceRecord(
+            row.t_ms, row.model, cast(int, shape), row.length, str(lineno - 1) if rid is None else rid,
+            row.output_length, lineno, row.job,
+        )  # fmt: skip
+
+
+def _lines_from(raw: bytes, lineno: int, name: str) -> Iterator[str]:
+    """One raw line as :func:`_lines` would decode it (the checked path names a bad byte)."""
+    try:
+        yield raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = f"{name}:{lineno}"
+        raise TraceError(f"{where}: not valid UTF-8 text (byte {exc.start + 1} of the line)") from None
+
+
+def _iter_jsonl(lines: Iterable[str], name: str, first: int = 1) -> Iterator[TraceRecord]:
+    cache: dict[tuple[str, ...], int] = {}
+    for lineno, text in enumerate(lines, first):
         if not text.strip():
             continue
         where = f"{name}:{lineno}"
@@ -334,7 +400,7 @@ def _iter(path: Path, fmt: str, shape_blocks: int, model: str, limit: int | None
         lines = _lines(stream, name, state)
         records: Iterator[TraceRecord]
         if fmt == "jsonl":
-            records = _iter_jsonl(lines, name)
+            records = _iter_jsonl_fast(stream, name, state)
         elif fmt == "mooncake":
             records = _iter_mooncake(lines, name, shape_blocks, model)
         else:

@@ -52,9 +52,13 @@ def make_contract(
 
 
 def make_scheduler(
-    *contracts: Contract, lanes: LaneSettings | None = None, max_wait_ms: int = 60_000
+    *contracts: Contract,
+    lanes: LaneSettings | None = None,
+    max_wait_ms: int = 60_000,
+    deadline: str = "overtaking",
+    spread: bool = True,
 ) -> Scheduler:
-    sched = Scheduler(lanes, DispatchSettings(max_wait_ms=max_wait_ms))
+    sched = Scheduler(lanes, DispatchSettings(max_wait_ms=max_wait_ms, deadline=deadline, spread=spread))
     for c in contracts:
         sched.set_contract(c)
     return sched

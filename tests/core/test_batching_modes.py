@@ -238,11 +238,18 @@ def test_an_oversized_item_goes_out_alone_in_each_bounded_mode(
 
 def test_rows_batching_has_no_oversized_items_a_huge_one_shares_its_batch() -> None:
     c = contract("rows", budget_tokens=1000, max_items=8)
-    sched = make_scheduler(c, lanes=LaneSettings(floor_tokens=10**6, cap_tokens=10**6))  # one lane
+    one_lane = {"floor_tokens": 10**6, "cap_tokens": 10**6}
+    sched = make_scheduler(c, lanes=LaneSettings(**one_lane, cut="arrival"))  # type: ignore[arg-type]
     huge = item(100_000)
     submit_all(sched, [item(100), huge, item(100)])
     (batch,) = drain(sched)
     assert huge in batch.items and len(batch.items) == 3 and not batch.oversized
+    # cut by length, the two short ones do not pad to the huge one: it goes alone, still not oversized
+    sched = make_scheduler(c, lanes=LaneSettings(**one_lane))  # type: ignore[arg-type]
+    huge = item(100_000)
+    submit_all(sched, [item(100), huge, item(100)])
+    alone, pair = drain(sched)
+    assert alone.items == [huge] and not alone.oversized and len(pair.items) == 2
 
 
 def test_a_small_memory_card_leaves_an_item_to_the_peer_whose_memory_holds_it() -> None:
@@ -314,28 +321,36 @@ def test_every_batch_the_scheduler_emits_satisfies_its_consumers_mode(
     sched.check()
 
 
+@pytest.mark.parametrize("cut", ["arrival", "length"])
 @settings(max_examples=150, deadline=None)
 @given(mode_contracts(), items_st)
 def test_take_cuts_the_longest_prefix_that_fits(
-    contracts: list[Contract], specs: list[tuple[int, int | None, int]]
+    cut: str, contracts: list[Contract], specs: list[tuple[int, int | None, int]]
 ) -> None:
+    """In arrival order, or longest first (ties in arrival order) with no padding limit: the batch is
+    the longest prefix of that order within the mode, as the baselines cut it."""
     c = contracts[0]
-    table = LaneTable(LaneSettings(floor_tokens=10**6, cap_tokens=10**6))  # every item in one lane
+    # every item in one lane; no cut_tokens limit, so that only the mode cuts the batch
+    one_lane = LaneSettings(floor_tokens=10**6, cap_tokens=10**6, cut=cut, cut_tokens=10**6, cut_ratio=10.0)
+    table = LaneTable(one_lane)
     for length, out, _shape in specs:
         sl = table.place(item(length, out), 0)
     while table.waiting_items:
         lane = next(iter(sl.ready.values()))
+        order = lane.in_cut_order()
+        if cut == "length":
+            assert order == sorted(order, key=lambda it: it.length, reverse=True)
         expected_n = 0
-        for n in range(1, len(lane.items) + 1):
-            head = list(lane.items)[:n]
+        for n in range(1, len(order) + 1):
+            head = order[:n]
             padded = round_up(max(it.length for it in head), c.pad_multiple)
             if not within_mode(c, n, padded, sum(counted_output(it, c) for it in head)):
                 break
             expected_n = n
         taken, padded_length = table.take_batch(sl, lane, c.rule, 0)
-        assert len(taken) == max(expected_n, 1)
+        assert taken == order[: max(expected_n, 1)]
         assert padded_length == round_up(max(it.length for it in taken), c.pad_multiple)
-        assert len(taken) == pack_prefix(taken + list(lane.items), c)  # the baselines cut the same
+        assert len(taken) == pack_prefix(order, c)  # the baselines cut the same
 
 
 # ------------------------------------------------------------------------------ checks at both ends

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
+from processor.core.contract import BatchRule
 from processor.core.item import Item
-from processor.core.lanes import LaneSettings, LaneTable, ShapeLanes
+from processor.core.lanes import ByLength, LaneSettings, LaneTable, ShapeLanes
 from tests.core.helpers import MODEL, SHAPE_A, SHAPE_B, lane_of, make_item, reps
+
+# The placement tests run on the first generation's narrow lanes, cut in arrival order; the defaults
+# (one lane per shape, cut by length) are tested at the end.
+FIRST_GENERATION: dict[str, object] = {"floor_tokens": 0, "cap_tokens": 256, "cut": "arrival"}
 
 
 def table(**settings: object) -> LaneTable:
-    return LaneTable(LaneSettings(**settings))  # type: ignore[arg-type]
+    return LaneTable(LaneSettings(**{**FIRST_GENERATION, **settings}))  # type: ignore[arg-type]
 
 
 def place(t: LaneTable, length: int, now_ms: int = 0, shape: int = SHAPE_A) -> Item:
@@ -106,8 +113,8 @@ def test_same_padded_length_always_shares_a_lane_with_the_default_floor() -> Non
 
 
 def test_padding_above_threshold_opens_a_lane_while_room_exists() -> None:
-    s = LaneSettings()
-    t = LaneTable(s)
+    t = table()
+    s = t.settings
     place(t, 10_000)
     assert 16 < s.threshold_tokens(10_016, lanes_in_use=1) < 64
     assert place(t, 10_016).lane == 0  # 16 tokens of padding: below the threshold, joins
@@ -116,7 +123,7 @@ def test_padding_above_threshold_opens_a_lane_while_room_exists() -> None:
 
 
 def test_threshold_starts_at_start_ratio_and_reaches_full_ratio() -> None:
-    s = LaneSettings(lane_budget=100, start_ratio=0.01, full_ratio=0.05, cap_tokens=10_000)
+    s = LaneSettings(lane_budget=100, floor_tokens=0, start_ratio=0.01, full_ratio=0.05, cap_tokens=10_000)
     assert s.threshold_tokens(10_000, 0) == pytest.approx(100)
     assert s.threshold_tokens(10_000, 50) == pytest.approx(300)
     assert s.threshold_tokens(10_000, 100) == pytest.approx(500)
@@ -353,3 +360,100 @@ def test_lane_pressure_is_lanes_in_use_over_shapes_times_budget() -> None:
     assert t.lane_pressure() == pytest.approx(3 / 8)
     _sl, rep = lane_of(t, place(t, 4999))
     assert rep == 5000
+
+
+# ------------------------------------------------------------------------------ cut by length (defaults)
+
+
+def length_table(**settings: object) -> LaneTable:
+    return LaneTable(LaneSettings(**settings))  # type: ignore[arg-type]
+
+
+def test_the_defaults_keep_one_lane_per_shape_cut_by_length() -> None:
+    t = length_table()
+    assert t.settings.cut == "length" and t.by_length
+    items = [place(t, n) for n in (100, 9000, 3000, 40, 9000)] + [place(t, 500, shape=SHAPE_B)]
+    assert {it.lane for it in items} == {0} and len(shape_lanes(t).lanes) == 1
+    assert len(shape_lanes(t, SHAPE_B).lanes) == 1
+    t.check()
+
+
+def test_a_batch_takes_the_longest_items_first_ties_in_arrival_order() -> None:
+    t = length_table(cut_ratio=1.0, cut_tokens=10**6)
+    items = [place(t, n) for n in (100, 300, 200, 300, 500, 100)]
+    sl = shape_lanes(t)
+    taken, padded = t.take(sl, sl.lanes[0], budget_tokens=1600, max_items=10, pad_multiple=8, now_ms=0)
+    assert taken == [items[4], items[1], items[3]] and padded == 504  # a 4th: 4 x 504 > 1600
+    taken, padded = t.take(sl, sl.lanes[0], budget_tokens=10**6, max_items=10, pad_multiple=8, now_ms=0)
+    assert taken == [items[2], items[0], items[5]] and padded == 200
+    t.check()
+
+
+def test_the_cut_stops_where_an_item_would_pad_by_more_than_cut_tokens_or_cut_ratio() -> None:
+    t = length_table(cut_tokens=64, cut_ratio=0.02)
+    lengths = (10_000, 9_950, 9_900, 1_000, 995, 970)
+    items = [place(t, n) for n in lengths]
+    sl = shape_lanes(t)
+    cuts = []
+    while sl.waiting_items:
+        taken, _ = t.take(sl, sl.lanes[0], budget_tokens=10**6, max_items=100, pad_multiple=8, now_ms=0)
+        cuts.append([it.length for it in taken])
+    # padded to 8: 9,904 pads by 96 > 64 tokens; 976 pads by 24 > 2% of 1,000 (995 -> 1,000 by 0)
+    assert cuts == [[10_000, 9_950], [9_900], [1_000, 995], [970]]
+    assert sorted(it.id for it in items) == sorted(it.id for it in items if it.dispatched)
+
+
+def test_a_lane_cut_by_length_stays_sorted_as_items_arrive() -> None:
+    t = length_table()
+    a, b, c, d = (place(t, n) for n in (100, 50, 700, 100))
+    lane = shape_lanes(t).lanes[0]
+    assert lane.head() is c and lane.shortest() is b
+    assert lane.in_cut_order() == [c, a, d, b]  # longest first, equal lengths oldest first
+    t.check()
+
+
+def test_an_anchor_goes_first_and_the_batch_takes_only_items_no_longer_than_it() -> None:
+    t = length_table(cut_ratio=1.0, cut_tokens=10**6)
+    items = [place(t, n) for n in (900, 500, 800, 400, 300)]
+    sl = shape_lanes(t)
+    rule = BatchRule(max_items=3, pad_multiple=8, batching="tokens", budget_tokens=10**6)
+    taken, padded = t.take_batch(sl, sl.lanes[0], rule, 0, anchor=items[1])
+    assert taken == [items[1], items[3], items[4]] and padded == 504
+    assert [it.length for it in sl.lanes[0].in_cut_order()] == [900, 800]  # the longer ones stay
+    t.check()
+
+
+def test_leave_longer_starts_the_batch_at_the_longest_item_that_fits_alone() -> None:
+    t = length_table(cut_ratio=1.0, cut_tokens=10**6)
+    items = [place(t, n) for n in (5000, 900, 4000, 800)]
+    sl = shape_lanes(t)
+    rule = BatchRule(max_items=8, pad_multiple=8, batching="tokens", budget_tokens=2048)
+    taken, padded = t.take_batch(sl, sl.lanes[0], rule, 0, leave_longer=True)
+    assert taken == [items[1], items[3]] and padded == 904
+    assert [it.length for it in sl.lanes[0].in_cut_order()] == [5000, 4000]
+    t.check()
+
+
+def test_check_catches_a_lane_cut_by_length_that_is_out_of_order() -> None:
+    t = length_table()
+    place(t, 100)
+    place(t, 50)
+    lane = shape_lanes(t).lanes[0]
+    lane.items.lengths.reverse()  # type: ignore[union-attr]  # longest first: not how it keeps them
+    with pytest.raises(AssertionError, match="not sorted by length"):
+        t.check()
+
+
+def test_a_length_holding_many_items_moves_to_a_deque_and_stays_oldest_first() -> None:
+    t = length_table()
+    same = [place(t, 500) for _ in range(40)]
+    place(t, 300)
+    lane = shape_lanes(t).lanes[0]
+    assert isinstance(lane.items, ByLength)
+    assert type(lane.items.buckets[500]) is deque and type(lane.items.buckets[300]) is list
+    sl = shape_lanes(t)
+    taken, _ = t.take(sl, lane, budget_tokens=10 * 504, max_items=64, pad_multiple=8, now_ms=0)
+    assert taken == same[:10]
+    taken, _ = t.take(sl, lane, budget_tokens=10**6, max_items=64, pad_multiple=8, now_ms=0)
+    assert taken == same[10:]  # 300 pads by 200 > cut_tokens: not in this batch
+    t.check()

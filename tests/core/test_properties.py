@@ -22,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from processor.core.contract import Contract
 from processor.core.item import Batch, Item
-from processor.core.lanes import Lane, LaneSettings
-from processor.core.scheduler import DispatchSettings, Scheduler
+from processor.core.lanes import CUT_ORDERS, Lane, LaneSettings
+from processor.core.scheduler import DEADLINES, DispatchSettings, Scheduler
 from tests.core.helpers import assert_batch_ok, complete_all, make_contract, make_item
 
 MODELS = ("m0", "m1")
@@ -51,23 +51,34 @@ def contracts(draw: st.DrawFn) -> list[Contract]:
 
 @st.composite
 def lane_settings(draw: st.DrawFn) -> LaneSettings:
-    floor = draw(st.integers(0, 64))
+    floor = draw(st.sampled_from([0, 8, 64, 1 << 20]))  # 1 << 20: one lane per shape (the default)
     start = draw(st.floats(0.0, 0.01))
     return LaneSettings(
         lane_budget=draw(st.sampled_from([1, 2, 3, 16])),
         pad_multiple=draw(st.sampled_from([1, 8, 64])),
         floor_tokens=floor,
-        cap_tokens=draw(st.integers(floor, 512)),
+        cap_tokens=draw(st.integers(floor, max(512, floor))),
         start_ratio=start,
         full_ratio=draw(st.floats(start, 0.2)),
         idle_ms=draw(st.sampled_from([0, 50, 3000])),
+        cut=draw(st.sampled_from(CUT_ORDERS)),
+        cut_tokens=draw(st.sampled_from([0, 64, 10**6])),
+        cut_ratio=draw(st.sampled_from([0.0, 0.015, 1.0])),
     )
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    @initialize(contracts=contracts(), lanes=lane_settings(), max_wait_ms=st.integers(1, 500))
-    def setup(self, contracts: list[Contract], lanes: LaneSettings, max_wait_ms: int) -> None:
-        self.sched = Scheduler(lanes, DispatchSettings(max_wait_ms), batch_prefix="p")
+    @initialize(
+        contracts=contracts(),
+        lanes=lane_settings(),
+        max_wait_ms=st.integers(1, 500),
+        deadline=st.sampled_from(DEADLINES),
+        spread=st.booleans(),
+    )
+    def setup(
+        self, contracts: list[Contract], lanes: LaneSettings, max_wait_ms: int, deadline: str, spread: bool
+    ) -> None:
+        self.sched = Scheduler(lanes, DispatchSettings(max_wait_ms, deadline, spread), batch_prefix="p")
         self.hired: dict[str, Contract] = {}
         self.retired: dict[str, Contract] = {}
         for c in contracts:
@@ -246,9 +257,10 @@ STEP_MS = 10
         max_size=12,
     ),
     max_wait_ms=st.integers(20, 200),
+    deadline=st.sampled_from(DEADLINES),
 )
 def test_single_consumer_wait_is_bounded_under_continuous_arrivals(
-    hot_per_step: list[int], cold: list[tuple[int, int, int]], max_wait_ms: int
+    hot_per_step: list[int], cold: list[tuple[int, int, int]], max_wait_ms: int, deadline: str
 ) -> None:
     """One consumer, one batch per step; a hot shape gets new items every step, cold items now and then.
 
@@ -256,7 +268,7 @@ def test_single_consumer_wait_is_bounded_under_continuous_arrivals(
     With it, every item waits at most about max_wait x (number of shapes) plus a step per cold lane.
     """
     contract = make_contract(budget=1 << 20, items=1024, inflight=1)
-    sched = Scheduler(None, DispatchSettings(max_wait_ms))
+    sched = Scheduler(None, DispatchSettings(max_wait_ms, deadline))
     sched.set_contract(contract)
     arrivals: dict[int, list[Item]] = {}
     for step, shape, length in cold:

@@ -12,7 +12,7 @@ from processor.core.accounting import LedgerImbalance
 from processor.core.contract import InvariantViolation, check_batch
 from processor.core.item import Batch, Item
 from processor.core.lanes import LaneSettings
-from processor.core.scheduler import DispatchSettings, Scheduler
+from processor.core.scheduler import DEADLINES, DispatchSettings, Scheduler
 from tests.core.helpers import (
     MODEL,
     SHAPE_A,
@@ -28,7 +28,10 @@ from tests.core.helpers import (
     submit_all,
 )
 
-ONE_LANE = LaneSettings(floor_tokens=4096, cap_tokens=4096)  # every item of a shape joins one lane
+# every item of a shape joins one lane, cut in arrival order (the first generation's cut)
+ONE_LANE = LaneSettings(floor_tokens=4096, cap_tokens=4096, cut="arrival")
+# the first generation's narrow lanes (floor 0, cap 256), which the tests of lane structure need
+NARROW = LaneSettings(floor_tokens=0, cap_tokens=256)
 
 # ------------------------------------------------------------------------------ cutting batches
 
@@ -61,7 +64,7 @@ def test_a_batch_holds_one_model_one_shape_one_lane() -> None:
         "a2": make_contract("a2", model="alpha", budget=8192, pad=64),
         "b1": make_contract("b1", model="beta", budget=4096, items=5),
     }
-    sched = make_scheduler(*contracts.values())
+    sched = make_scheduler(*contracts.values(), lanes=NARROW)
     for i in range(300):
         model = "alpha" if i % 3 else "beta"
         shape = (SHAPE_A, SHAPE_B, SHAPE_C)[i % 7 % 3]
@@ -122,7 +125,7 @@ def test_a_consumer_sticks_to_its_shape_then_moves_to_the_shape_with_most_waitin
 
 
 def test_lanes_of_the_current_shape_are_served_round_robin() -> None:
-    sched = make_scheduler(make_contract(items=1, inflight=1, budget=100_000))
+    sched = make_scheduler(make_contract(items=1, inflight=1, budget=100_000), lanes=NARROW)
     short = submit_all(sched, make_items([100, 100, 100]))
     long = submit_all(sched, make_items([9000, 9000, 9000]))
     assert short[0].lane != long[0].lane
@@ -130,12 +133,16 @@ def test_lanes_of_the_current_shape_are_served_round_robin() -> None:
     assert order == [100, 9000, 100, 9000, 100, 9000]
 
 
-def _hot_and_cold(max_wait_ms: int, horizon_ms: int, step_ms: int = 100) -> dict[str, int | None]:
+def _hot_and_cold(
+    max_wait_ms: int, horizon_ms: int, step_ms: int = 100, deadline: str = "overtaking"
+) -> dict[str, int | None]:
     """One consumer, one batch at a time. A hot shape gets an item every step; cold items arrive once.
 
     Returns each cold item's wait until dispatch (None if it was never dispatched before ``horizon_ms``).
     """
-    sched = make_scheduler(make_contract(inflight=1, budget=100_000), max_wait_ms=max_wait_ms)
+    sched = make_scheduler(
+        make_contract(inflight=1, budget=100_000), max_wait_ms=max_wait_ms, deadline=deadline
+    )
     cold = {"B": make_item(500, shape=SHAPE_B, t=50), "C": make_item(500, shape=SHAPE_C, t=60)}
     waits: dict[str, int | None] = dict.fromkeys(cold)
     for now in range(0, horizon_ms, step_ms):
@@ -157,9 +164,10 @@ def test_without_the_deadline_a_cold_item_behind_a_hot_shape_waits_forever() -> 
     assert waits == {"B": None, "C": None}
 
 
-def test_the_deadline_bounds_how_long_a_cold_item_waits_behind_a_hot_shape() -> None:
+@pytest.mark.parametrize("deadline", DEADLINES)
+def test_the_deadline_bounds_how_long_a_cold_item_waits_behind_a_hot_shape(deadline: str) -> None:
     max_wait, step = 1000, 100
-    waits = _hot_and_cold(max_wait_ms=max_wait, horizon_ms=20_000, step_ms=step)
+    waits = _hot_and_cold(max_wait_ms=max_wait, horizon_ms=20_000, step_ms=step, deadline=deadline)
     assert waits["B"] is not None and waits["C"] is not None
     assert max_wait <= waits["B"] <= 2 * max_wait + 2 * step
     # C is behind one older overdue shape (B): one more max_wait at most.
@@ -376,7 +384,7 @@ def test_dispatch_stops_rather_than_emit_a_mixed_batch() -> None:
     stray = make_item(100, shape=SHAPE_B)
     stray.lane = item.lane
     sl = sched.table.shapes[(MODEL, SHAPE_A)]
-    sl.lanes[item.lane].items.append(stray)  # corrupt the lane by hand
+    sl.lanes[item.lane].items.add(stray)  # type: ignore[union-attr]  # corrupt the lane by hand
     sl.lanes[item.lane].tokens += 100
     with pytest.raises(InvariantViolation, match=repr(stray.id)):
         sched.dispatch(0)
@@ -487,3 +495,86 @@ def test_unserved_names_models_that_wait_with_no_contract() -> None:
     assert sched.unserved() == {}
     sched.retire("d", 0)
     assert sched.unserved() == {"orphan": (2, 300)}
+# ------------------------------------------------------------------------------ second generation
+
+
+def test_in_a_backlog_the_overtaking_deadline_costs_no_switch_and_the_absolute_one_does() -> None:
+    """Everything arrives at t=0: nothing is overtaken, so the consumer drains its shape first."""
+    switches = {}
+    for deadline in DEADLINES:
+        sched = make_scheduler(
+            make_contract(items=1, inflight=1, budget=100_000), max_wait_ms=100, deadline=deadline
+        )
+        submit_all(sched, make_items([300], shape=SHAPE_B))  # the oldest item, in the smaller shape
+        submit_all(sched, make_items([500] * 10, shape=SHAPE_A))
+        served = [b.shape for b in drain(sched, step_ms=50)]
+        assert sorted(served) == [SHAPE_A] * 10 + [SHAPE_B]
+        switches[deadline] = sched.shape_switches
+        if deadline == "overtaking":
+            assert served == [SHAPE_A] * 10 + [SHAPE_B]
+    assert switches == {"overtaking": 1, "absolute": 2}
+
+
+def test_a_consumer_does_not_leave_its_shape_for_an_overdue_item_a_peer_on_that_shape_will_serve() -> None:
+    served: dict[str, dict[str, set[int]]] = {}
+    for deadline in DEADLINES:
+        c1 = make_contract("c1", items=1, inflight=1, budget=100_000)
+        c2 = make_contract("c2", items=1, inflight=1, budget=100_000)
+        sched = make_scheduler(c1, c2, max_wait_ms=100, deadline=deadline)
+        submit_all(sched, make_items([600, 500, 400, 300, 200, 100], shape=SHAPE_B))  # c1 takes B
+        submit_all(sched, make_items([50], shape=SHAPE_A))  # c2 spreads to A
+        shapes: dict[str, set[int]] = {"c1": set(), "c2": set()}
+        for now in range(0, 600, 50):
+            complete_all(sched, list(sched.in_flight_batches()), now)
+            sched.submit(make_item(50, shape=SHAPE_A, t=now), now)  # A stays hot and fresh
+            for b in sched.dispatch(now):
+                shapes[b.consumer].add(b.shape)
+            sched.check()
+        served[deadline] = shapes
+    assert served["overtaking"]["c2"] == {SHAPE_A}  # c1 serves all of B (then joins A)
+    assert SHAPE_B in served["absolute"]["c2"]  # the first generation sent c2 to B as well
+
+
+def test_a_switching_consumer_prefers_a_shape_no_other_consumer_is_on() -> None:
+    for spread, expected in ((True, {SHAPE_A, SHAPE_B}), (False, {SHAPE_A})):
+        c1, c2 = make_contract("c1", items=1, inflight=1), make_contract("c2", items=1, inflight=1)
+        sched = make_scheduler(c1, c2, spread=spread)
+        submit_all(sched, make_items([500, 500, 500], shape=SHAPE_A))
+        submit_all(sched, make_items([300], shape=SHAPE_B))
+        assert {b.shape for b in sched.dispatch(0)} == expected
+
+
+def test_in_one_lane_a_small_card_takes_the_items_it_holds_and_leaves_the_long_ones_to_the_big_card() -> None:
+    small = make_contract("small", budget=1024, inflight=4)
+    big = make_contract("big", budget=8192, inflight=1)
+    sched = make_scheduler(small, big)
+    long_items = submit_all(sched, make_items([2000] * 4))
+    short_items = submit_all(sched, make_items([100] * 3))
+    assert len({it.lane for it in long_items + short_items}) == 1
+    batches = drain(sched)
+    by_consumer = {
+        name: {it.id for b in batches if b.consumer == name for it in b.items} for name in ("small", "big")
+    }
+    assert by_consumer == {"small": {it.id for it in short_items}, "big": {it.id for it in long_items}}
+    assert not any(b.oversized for b in batches)
+    sched.check()
+
+
+def test_the_deadline_cuts_an_overtaken_item_out_of_a_lane_cut_longest_first() -> None:
+    """Cut by length, a short item in a lane that keeps receiving longer ones would wait for ever; the
+    deadline sends it once fresher items overtake it by max_wait."""
+    waits: dict[int, int | None] = {}
+    for max_wait in (10**9, 1000):
+        sched = make_scheduler(make_contract(items=1, inflight=1, budget=100_000), max_wait_ms=max_wait)
+        short = make_item(100)
+        sched.submit(short, 0)
+        waits[max_wait] = None
+        for now in range(0, 10_000, 100):
+            complete_all(sched, list(sched.in_flight_batches()), now)
+            submit_all(sched, [make_item(5000, t=now), make_item(5000, t=now)], now)
+            for b in sched.dispatch(now):
+                if short in b.items:
+                    waits[max_wait] = now
+        sched.check()
+    assert waits[10**9] is None
+    assert waits[1000] is not None and 1000 <= waits[1000] <= 1000 + 2 * 100

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from processor.core.signature import shape_signature
-from processor.sim.tracegen import synthetic_records, synthetic_shape, write_jsonl
+from processor.sim.tracegen import (
+    synthetic_records,
+    synthetic_shape,
+    template_shape,
+    templated_records,
+    write_jsonl,
+)
 from processor.sim.traces import read_trace
 
 # ---------------------------------------------------------------------------------------- tracegen
@@ -54,3 +60,30 @@ def test_write_jsonl_round_trips(tmp_path: Path, name: str) -> None:
     records[5] = dataclasses.replace(records[5], job="nightly")
     path = write_jsonl(records, tmp_path / name)
     assert read_trace(path, "jsonl") == records
+
+
+def test_templated_records_are_prefix_plus_user_part_with_zipf_templates_split_over_models() -> None:
+    users = [0, 10, 200, 3000]
+    kw = {"templates": 10, "models": ("a", "b"), "prefix_min": 150, "prefix_max": 2500}
+    recs = templated_records(4000, seed=5, user_lengths=users, **kw)  # type: ignore[arg-type]
+    assert recs == templated_records(4000, seed=5, user_lengths=users, **kw)  # type: ignore[arg-type]
+    assert recs != templated_records(4000, seed=6, user_lengths=users, **kw)  # type: ignore[arg-type]
+    assert all(r.t_ms == 0 for r in recs)  # a backlog
+    by_shape: dict[int, list[int]] = {}
+    model_of: dict[int, str] = {}
+    for r in recs:
+        by_shape.setdefault(r.shape, []).append(r.length)
+        assert model_of.setdefault(r.shape, r.model) == r.model  # a template belongs to one model
+    assert set(by_shape) == {template_shape(k) for k in range(10)}
+    for lengths in by_shape.values():
+        prefix = min(lengths)  # a user part of 0 tokens is drawn for every template at this size
+        assert 150 <= prefix <= 2500 and {n - prefix for n in lengths} == set(users)
+    assert [model_of[template_shape(k)] for k in range(10)] == ["a"] * 5 + ["b"] * 5  # hottest half on a
+    counts = sorted(((len(v), s) for s, v in by_shape.items()), reverse=True)
+    assert counts[0][1] == template_shape(0)  # Zipf: rank 0 is hottest
+    streamed = templated_records(500, seed=5, user_lengths=users, rate_per_s=100.0)
+    assert [r.t_ms for r in streamed] == sorted(r.t_ms for r in streamed) and streamed[-1].t_ms > 0
+    with pytest.raises(ValueError):
+        templated_records(1, seed=1, user_lengths=[])
+    with pytest.raises(ValueError):
+        templated_records(1, seed=1, user_lengths=[5], prefix_min=10, prefix_max=5)

@@ -10,12 +10,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processor.core.signature import blocks_signature, shape_signature
 from processor.sim.traces import (
     SHIPPED,
     TraceError,
     TraceRecord,
+    _iter_jsonl,
     iter_trace,
     read_shipped,
     read_trace,
@@ -281,3 +284,30 @@ def test_the_native_format_reads_an_optional_job(tmp_path: Path) -> None:
     path.write_text('{"t_ms": 1, "model": "m", "shape": 7, "length": 3, "job": 5}\n')
     with pytest.raises(TraceError, match=r'jobs.jsonl:1: "job" must be a string, got 5'):
         read_trace(path, "jsonl")
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.integers(1 << 63, (1 << 64) + 1), st.floats(0, 2),
+    st.sampled_from(["", "m", "x"]), st.lists(st.sampled_from(["a", "b"]), max_size=2), st.just([1]),
+)  # fmt: skip
+_KEYS = ("t_ms", "model", "shape", "components", "length", "id", "output_length", "extra")
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.dictionaries(st.sampled_from(_KEYS), _VALUES), min_size=1, max_size=4))
+def test_the_msgspec_reader_and_the_checked_reader_agree_on_every_line(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[dict[str, object]]
+) -> None:
+    """The fast path decodes with msgspec and hands any line it cannot take to the checked path: both
+    accept the same lines, give the same records, and refuse with the same one-line message."""
+    path = tmp_path_factory.mktemp("agree") / "t.jsonl"
+    lines = [json.dumps({"t_ms": 0, "model": "m", "shape": 1, "length": 5}), *map(json.dumps, rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+    def outcome(reader: object) -> object:
+        try:
+            return list(reader)  # type: ignore[call-overload]
+        except TraceError as exc:
+            return str(exc)
+
+    fast = outcome(iter_trace(path, "jsonl"))
+    checked = outcome(_iter_jsonl(iter(lines), str(path)))
+    assert fast == checked
