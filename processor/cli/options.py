@@ -80,6 +80,12 @@ def add_lane_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--idle-ms", type=int, default=d.idle_ms, help="empty lanes go quiet after this long")
     g.add_argument(
+        "--lane-pad-multiple",
+        type=int,
+        default=d.pad_multiple,
+        help="rounding used to measure padding when choosing a lane (1 for consumers that pad to 1)",
+    )
+    g.add_argument(
         "--max-wait-ms",
         type=int,
         default=DispatchSettings().max_wait_ms,
@@ -96,6 +102,7 @@ def lanes_from(args: argparse.Namespace) -> tuple[LaneSettings, DispatchSettings
         start_ratio=args.start_ratio,
         full_ratio=args.full_ratio,
         idle_ms=args.idle_ms,
+        pad_multiple=args.lane_pad_multiple,
     )
     return lanes, DispatchSettings(max_wait_ms=args.max_wait_ms)
 
