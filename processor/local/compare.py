@@ -84,6 +84,7 @@ class RunFigures:
     """One run, as the topics tell it. ``audit_clean`` is set by the caller (see the demo)."""
 
     engine: str
+    topic_prefix: str = ""
     items: int = 0
     tokens: int = 0
     items_completed_once: int = 0
@@ -127,6 +128,7 @@ class RunFigures:
     def to_dict(self) -> dict[str, Any]:
         return {
             "engine": self.engine,
+            "topic_prefix": self.topic_prefix,
             "items": self.items,
             "tokens": self.tokens,
             "items_completed_once": self.items_completed_once,
@@ -166,7 +168,7 @@ def measure(
     cache_shapes: int = CACHE_SHAPES,
 ) -> RunFigures:
     """The figures of one run (``budgets``: card id -> padded-token budget), from its topics alone."""
-    out = RunFigures(engine)
+    out = RunFigures(engine, topics.prefix)
     shape: dict[str, int] = {}
     tokens: dict[str, int] = {}
     first_ms: int | None = None

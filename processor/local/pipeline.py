@@ -108,7 +108,8 @@ def group_members(conf: Mapping[str, str], group: str) -> list[int]:
 
     from processor.kafka.clients import with_kafka_logger
 
-    admin = AdminClient(with_kafka_logger(dict(conf)))  # held until the answer: a collected client never resolves it
+    # held until the answer: the future of a client already collected is never resolved
+    admin = AdminClient(with_kafka_logger(dict(conf)))
     future = admin.describe_consumer_groups([group], request_timeout=10)[group]
     try:
         desc = future.result(timeout=15)
