@@ -130,7 +130,7 @@ def _load(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
             f"{path.name}: items of up to {longest:,} tokens; the embed engine takes at most "
             f"{EMBED_MAX_TOKENS} (use --engine sim, or a trace such as templated)"
         )
-    return records, path.name
+    return records, args.trace if args.trace in SHIPPED else path.name
 
 
 def cards_for(records: list[TraceRecord]) -> tuple[Card, ...]:

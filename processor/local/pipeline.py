@@ -109,7 +109,7 @@ def group_members(conf: Mapping[str, str], group: str) -> list[int]:
     from processor.kafka.clients import with_kafka_logger
 
     # held until the answer: the future of a client already collected is never resolved
-    admin = AdminClient(with_kafka_logger(dict(conf)))
+    admin = AdminClient(with_kafka_logger({**conf, "log_level": "3"}))  # no info lines at close
     future = admin.describe_consumer_groups([group], request_timeout=10)[group]
     try:
         desc = future.result(timeout=15)

@@ -67,7 +67,7 @@ def _log_waste(ax: Any, names: Sequence[str], values: Sequence[float], colors: A
     ax.set_yscale("log")
     ax.set_ylim(floor / 2, max(200.0, 100 * max(values, default=0) * 5))
     _label_bars(ax, bars, [_pct(v) for v in values])
-    ax.set_title("padding waste (% of padded tokens, log scale)")
+    ax.set_title("padding waste (% of padded tokens, log scale)", fontsize="medium")
 
 
 def plot_simulation(reports: Sequence[SimReport], path: str, trace: str = "") -> None:
@@ -128,11 +128,13 @@ def plot_simulation(reports: Sequence[SimReport], path: str, trace: str = "") ->
     fill.set_title("budget fill per consumer (%)")
     fill.set_ylim(0, 115)
     fill.legend(fontsize="small", loc="upper left")
-    fill.text(0.0, -0.2, FILL_NOTE, transform=fill.transAxes, fontsize="small", va="top")
 
     where = f"{trace}: " if trace else ""
     fig.suptitle(f"{where}{reports[0].items:,} items through every policy, simulated (virtual time)")
-    fig.tight_layout()
+    for ax in (cache, lanes, fill):
+        ax.title.set_fontsize("medium")
+    fig.text(0.01, 0.005, FILL_NOTE, fontsize="small", va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
