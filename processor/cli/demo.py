@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # Kafka loads only when the command runs
     from processor.local.pipeline import Pipeline
 
 #: The default item count: both runs' drains fit in about two minutes on the 2-core machine (README).
-DEFAULT_ITEMS = 600
+DEFAULT_ITEMS = 500
 #: Longest item the embed engine takes (MiniLM's positions).
 EMBED_MAX_TOKENS = 512
 RUNS = ("tokenfabric", "plain-queue")
