@@ -71,8 +71,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--time-scale",
         type=float,
-        default=0.1,
-        help="--engine sim: fraction of the modelled engine time slept (default: 0.1)",
+        default=0.5,
+        help="--engine sim: fraction of the modelled engine time slept (default: 0.5)",
     )
     p.add_argument("--timeout-s", type=float, default=600, help="give up a run after this long (600)")
     p.add_argument("--bootstrap", help="use this cluster instead of starting a local broker")
