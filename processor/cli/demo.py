@@ -441,21 +441,3 @@ def _plot_measured(figures: Mapping[str, RunFigures], trace_name: str, path: str
         print(f"no chart: {exc}", file=sys.stderr)
         return
     print(f"chart of the two measured runs: {path}")
-
-
-def _plot(
-    records: list[TraceRecord], cards: tuple[Card, ...], model: str, path: str, title: str = ""
-) -> None:
-    """What the same cards would have seen under each policy, in virtual time, as one PNG."""
-    from processor.sim.simulator import POLICIES, parse_consumer_spec, simulate
-
-    specs = [parse_consumer_spec(c.spec(model)) for c in cards]
-    reports = [simulate(records, specs, policy, backlog=True) for policy in POLICIES]
-    try:
-        from processor.sim.plots import plot_simulation
-
-        plot_simulation(reports, path, title)
-    except ValueError as exc:  # matplotlib missing: the report above stands on its own
-        print(f"no chart: {exc}", file=sys.stderr)
-        return
-    print(f"chart of every policy on this trace (simulated): {path}")
