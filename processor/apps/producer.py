@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import xxhash
@@ -137,7 +137,15 @@ class TokenProducer:
     flushed and failures are raised.
     """
 
-    def __init__(self, conf: Mapping[str, str], topics: TopicNames | None = None) -> None:
+    def __init__(
+        self,
+        conf: Mapping[str, str],
+        topics: TopicNames | None = None,
+        key_of: Callable[[TokenItemRecord], bytes] | None = None,
+    ) -> None:
+        """``key_of``: the Kafka key of a record; :func:`shape_key` of its shape unless given (the plain
+        queue baseline keys by item id, to spread items evenly, processor.apps.plainqueue)."""
+        self.key_of = key_of or (lambda rec: shape_key(rec.shape))
         self.topics = topics or TopicNames()
         self.topic = self.topics.ingest
         self._producer = Producer(with_kafka_logger({**PRODUCER_DEFAULTS, **conf}))
@@ -191,7 +199,7 @@ class TokenProducer:
     def send_record(self, rec: TokenItemRecord) -> None:
         """Queue an already built record (keyed by its shape)."""
         value = encode_token_item(rec)
-        key = shape_key(rec.shape)
+        key = self.key_of(rec)
         while True:
             try:
                 self._producer.produce(self.topic, value, key, on_delivery=self._on_delivery)

@@ -1,87 +1,170 @@
-"""``tokenfabric demo``: the whole pipeline on a real trace, ending in a printed report."""
+"""``tokenfabric demo``: the main job. One backlog through tokenfabric and through a plain Kafka queue.
+
+Two runs on the same broker, with the same items and the same two cards (a small and a large contract,
+``local.pipeline.MAIN_CARDS``):
+
+* **tokenfabric**: a producer, the processor (lanes, shape-sticky dispatch) and one consumer app per
+  card, each as its own process, as in production;
+* **plain-queue**: the baseline teams run without tokenfabric (processor.apps.plainqueue): the cards
+  form one consumer group on the ingest topic and each packs what it reads, in arrival order, to the
+  same contract.
+
+Both run the embed engine (all-MiniLM-L6-v2, for real, on the CPU) by default; ``--engine sim`` is a
+quick modelled run. The report is computed by reading each run's topics back (processor.local.compare)
+and printed side by side with the ratio; ``--json`` writes it for scripts (docs/demo.md has the keys),
+``--plot`` charts it. Exit status: 0 when both runs completed every item once with a clean audit, 1
+otherwise, 2 for bad arguments or an unreadable trace.
+"""
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from processor.cli.options import check_plot
-from processor.cli.status import ledger_table
-from processor.kafka.topics import TopicNames
-from processor.local.pipeline import (
-    DEFAULT_CARDS,
-    Card,
-    Pipeline,
-    TopicReadback,
-    child_env,
-    log_dir,
-    read_back,
-    unique_prefix,
-    wait_until_done,
-)
-from processor.ops.status import StatusView, gather
+from processor.local.pipeline import DEFAULT_CARDS, MAIN_CARDS, Card, child_env, log_dir, unique_prefix
 from processor.sim.traces import SHIPPED, TraceError, TraceRecord, read_trace, shipped_trace
+
+if TYPE_CHECKING:  # Kafka loads only when the command runs
+    from processor.kafka.topics import TopicNames
+    from processor.local.compare import ResultsWatcher, RunFigures
+    from processor.local.pipeline import Pipeline
+
+#: The default item count: both runs' drains fit in about two minutes on the 2-core machine (README).
+DEFAULT_ITEMS = 500
+#: Longest item the embed engine takes (MiniLM's positions).
+EMBED_MAX_TOKENS = 512
+RUNS = ("tokenfabric", "plain-queue")
+#: The processor's lane settings for cards that pad to 1 token: padding is measured in single tokens and
+#: an item shares a lane that pads it by at most one token (``simulate --trace templated --policy lanes``
+#: with these flags: 250 batches for 1,000 items, 0.29% waste; the defaults give 368 batches, 0.01%).
+EXACT_LANES = ["--lane-pad-multiple", "1", "--floor-tokens", "1", "--cap-tokens", "1"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace",
-        default="mooncake_synthetic",
-        help=f"a shipped trace ({', '.join(SHIPPED)}) or a file path (default: mooncake_synthetic)",
+        default="templated",
+        help=f"a shipped trace ({', '.join(SHIPPED)}) or a file path (default: templated, the templated "
+        "backlog of data/templates)",
     )
     p.add_argument("--format", default=None, help="format of a trace file (shipped traces know theirs)")
     p.add_argument(
         "--shape-blocks", type=int, default=1, help="mooncake: hash ids that make a shape (default: 1)"
     )
-    p.add_argument("--limit", type=int, default=2000, help="items to replay (default: 2000; 0 = all)")
+    p.add_argument(
+        "--limit", type=int, default=DEFAULT_ITEMS, help=f"items (default: {DEFAULT_ITEMS}; 0 = all)"
+    )
+    p.add_argument(
+        "--engine",
+        default="embed",
+        choices=("embed", "sim"),
+        help="embed: MiniLM for real on the CPU (default); sim: the modelled cards, quick",
+    )
     p.add_argument(
         "--time-scale",
         type=float,
-        default=0.02,
-        help="simulated engine time multiplier (default: 0.02, i.e. cards 50x faster than modelled)",
+        default=0.5,
+        help="--engine sim: fraction of the modelled engine time slept (default: 0.5)",
     )
-    p.add_argument("--timeout-s", type=float, default=600, help="give up after this long (default: 600)")
+    p.add_argument(
+        "--timeout-s", type=float, default=600, help="give up a run after this long (default: %(default)s)"
+    )
     p.add_argument("--bootstrap", help="use this cluster instead of starting a local broker")
     p.add_argument(
         "--plot",
         default="tokenfabric-demo.png",
         metavar="FILE.png",
-        help="chart of the same trace through every policy, simulated (default: tokenfabric-demo.png; "
-        "'' for none)",
+        help="chart of the two measured runs (default: tokenfabric-demo.png; '' for none)",
     )
+    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON (docs/demo.md)")
+
+
+class PhaseLine:
+    """One line per phase: rewritten in place on a terminal, printed every few seconds otherwise."""
+
+    def __init__(self, stream: io.TextIOBase | None = None, every_s: float = 5.0) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.every_s = every_s
+        self._last = 0.0
+
+    def update(self, text: str) -> None:
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+            self.stream.flush()
+        elif now - self._last >= self.every_s:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        else:
+            return
+        self._last = now
+
+    def done(self, text: str) -> None:
+        self.stream.write(("\r\x1b[2K" if self.tty else "") + text + "\n")
+        self.stream.flush()
+        self._last = 0.0
+
+
+def _load(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
+    if args.limit < 0:
+        raise ValueError(f"--limit must be >= 0, got {args.limit}")
+    if not args.time_scale >= 0:
+        raise ValueError(f"--time-scale must be >= 0, got {args.time_scale}")
+    if args.trace in SHIPPED:
+        path, fmt = shipped_trace(args.trace), SHIPPED[args.trace][1]
+    else:
+        path, fmt = Path(args.trace), args.format or "jsonl"
+    records = read_trace(path, fmt, shape_blocks=args.shape_blocks, limit=args.limit or None)
+    if not records:
+        raise ValueError(f"{path}: no items to replay")
+    longest = max(r.length for r in records)
+    if args.engine == "embed" and longest > EMBED_MAX_TOKENS:
+        raise ValueError(
+            f"{path.name}: items of up to {longest:,} tokens; the embed engine takes at most "
+            f"{EMBED_MAX_TOKENS} (use --engine sim, or a trace such as templated)"
+        )
+    return records, args.trace if args.trace in SHIPPED else path.name
+
+
+def cards_for(records: list[TraceRecord]) -> tuple[Card, ...]:
+    """The main job's cards, or the 16k/32k modelled cards for a trace of longer prompts."""
+    if max(r.length for r in records) <= EMBED_MAX_TOKENS:
+        return MAIN_CARDS
+    return DEFAULT_CARDS
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
     try:
-        if args.trace in SHIPPED:
-            path, fmt = shipped_trace(args.trace), SHIPPED[args.trace][1]
-        else:
-            path, fmt = Path(args.trace), args.format or "jsonl"
-        records = read_trace(path, fmt, shape_blocks=args.shape_blocks, limit=args.limit or None)
+        records, trace_name = _load(args)
         if args.plot:
             check_plot(args.plot, need_matplotlib=False)  # without it the report stands alone
     except (TraceError, ValueError) as exc:
         print(f"tokenfabric demo: error: {exc}", file=sys.stderr)
         return 2
+    line = PhaseLine()
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP")
     state = None
+    started = time.monotonic()
     if not bootstrap:
         from processor.local.broker import start_broker
 
         state = log_dir() / "kafka"
-        console.print("starting a local Kafka broker (the first run downloads its jars with Maven)...")
+        line.done("setup: starting a local Kafka broker (the first run downloads its jars with Maven)...")
         bootstrap = start_broker(state, heap_mb=512).bootstrap
     try:
-        return _run(args, console, records, path, bootstrap)
+        return _main_job(args, line, records, trace_name, bootstrap, started)
     finally:
         if state is not None:
             from processor.local.broker import stop_broker
@@ -89,160 +172,279 @@ def run(args: argparse.Namespace) -> int:
             stop_broker(state)
 
 
-def _run(args: argparse.Namespace, console: Console, records: list, path: Path, bootstrap: str) -> int:
-    from processor.apps.producer import TokenProducer, synthetic_tokens
+def _main_job(
+    args: argparse.Namespace,
+    line: PhaseLine,
+    records: list[TraceRecord],
+    trace_name: str,
+    bootstrap: str,
+    started: float,
+) -> int:
     from processor.kafka.config import client_config
-    from processor.kafka.topics import TopicNames, create_topics, topic_specs
 
     conf = client_config(bootstrap)
-    topics = TopicNames(unique_prefix())
-    cards = DEFAULT_CARDS
-    create_topics(conf, topic_specs(topics, consumers=[c.name for c in cards]))
-    logs = log_dir()
-    env = child_env(bootstrap)
-    pipeline = Pipeline(logs)
-    prefix = ["--topic-prefix", topics.prefix]
-    # Child processes serve no metrics: the demo runs three of them side by side on one machine.
-    quiet = ["--metrics-port", "0"]
-    pipeline.spawn("processor", ["processor", *prefix, *quiet], env)
-    model = records[0].model if records else "default"
-    for card in cards:
-        pipeline.spawn(card.name, ["consumer", *prefix, *quiet, *card.args(model, args.time_scale)], env)
-    console.print(f"topics {topics.prefix}.*, logs in {logs}")
-    started = time.monotonic()
-    try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as bar:
-            produce = bar.add_task("produce ", total=len(records))
-            with TokenProducer(conf, topics) as producer:
-                for i, r in enumerate(records):
-                    producer.send(
-                        r.id,
-                        r.model,
-                        synthetic_tokens(r.id, r.length),
-                        shape=r.shape,
-                        output_budget=r.output_length,
-                    )
-                    if i % 256 == 0:
-                        bar.update(produce, completed=i)
-            bar.update(produce, completed=len(records))
-            complete = bar.add_task("complete", total=len(records))
-            view = wait_until_done(
-                conf,
-                topics,
-                len(records),
-                pipeline,
-                args.timeout_s,
-                lambda done: bar.update(complete, completed=done),
-            )
-        elapsed = time.monotonic() - started
-    finally:
-        codes = pipeline.stop()
-    final = _final_view(conf, topics) or view
-    back = read_back(conf, topics, cards)
-    print(_report(path, records, final, back, cards, elapsed, codes))
-    if args.plot:
-        _plot(records, cards, model, args.plot)
-    balanced = (
-        final.total("received_items") == final.total("routed_items") + final.total("queued_items")
-        and back.duplicates == 0
-        and back.mixed_shape_batches == 0
+    cards = cards_for(records)
+    line.done(
+        f"setup: broker {bootstrap} ready in {time.monotonic() - started:.0f} s; {len(records):,} items "
+        f"from {trace_name}, cards {', '.join(f'{c.name} ({c.budget:,}/{c.items}/{c.pad})' for c in cards)}, "
+        f"engine {args.engine}"
     )
-    return 0 if balanced and all(c == 0 for c in codes.values()) else 1
+    payloads = _payloads(records, args.engine, line)
+    logs = log_dir()
+    figures: dict[str, RunFigures] = {}
+    codes: dict[str, dict[str, int | None]] = {}
+    for name in RUNS:
+        figures[name], codes[name] = _one_run(
+            name, args, conf, bootstrap, records, payloads, cards, logs, line
+        )
+    report = _report(trace_name, records, figures, codes, args.engine, cards)
+    print(report)
+    print(f"logs in {logs}; total {time.monotonic() - started:.0f} s")
+    if args.json:
+        doc = {
+            "trace": trace_name,
+            "cards": {c.name: {"budget": c.budget, "items": c.items, "pad": c.pad} for c in cards},
+            "runs": {name: f.to_dict() for name, f in figures.items()},
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        print(f"report as JSON: {args.json}")
+    if args.plot:
+        _plot_measured(figures, trace_name, args.plot)
+    ok = all(
+        f.audit_clean and f.items_completed_once == f.items == len(records) for f in figures.values()
+    ) and all(c == 0 for run_codes in codes.values() for c in run_codes.values())
+    return 0 if ok else 1
 
 
-def _plot(records: list[TraceRecord], cards: tuple[Card, ...], model: str, path: str) -> None:
-    """What the same cards would have seen under each policy, in virtual time, as one PNG."""
-    from processor.sim.simulator import POLICIES, parse_consumer_spec, simulate
+def _payloads(records: list[TraceRecord], engine: str, line: PhaseLine) -> list[bytes]:
+    """Token ids per item: MiniLM word pieces for the embed engine, the producer's synthetic ids else."""
+    from processor.apps.producer import synthetic_tokens
+    from processor.sim.templated import wordpiece_tokens
 
-    specs = [parse_consumer_spec(c.spec(model)) for c in cards]
-    reports = [simulate(records, specs, policy, backlog=True) for policy in POLICIES]
+    make = wordpiece_tokens if engine == "embed" else synthetic_tokens
+    out = [make(r.id, r.length) for r in records]
+    line.done(f"setup: {len(out):,} prompts tokenised ({sum(r.length for r in records):,} tokens)")
+    return out
+
+
+def _one_run(
+    name: str,
+    args: argparse.Namespace,
+    conf: dict[str, str],
+    bootstrap: str,
+    records: list[TraceRecord],
+    payloads: list[bytes],
+    cards: tuple[Card, ...],
+    logs: Path,
+    line: PhaseLine,
+) -> tuple[RunFigures, dict[str, int | None]]:
+    from processor.apps.plainqueue import plain_group
+    from processor.apps.producer import TokenProducer
+    from processor.kafka.topics import TopicNames, create_topics, topic_specs
+    from processor.local.compare import ResultsWatcher, measure
+    from processor.local.pipeline import Pipeline, group_members
+
+    topics = TopicNames(f"{unique_prefix()}-{'tf' if name == 'tokenfabric' else 'pq'}")
+    create_topics(conf, topic_specs(topics, consumers=[c.name for c in cards]))
+    env = child_env(bootstrap)
+    env["OPENBLAS_NUM_THREADS"] = "1"  # one core per card: the cards run side by side
+    (logs / name).mkdir(exist_ok=True)
+    pipeline = Pipeline(logs / name)
+    prefix = ["--topic-prefix", topics.prefix]
+    quiet = ["--metrics-port", "0"]
+    model = records[0].model
+    tf = name == "tokenfabric"
+    if tf:
+        lanes = EXACT_LANES if all(c.pad == 1 for c in cards) else []
+        pipeline.spawn("processor", ["processor", *prefix, *quiet, *lanes], env)
+        for card in cards:
+            card_args = card.args(model, args.time_scale, args.engine)
+            pipeline.spawn(card.name, ["consumer", *prefix, *quiet, *card_args], env)
+    else:
+        for card in cards:
+            card_args = [*card.contract_args(model), *card.engine_args(args.engine, args.time_scale)]
+            pipeline.spawn(card.name, ["plain-queue", *prefix, *card_args], env)
+    watcher: ResultsWatcher | None = None
     try:
-        from processor.sim.plots import plot_simulation
+        group = topics.processor_group if tf else plain_group(topics)
+        _wait_ready(name, conf, topics, cards, group, pipeline, line, tf, group_members)
+        key_of = None if tf else (lambda rec: rec.item_id.encode("utf-8"))
+        t0 = time.monotonic()
+        with TokenProducer(conf, topics, key_of=key_of) as producer:
+            for i, (r, tokens) in enumerate(zip(records, payloads, strict=True)):
+                producer.send(r.id, r.model, tokens, shape=r.shape, output_budget=r.output_length)
+                if i % 100 == 0:
+                    line.update(f"{name}: produce {i:,}/{len(records):,} items")
+        line.done(f"{name}: produced {len(records):,} items in {time.monotonic() - t0:.1f} s")
+        watcher = ResultsWatcher(conf, topics.results)
+        _drain(name, watcher, len(records), pipeline, args.timeout_s, line)
+        if tf:
+            from processor.local.pipeline import wait_until_done
 
-        plot_simulation(reports, path)
-    except (ValueError, OSError) as exc:  # no matplotlib, or not writable: the report stands alone
-        print(f"no chart: {exc}", file=sys.stderr)
-        return
-    print(f"chart of every policy on this trace (simulated): {path}")
+            wait_until_done(conf, topics, len(records), pipeline, 60)  # the ledger has caught up
+    finally:
+        if watcher is not None:
+            watcher.close()
+        codes = pipeline.stop()
+    figures = measure(conf, topics, {c.name: c.budget for c in cards}, args.engine)
+    figures.audit_clean = _audit(conf, topics, figures, tf)
+    return figures, codes
 
 
-def _final_view(conf: dict[str, str], topics: TopicNames) -> StatusView:
-    return gather(conf, topics)
+def _wait_ready(
+    name: str,
+    conf: dict[str, str],
+    topics: TopicNames,
+    cards: tuple[Card, ...],
+    group: str,
+    pipeline: Pipeline,
+    line: PhaseLine,
+    tf: bool,
+    group_members: Callable[[Mapping[str, str], str], list[int]],
+) -> None:
+    """Until every card has its engine loaded and its place: contracts announced and the processor in
+    its group (tokenfabric), or every card in the plain queue's group with partitions assigned."""
+    from processor.ops.status import gather
+
+    t0 = time.monotonic()
+    while True:
+        pipeline.check_alive()
+        if tf:
+            view = gather(conf, topics)
+            ready = all(c.name in view.contracts for c in cards) and bool(group_members(conf, group))
+        else:
+            members = group_members(conf, group)
+            ready = len(members) == len(cards) and all(members)
+        waited = time.monotonic() - t0
+        if ready:
+            line.done(f"{name}: {len(cards)} cards ready in {waited:.1f} s")
+            return
+        if waited > 120:
+            raise TimeoutError(f"{name}: the cards were not ready within 120 s (logs in {pipeline})")
+        line.update(f"{name}: starting the cards ({waited:.0f} s)")
+        time.sleep(0.5)
+
+
+def _drain(
+    name: str, watcher: ResultsWatcher, total: int, pipeline: Pipeline, timeout_s: float, line: PhaseLine
+) -> None:
+    t0 = time.monotonic()
+    done = 0
+    while done < total:
+        pipeline.check_alive()
+        done = watcher.poll(0.5)
+        elapsed = time.monotonic() - t0
+        rate = watcher.tokens / elapsed if elapsed > 0 else 0.0
+        line.update(f"{name}: drain {done:,}/{total:,} items, {rate:,.0f} tokens/s, {elapsed:.0f} s")
+        if elapsed > timeout_s:
+            raise TimeoutError(f"{name}: only {done:,} of {total:,} items completed within {timeout_s:.0f} s")
+    elapsed = time.monotonic() - t0
+    line.done(
+        f"{name}: drained {total:,} items in {elapsed:.1f} s, "
+        f"{watcher.tokens / elapsed if elapsed else 0:,.0f} tokens/s"
+    )
+
+
+def _audit(conf: dict[str, str], topics: TopicNames, f: RunFigures, tf: bool) -> bool:
+    """tokenfabric: ``tokenfabric audit`` (topics against the processor's ledger) and the read-back; the
+    plain queue has no ledger, so its audit is the read-back: every item completed once, none lost."""
+    from processor.kafka.reader import read_topic
+    from processor.ops.audit import audit
+
+    readback = (
+        f.items_completed_once == f.items
+        and f.duplicate_completions == 0
+        and f.lost_items == 0
+        and not any(True for _ in read_topic(conf, topics.dead_letter))
+    )
+    if not tf:
+        return readback
+    return readback and audit(conf, topics).clean
+
+
+def _pct(value: float) -> str:
+    """A percentage with the digits a small value needs (0.003%, 0.29%, 50.4%)."""
+    p = 100 * value
+    return "0%" if p == 0 else f"{p:.3f}%" if p < 0.1 else f"{p:.2f}%" if p < 10 else f"{p:.1f}%"
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
 
 
 def _report(
-    path: Path,
+    trace_name: str,
     records: list[TraceRecord],
-    view: StatusView,
-    back: TopicReadback,
+    figures: Mapping[str, RunFigures],
+    codes: Mapping[str, Mapping[str, int | None]],
+    engine: str,
     cards: tuple[Card, ...],
-    elapsed: float,
-    codes: dict[str, int | None],
 ) -> str:
-    t = view.total
-    console = Console(record=True, width=110, file=io.StringIO())
+    console = Console(record=True, width=132, file=io.StringIO())
+    tf, pq = (figures[n] for n in RUNS)
     tokens = sum(r.length for r in records)
-    console.print(
-        f"[bold]tokenfabric demo[/bold]: {len(records):,} items, {tokens:,} tokens from {path.name}"
-    )
-    console.print(ledger_table(view, "ledger (processor checkpoint)"))
-    balanced = t("received_tokens") == t("routed_tokens") + t("queued_tokens") and t("routed_tokens") == t(
-        "completed_tokens"
-    ) + t("failed_tokens") + t("in_flight_tokens")
-    console.print(
-        f"balanced: {'yes' if balanced else 'NO'}   "
-        f"completions read back: {sum(back.completed_ids.values()):,} "
-        f"({len(back.completed_ids):,} distinct items, {back.duplicates} duplicates)"
-    )
-    padded = sum(back.padded_tokens.values())
-    real = sum(back.real_tokens.values())
-    hits = sum(view.consumer_total(c.name, "cache_hits") for c in cards)
-    lookups = sum(view.consumer_total(c.name, "cache_lookups") for c in cards)
-    console.print(
-        f"padding waste {((padded - real) / padded if padded else 0):.3%}   "
-        f"cache hit rate {(hits / lookups if lookups else 0):.1%}   "
-        f"shape switches {t('shape_switches'):,}   lanes in use (peak) {t('lanes_in_use_peak'):,}   "
-        f"mixed-shape batches (read back) {back.mixed_shape_batches}   "
-        f"over-budget batches {back.over_budget_batches}"
+    what = (
+        "embed (all-MiniLM-L6-v2 on the CPU, real compute)"
+        if engine == "embed"
+        else "sim (modelled cards, not real compute)"
     )
     console.print(
-        f"throughput {back.completed_tokens / elapsed:,.0f} tokens/s, "
-        f"{len(back.completed_ids) / elapsed:,.0f} items/s over {elapsed:.1f} s wall"
+        f"[bold]tokenfabric demo[/bold]: {len(records):,} items, {tokens:,} tokens from {trace_name}; "
+        f"engine {what}; figures read back from each run's topics"
     )
-    per = Table(title="where each card's batches went (read back from its topic)", header_style="bold")
-    for col in (
-        "card",
-        "budget",
-        "batches",
-        "items",
-        "real tokens",
-        "padded tokens",
-        "padding waste",
-        "budget fill",
-        "shapes",
-        "exit",
-    ):
-        per.add_column(col, justify="left" if col == "card" else "right")
-    for c in cards:
-        b, p, r = back.batches[c.name], back.padded_tokens[c.name], back.real_tokens[c.name]
-        per.add_row(
-            c.name,
-            f"{c.budget:,}",
-            f"{b:,}",
-            f"{back.items[c.name]:,}",
-            f"{r:,}",
-            f"{p:,}",
-            f"{(p - r) / p if p else 0:.3%}",
-            f"{p / (b * c.budget) if b else 0:.1%}",
-            f"{back.shapes[c.name]:,}",
-            str(codes.get(c.name)),
-        )
+    table = Table(title="the same items, the same two cards: tokenfabric against a plain Kafka queue")
+    for col in ("", "tokenfabric", "plain queue", "tokenfabric / plain"):
+        table.add_column(col, justify="left" if not col else "right")
+    rows: list[tuple[str, Callable[[RunFigures], str], str]] = [
+        ("items completed once", lambda f: f"{f.items_completed_once:,} / {f.items:,}", ""),
+        ("audit clean", lambda f: "yes" if f.audit_clean else "NO", ""),
+        ("makespan (s)", lambda f: f"{f.makespan_s:,.1f}", _ratio(tf.makespan_s, pq.makespan_s)),
+        (
+            "real tokens/s",
+            lambda f: f"{f.real_tokens_per_s:,.0f}",
+            _ratio(tf.real_tokens_per_s, pq.real_tokens_per_s),
+        ),
+        ("padding waste", lambda f: _pct(f.padding_waste), _ratio(tf.padding_waste, pq.padding_waste)),
+        ("budget fill", lambda f: f"{f.budget_fill:.1%}", _ratio(tf.budget_fill, pq.budget_fill)),
+        ("batches", lambda f: f"{f.batches:,}", _ratio(tf.batches, pq.batches)),
+        ("shape switches", lambda f: f"{f.shape_switches:,}", _ratio(tf.shape_switches, pq.shape_switches)),
+        (
+            "cache hit rate (modelled)",
+            lambda f: f"{f.cache_hit_rate:.1%}",
+            _ratio(tf.cache_hit_rate, pq.cache_hit_rate),
+        ),
+    ]
+    for label, fmt, ratio in rows:
+        table.add_row(label, fmt(tf), fmt(pq), ratio)
+    console.print(table)
+    per = Table(title="where each card's batches went (read back from the results topic)")
+    columns = ("run", "card", "budget", "batches", "items", "real tokens", "padded", "waste", "fill")
+    for col in (*columns, "shapes", "switches", "exit"):
+        per.add_column(col, justify="left" if col in ("run", "card") else "right")
+    for name in RUNS:
+        f = figures[name]
+        for card in cards:
+            c = f.cards[card.name]
+            per.add_row(
+                name, card.name, f"{c.budget:,}", f"{c.batches:,}", f"{c.items:,}", f"{c.real_tokens:,}",
+                f"{c.padded_tokens:,}", _pct(c.padding_waste), f"{c.budget_fill:.1%}", f"{c.shapes}",
+                f"{c.shape_switches:,}", str(codes[name].get(card.name)),
+            )  # fmt: skip
     console.print(per)
-    console.print(f"processor exit code {codes.get('processor')}; nothing left running")
+    console.print(
+        "budget fill: padded tokens / (batches x budget). Lanes keep a batch to one shape and one length, "
+        "so a backlog of many lengths gives many small, unpadded batches: they trade fill for waste. "
+        "Cache hits are modelled (LRU of 4 shapes per card); MiniLM keeps no prefix cache."
+    )
     return console.export_text()
+
+
+def _plot_measured(figures: Mapping[str, RunFigures], trace_name: str, path: str) -> None:
+    try:
+        from processor.sim.plots import plot_measured
+
+        plot_measured({n: f.to_dict() for n, f in figures.items()}, path, f"{trace_name}: measured")
+    except ValueError as exc:  # matplotlib missing: the report above stands on its own
+        print(f"no chart: {exc}", file=sys.stderr)
+        return
+    print(f"chart of the two measured runs: {path}")

@@ -139,6 +139,13 @@ def add_lane_arguments(p: argparse.ArgumentParser) -> None:
     )
     dd = DispatchSettings()
     g.add_argument(
+        "--lane-pad-multiple",
+        type=int,
+        default=d.pad_multiple,
+        help="rounding used to measure padding when choosing a lane (1 for consumers that pad to 1) "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
         "--max-wait-ms",
         type=int,
         default=dd.max_wait_ms,
@@ -171,6 +178,7 @@ def lanes_from(args: argparse.Namespace) -> tuple[LaneSettings, DispatchSettings
         cut=args.cut,
         cut_tokens=args.cut_tokens,
         cut_ratio=args.cut_ratio,
+        pad_multiple=args.lane_pad_multiple,
     )
     return lanes, DispatchSettings(max_wait_ms=args.max_wait_ms, deadline=args.deadline, spread=args.spread)
 

@@ -49,6 +49,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--speed", type=float, default=None, help="keep the trace's arrival times, X times faster"
     )
     pace.add_argument("--backlog", action="store_true", help="send everything at once (the default)")
+    p.add_argument(
+        "--tokens",
+        default="synthetic",
+        choices=("synthetic", "wordpiece"),
+        help="token ids: synthetic (17-bit, the default) or wordpiece (MiniLM's vocabulary, for --engine "
+        "embed consumers: [CLS], stand-in word pieces, [SEP])",
+    )
     p.add_argument("--job", default=None, help="job id of every item (default: <trace>-<time>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_kafka_arguments(p)
@@ -97,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
         producer = TokenProducer(conf, topics)
         producer.check_topic()
         try:
-            _replay(producer, records, job, args.speed, show_progress=not args.no_progress)
+            _replay(
+                producer, records, job, args.speed, show_progress=not args.no_progress, tokens=args.tokens
+            )
         except KeyboardInterrupt:
             interrupted = True
             producer.close(timeout=120.0)
@@ -118,12 +127,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay(
-    producer: TokenProducer, records: list[TraceRecord], job: str, speed: float | None, *, show_progress: bool
+    producer: TokenProducer,
+    records: list[TraceRecord],
+    job: str,
+    speed: float | None,
+    *,
+    show_progress: bool,
+    tokens: str = "synthetic",
 ) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from processor.apps.producer import synthetic_tokens
+    from processor.sim.templated import wordpiece_tokens
+
+    make_tokens = wordpiece_tokens if tokens == "wordpiece" else synthetic_tokens
 
     progress = Progress(
         TextColumn("producing"),
@@ -154,7 +172,7 @@ def _replay(
             producer.send(
                 item_id,
                 rec.model,
-                synthetic_tokens(item_id, rec.length),
+                make_tokens(item_id, rec.length),
                 shape=rec.shape,
                 job_id=job,
                 output_budget=rec.output_length,

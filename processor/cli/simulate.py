@@ -8,6 +8,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 from processor.cli.options import (
@@ -21,11 +22,13 @@ from processor.cli.options import (
 from processor.core.contract import BATCHING_MODES
 from processor.sim.report import render_table
 from processor.sim.simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, simulate
-from processor.sim.traces import FORMATS, TraceError, read_trace
+from processor.sim.traces import FORMATS, SHIPPED, TraceError, read_trace, shipped_trace
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, help="trace file (.gz accepted)")
+    p.add_argument(
+        "--trace", required=True, help=f"trace file (.gz accepted), or a shipped trace: {', '.join(SHIPPED)}"
+    )
     p.add_argument("--format", default="jsonl", choices=FORMATS, help="trace format (default: jsonl)")
     add_trace_reading_arguments(p)
     p.add_argument("--backlog", action="store_true", help="every item present at t=0 (an offline backlog)")
@@ -106,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         if args.shape_blocks < 0:
             raise ValueError(f"--shape-blocks must be >= 0, got {args.shape_blocks}")
+        trace, fmt = Path(args.trace), args.format
+        if not trace.exists() and args.trace in SHIPPED:  # a shipped trace by name: its own format
+            trace, fmt = shipped_trace(args.trace), SHIPPED[args.trace][1]
         records = read_trace(
-            args.trace,
-            args.format,
+            trace,
+            fmt,
             shape_blocks=args.shape_blocks,
             default_model=args.model,
             limit=args.limit,
@@ -145,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         from processor.sim.plots import plot_simulation
 
         try:
-            plot_simulation(reports, args.plot)
+            plot_simulation(reports, args.plot, trace.name)
         except (ValueError, OSError) as exc:  # the folder went away or is not writable
             print(f"{prog}: error: --plot {args.plot}: {exc}", file=sys.stderr)
             return 2

@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("processor.cli.status", "print contracts, accounting and lag"),
     "audit": ("processor.cli.audit", "re-derive the ledger from the topics; exit 1 on a difference"),
     "demo": ("processor.cli.demo", "run the whole pipeline on a real trace and print a report"),
+    "plain-queue": (
+        "processor.cli.plainqueue",
+        "one card of the plain Kafka queue baseline the demo compares with (not a product mode)",
+    ),
     "submit": ("processor.cli.submit", "submit a dataset as a job: render, tokenise and produce every row"),
     "collect": ("processor.cli.collect", "write a job's results next to its input rows (resumable)"),
     "collector": (

@@ -45,7 +45,8 @@ class Card:
             f"inflight={self.inflight},tps={self.tps},overhead_ms={self.overhead_ms},cache={self.cache}"
         )
 
-    def args(self, model: str, time_scale: float) -> list[str]:
+    def contract_args(self, model: str) -> list[str]:
+        """The flags of the card's contract, shared by ``consumer`` and ``plain-queue``."""
         return [
             "--id",
             self.name,
@@ -57,8 +58,13 @@ class Card:
             str(self.items),
             "--pad",
             str(self.pad),
-            "--inflight",
-            str(self.inflight),
+        ]
+
+    def engine_args(self, engine: str, time_scale: float) -> list[str]:
+        """``--engine embed`` runs MiniLM for real; ``sim`` models this card's speed and cache."""
+        if engine != "sim":
+            return ["--engine", engine]
+        return [
             "--engine",
             "sim",
             "--tps",
@@ -71,11 +77,47 @@ class Card:
             str(time_scale),
         ]
 
+    def args(self, model: str, time_scale: float, engine: str = "sim") -> list[str]:
+        """The ``tokenfabric consumer`` flags of this card."""
+        return [
+            *self.contract_args(model),
+            "--inflight",
+            str(self.inflight),
+            *self.engine_args(engine, time_scale),
+        ]
+
 
 DEFAULT_CARDS = (
     Card("card16", budget=16384, items=64, tps=25_000),  # a 16 GB card
     Card("card32", budget=32768, items=128, tps=50_000),  # a 32 GB card: twice the room and speed
 )
+
+#: The main job's cards, for items of at most 512 tokens (MiniLM's positions): a small and a large
+#: contract, pad multiple 1 (a CPU has no tile size to round to). ``tps`` is what MiniLM measured on
+#: one core of the 2-core development machine (about 2,900 tokens/s), for ``--engine sim``.
+MAIN_CARDS = (
+    Card("card-s", budget=4096, items=32, tps=2_900, pad=1, overhead_ms=2.0),
+    Card("card-l", budget=8192, items=64, tps=2_900, pad=1, overhead_ms=2.0),
+)
+
+
+def group_members(conf: Mapping[str, str], group: str) -> list[int]:
+    """Partitions assigned to each member of a consumer group (empty: no stable group yet)."""
+    from confluent_kafka import ConsumerGroupState, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from processor.kafka.clients import with_kafka_logger
+
+    # held until the answer: the future of a client already collected is never resolved
+    admin = AdminClient(with_kafka_logger({**conf, "log_level": "3"}))  # no info lines at close
+    future = admin.describe_consumer_groups([group], request_timeout=10)[group]
+    try:
+        desc = future.result(timeout=15)
+    except KafkaException:  # the group does not exist yet: not ready, the caller asks again
+        return []
+    if desc.state != ConsumerGroupState.STABLE:
+        return []
+    return [len(m.assignment.topic_partitions) for m in desc.members]
 
 
 @dataclass(slots=True)

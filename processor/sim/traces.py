@@ -72,6 +72,8 @@ SHIPPED: dict[str, tuple[str, str]] = {
     "mooncake_conversation": ("mooncake_conversation_trace.jsonl.gz", "mooncake"),
     "azure_code": ("AzureLLMInferenceTrace_code.csv.gz", "azure"),
     "azure_conv": ("AzureLLMInferenceTrace_conv.csv.gz", "azure"),
+    # built from data/templates and azure_conv's lengths by processor.sim.templated (the main job's)
+    "templated": ("templated_trace.jsonl.gz", "jsonl"),
 }
 
 TRACES_ENV = "TOKENFABRIC_TRACES"

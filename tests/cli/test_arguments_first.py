@@ -34,6 +34,10 @@ CASES = {
     "topics-partitions": (["topics", "create", "--ingest-partitions", "0"], "--ingest-partitions"),
     "collect-poll": (["collect", "--job", "j", "--out", "r.jsonl", "--poll-s", "0"], "--poll-s"),
     "collector-poll": (["collector", "--out-dir", "{tmp}/out", "--poll-s", "0"], "--poll-s"),
+    "plain-queue-budget-0": (
+        ["plain-queue", "--id", "c", "--model", "m", "--budget", "0", "--items", "4"],
+        "budget",
+    ),
     "share-weight": (["share", "j", "--weight", "0"], "weight"),
     "submit-no-dataset": (["submit", "/nope.jsonl", "--job", "j", "--template", "/nope.toml"], "/nope"),
 }
