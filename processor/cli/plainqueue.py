@@ -27,7 +27,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--items", type=int, help="most items per batch (required)")
     p.add_argument("--pad", type=int, default=8, help="pad multiple (default: 8)")
     p.add_argument(
-        "--linger-ms", type=float, default=50.0, help="close a batch after this long idle (default: %(default)s)"
+        "--linger-ms",
+        type=float,
+        default=50.0,
+        help="close a batch after this long idle (default: %(default)s)",
     )
     p.add_argument("--engine", default="sim", choices=sorted(ENGINES), help="engine (default: sim)")
     p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE", help="an engine option")
