@@ -196,7 +196,8 @@ def ended_by(
             f"{who}: a newer process with the same id took over its group membership and transactional "
             f"id; exiting with {EXIT_SUPERSEDED}: do not restart this one while the other runs"
         )
-    if expired and isinstance(exc, KafkaException):  # fenced, or any error of the dead transaction
+    # fenced, or any error of the dead transaction: its messages time out too (DeliveryFailed)
+    if expired and isinstance(exc, (KafkaException, DeliveryFailed)):
         return TransientFailure(
             f"{who}: its transaction was open {transaction_age_s:.0f} s, past the transaction timeout "
             f"({transaction_timeout_s:.0f} s), and the broker aborted it (a pause or a long broker outage)"
