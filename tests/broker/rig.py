@@ -222,9 +222,10 @@ class Rig:
     bootstrap: str
     commands: dict[str, list[str]] = field(default_factory=dict)
 
-    def spawn(self, name: str, args: list[str]) -> None:
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        """``env``: variables on top of the children's usual ones (``TOKENFABRIC_KAFKA_<PROPERTY>``)."""
         self.commands[name] = args
-        self.pipeline.spawn(name, args, child_env(self.bootstrap))
+        self.pipeline.spawn(name, args, {**child_env(self.bootstrap), **(env or {})})
 
     def respawn_exited(self, code: int) -> list[str]:
         """A supervisor's pass: start again, under a new name, every process that exited with ``code``;
@@ -237,7 +238,12 @@ class Rig:
         return started
 
     def spawn_consumer(
-        self, name: str, contract: Contract, overhead_ms: int = 20, extra: tuple[str, ...] = ()
+        self,
+        name: str,
+        contract: Contract,
+        overhead_ms: int = 20,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         """A real consumer process with the sim engine (``overhead_ms`` per batch)."""
         c = contract
@@ -250,6 +256,7 @@ class Rig:
                 "--engine", "sim", "--tps", "2000000", "--overhead-ms", str(overhead_ms),
                 "--metrics-port", "0", *extra,
             ],
+            env,
         )  # fmt: skip
 
     def spawn_processor(self, name: str, instance: str = "p0", extra: tuple[str, ...] = ()) -> None:

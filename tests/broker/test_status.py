@@ -44,7 +44,8 @@ def test_status_with_a_dead_processor_a_stale_consumer_and_an_unserved_model(
     jsonschema = pytest.importorskip("jsonschema")
     small = CARDS[0]
     with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
-        rig.spawn_consumer("small", small)
+        # a static member stays in its group for session.timeout.ms after it stops (45 s by default)
+        rig.spawn_consumer("small", small, env={"TOKENFABRIC_KAFKA_SESSION_TIMEOUT_MS": "6000"})
         rig.spawn_processor("processor", instance="p0")
         ids, _tokens = produce(rig, 300, seed=3)
         with TokenProducer(rig.conf, rig.topics) as producer:
@@ -63,12 +64,17 @@ def test_status_with_a_dead_processor_a_stale_consumer_and_an_unserved_model(
         assert row.budget_fill is not None and 0 < row.budget_fill <= 1
         assert [(u.model, u.items, u.tokens, u.consumers) for u in rep.unserved] == [("orphan", 5, 200, [])]
 
-        # the processor killed, the consumer stopped (it leaves its group)
+        # the processor killed, the consumer stopped (its group drops it after its session timeout)
         rig.pipeline.procs["processor"].send_signal(signal.SIGKILL)
         consumer = rig.pipeline.procs["small"]
         consumer.send_signal(signal.SIGTERM)
         assert rig.pipeline.procs["processor"].wait(30) == -signal.SIGKILL
         assert consumer.wait(60) == 0
+        wait_for(
+            lambda: not gather(rig.conf, rig.topics, rig.group, groups=True).groups["small"].members,
+            30,
+            "the stopped consumer's session to time out",
+        )
         time.sleep(STALE_S + 1)
 
         done = status_cli(rig)
