@@ -26,7 +26,14 @@ from processor.ops.status import gather
 from processor.wire.control import encode_contract, encode_ledger_snapshot
 from processor.wire.records import ContractRecord, LedgerSnapshotRecord
 from processor.wire.schemas import schema_of
-from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce, running_rig, wait_for
+from tests.broker.rig import (
+    CARDS,
+    Rig,
+    assert_exactly_once,
+    produce,
+    produce_paced,
+    running_rig,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -139,16 +146,27 @@ def test_a_processor_paused_past_its_transaction_timeout_exits_75_and_its_restar
     (``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s): the broker aborts the
     open transaction and fences its epoch. That is no twin, so the processor exits 75 (never 1 with
     a SystemError from a delivery callback during its shutdown), and its restart completes every
-    item once."""
-    ids, tokens = produce(rig, 5_000, seed=31)
+    item once.
+
+    Ingest keeps flowing through the pauses (paced), so the processor is inside a transaction when it
+    is stopped; a stop that lands between two transactions harms nothing (the processor rightly runs
+    on), so the pause is tried again, at most three times."""
+    ids, tokens, producing = produce_paced(rig, 20_000, seed=31, seconds=60)
     short = ("--transaction-timeout-ms", "2000")
     rig.spawn_processor("paused", extra=short)
     rig.wait_completed(1, timeout_s=120)
     paused = rig.pipeline.procs["paused"]
-    paused.send_signal(signal.SIGSTOP)
-    time.sleep(16)
-    paused.send_signal(signal.SIGCONT)
-    wait_for(lambda: paused.poll() is not None, 120, "the paused processor to exit")
+    for _attempt in range(3):
+        paused.send_signal(signal.SIGSTOP)
+        time.sleep(16)
+        paused.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 40
+        while paused.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if paused.poll() is not None:
+            break
+    assert paused.poll() is not None, "three pauses past the transaction timeout and it still runs"
+    producing.join()
     code = paused.returncode
     log = (rig.pipeline.log_dir / "paused.log").read_text()
     assert code == EXIT_TEMPFAIL, log
