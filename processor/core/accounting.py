@@ -93,27 +93,16 @@ class ConsumerBook:
 
 
 @dataclass(slots=True)
-class JobBook:
-    """One job's items and tokens at each stage (all its models), and the padding its batches cost."""
+class JobBook(ModelBook):
+    """One job's items and tokens at each stage, over all its models, counted as a model's book counts
+    them (``duplicate``: the job's producer repeats), and the padding its batches cost."""
 
-    received: Tally
-    queued: Tally
-    routed: Tally
-    completed: Tally
-    failed: Tally
-    in_flight: Tally
-    adopted_queued: Tally
-    adopted_in_flight: Tally
-    released_queued: Tally
-    released_in_flight: Tally
-    duplicate: Tally
-    """Producer repeats of the job's item ids, dead-lettered (outside both equations)."""
     batches: int = 0
     padded_tokens: int = 0
 
     @classmethod
     def empty(cls) -> JobBook:
-        t = Tally
+        t = Tally  # one per ModelBook stage (written out: the int counters follow them)
         return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
 
 
