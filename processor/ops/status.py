@@ -168,7 +168,7 @@ def consumer_groups(
         for c in consumers
     }
     probe = Consumer(
-        with_kafka_logger({**conf, "group.id": "tokenfabric-status", "enable.auto.commit": "false"})
+        with_kafka_logger({**conf, "group.id": f"{topics.prefix}-status", "enable.auto.commit": "false"})
     )
     try:
         for c, future in offsets.items():
