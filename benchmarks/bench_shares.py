@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

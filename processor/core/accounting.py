@@ -148,10 +148,10 @@ class Ledger:
 
     # -- events ---------------------------------------------------------------------------------
 
-    def received(self, model: str, tokens: int) -> None:
+    def received(self, model: str, tokens: int, items: int = 1) -> None:
         book = self._model(model)
-        book.received.add(1, tokens)
-        book.queued.add(1, tokens)
+        book.received.add(items, tokens)
+        book.queued.add(items, tokens)
 
     def duplicate(self, model: str, tokens: int, job: str = "") -> None:
         """A repeat of an item id already taken: dead-lettered instead of received."""
@@ -200,11 +200,11 @@ class Ledger:
         book.queued.add(items, tokens)
         c.redelivered.add(items, tokens)
 
-    def adopted_waiting(self, model: str, tokens: int) -> None:
-        """An item another instance (or this one before a restart) counted now waits here."""
+    def adopted_waiting(self, model: str, tokens: int, items: int = 1) -> None:
+        """Items another instance (or this one before a restart) counted now wait here."""
         book = self._model(model)
-        book.queued.add(1, tokens)
-        book.adopted_queued.add(1, tokens)
+        book.queued.add(items, tokens)
+        book.adopted_queued.add(items, tokens)
 
     def adopted_in_flight(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """Outstanding items of a batch another instance routed; they finish here."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -266,6 +266,8 @@ class LaneStats:
     idle_reclaims: int = 0
     lanes_in_use: int = 0
     lanes_in_use_peak: int = 0
+    lane_pressure_peak: float = 0.0
+    """The highest :meth:`LaneTable.lane_pressure` reached (it changes only as lanes open or retire)."""
 
 
 class LaneTable:
@@ -288,15 +290,64 @@ class LaneTable:
 
     def place(self, item: Item, now_ms: int) -> ShapeLanes:
         """Put ``item`` in a lane of its shape; returns the shape's lanes."""
-        key = (item.model, item.shape, item.job) if item.job else (item.model, item.shape)
-        sl = self.shapes.get(key)
-        if sl is None:
-            sl = self.shapes[key] = ShapeLanes(key)
-        lane = self._choose_lane(sl, item.length, now_ms)
-        # Choosing may reclaim idle lanes, this shape's last one included, which drops the shape.
-        self.shapes[key] = sl
-        self._append(sl, lane, item, now_ms)
-        return sl
+        return self.place_many((item,), (now_ms,))[0][0]
+
+    def place_many(self, items: Sequence[Item], times: Sequence[int]) -> list[tuple[ShapeLanes, int, int]]:
+        """Put each item in a lane of its shape, in order, each at its own ``times[i]``: the same lanes
+        as one :meth:`place` after another. Returns every shape touched, in the order first touched,
+        with the (items, tokens) it held before: what the scheduler counts and activates once per run.
+
+        This is the scheduler's hot path (a simulated million items pass here), so the common case,
+        a length whose lane is remembered (``ShapeLanes.choices``), is written out in the loop; the
+        rest is :meth:`_choose_lane`. A lane's ``tokens`` is 0 exactly when it is empty, since every
+        item has a length of at least 1 (``Scheduler.submit`` refuses the others; ``check`` recounts).
+        """
+        shapes = self.shapes
+        quiet = self._quiet
+        by_length = self.by_length
+        touched: dict[ShapeKey, tuple[ShapeLanes, int, int]] = {}
+        reuses = 0
+        tokens = 0
+        for item, now_ms in zip(items, times, strict=True):
+            job = item.job
+            key: ShapeKey = (item.model, item.shape, job) if job else (item.model, item.shape)
+            sl = shapes.get(key)
+            if sl is None:
+                sl = shapes[key] = ShapeLanes(key)
+            if key not in touched:
+                touched[key] = (sl, sl.waiting_items, sl.waiting_tokens)
+            length = item.length
+            lane = sl.choices.get(length)
+            if lane is None:
+                lane = self._choose_lane(sl, length, now_ms)
+                # Choosing may reclaim idle lanes, this shape's last one included, which drops the shape.
+                shapes[key] = sl
+            else:
+                reuses += 1
+            if not lane.tokens:
+                sl.ready[lane.id] = lane
+                quiet.pop((key, lane.id), None)
+            if length > lane.rep:
+                sl.order.remove((lane.rep, lane.id))
+                sl.order.add((length, lane.id))
+                sl.choices.clear()
+                lane.rep = length
+            if by_length:
+                cast(ByLength, lane.items).add(item)
+            else:
+                cast(deque[Item], lane.items).append(item)
+            if item.arrival_ms > sl.newest_ms:
+                sl.newest_ms = item.arrival_ms
+            lane.tokens += length
+            lane.last_ms = now_ms
+            item.lane = lane.id
+            sl.waiting_items += 1
+            sl.waiting_tokens += length
+            tokens += length
+        self.stats.reuses += reuses
+        self.waiting_items += len(items)
+        self.waiting_tokens += tokens
+        return list(touched.values())
 
     def _choose_lane(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
         lane = sl.choices.get(length)
@@ -361,32 +412,8 @@ class LaneTable:
         st.lanes_in_use += 1
         if st.lanes_in_use > st.lanes_in_use_peak:
             st.lanes_in_use_peak = st.lanes_in_use
+        self._note_pressure()
         return lane
-
-    def _append(self, sl: ShapeLanes, lane: Lane, item: Item, now_ms: int) -> None:
-        length = item.length
-        if not lane.items:
-            sl.ready[lane.id] = lane
-            self._quiet.pop((sl.key, lane.id), None)
-        if length > lane.rep:
-            sl.order.remove((lane.rep, lane.id))
-            sl.order.add((length, lane.id))
-            sl.choices.clear()
-            lane.rep = length
-        lane_items = lane.items
-        if isinstance(lane_items, ByLength):
-            lane_items.add(item)
-        else:
-            lane_items.append(item)
-        if item.arrival_ms > sl.newest_ms:
-            sl.newest_ms = item.arrival_ms
-        lane.tokens += length
-        lane.last_ms = now_ms
-        item.lane = lane.id
-        sl.waiting_items += 1
-        sl.waiting_tokens += length
-        self.waiting_items += 1
-        self.waiting_tokens += length
 
     # -- removal --------------------------------------------------------------------------------
 
@@ -552,6 +579,8 @@ class LaneTable:
                 del self.shapes[key]
         self.stats.idle_reclaims += reclaimed
         self.stats.lanes_in_use -= reclaimed
+        if reclaimed:
+            self._note_pressure()
         return reclaimed
 
     # -- views ----------------------------------------------------------------------------------
@@ -567,6 +596,11 @@ class LaneTable:
         if not self.shapes:
             return 0.0
         return self.stats.lanes_in_use / (len(self.shapes) * self.settings.lane_budget)
+
+    def _note_pressure(self) -> None:
+        pressure = self.lane_pressure()
+        if pressure > self.stats.lane_pressure_peak:
+            self.stats.lane_pressure_peak = pressure
 
     def _check_choices(self, sl: ShapeLanes) -> None:
         remembered = dict(sl.choices)

@@ -49,6 +49,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract, check_batch
@@ -181,21 +182,20 @@ class Scheduler:
 
     def submit(self, item: Item, now_ms: int) -> None:
         """Take a new item into its lane and count it as received."""
-        if item.length < 1:
-            raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
-        if item.job:
-            item.job = self.shares.track(item.job)
-        self.ledger.received(item.model, item.length)
-        self.ledger.job_received(item.job, 1, item.length)
-        self._enqueue(item, now_ms)
+        self.submit_many((item,), (now_ms,))
+
+    def submit_many(self, items: Sequence[Item], times: Sequence[int]) -> None:
+        """Take new items in, in order, each at its own ``times[i]`` (what :meth:`submit` on each in
+        turn does, in one pass: the simulator submits every arrival between two dispatches this way).
+        Nothing is taken if one of them is invalid."""
+        for item in items:
+            if item.length < 1:
+                raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
+        self._enqueue_many(items, times, "received")
 
     def adopt_waiting(self, item: Item, now_ms: int) -> None:
         """Take in an item restored from the changelog (counted as adopted, not received)."""
-        if item.job:
-            item.job = self.shares.track(item.job)
-        self.ledger.adopted_waiting(item.model, item.length)
-        self.ledger.job_received(item.job, 1, item.length, adopted=True)
-        self._enqueue(item, now_ms)
+        self._enqueue_many((item,), (now_ms,), "adopted")
 
     def adopt_in_flight(self, batch: Batch, now_ms: int, done: Collection[str] = ()) -> bool:
         """Re-register a batch restored from the changelog; ``done`` names items already answered
@@ -250,15 +250,40 @@ class Scheduler:
             return []
         return [it.id for it in flight.batch.items if it.id not in flight.pending]
 
-    def _enqueue(self, item: Item, now_ms: int) -> None:
-        sl = self.table.place(item, now_ms)
-        if sl.waiting_items == 1:
-            self._active.setdefault(item.model, {})[sl.key] = sl
-            self.shares.lanes_changed(item.model, item.job, 1)
-        arrivals = self._arrivals.get(item.model)
-        if arrivals is None:
-            arrivals = self._arrivals[item.model] = deque()
-        arrivals.append(item)
+    def _enqueue_many(
+        self, items: Sequence[Item], times: Sequence[int], count: Literal["received", "adopted"] | None
+    ) -> None:
+        """Place items in their lanes; ``count`` them per model and per job as received, or adopted
+        from the changelog, with one ledger entry per shape touched (None: a requeue, which the caller
+        counts). A shape that had nothing waiting becomes active, in the order the items reached it
+        (rule 3 breaks ties by that order)."""
+        if count is not None:
+            track = self.shares.track
+            for item in items:
+                if item.job:
+                    item.job = track(item.job)
+        ledger = self.ledger
+        for sl, had_items, had_tokens in self.table.place_many(items, times):
+            model, job = sl.key[0], key_job(sl.key)
+            if count is not None:
+                n, tokens = sl.waiting_items - had_items, sl.waiting_tokens - had_tokens
+                if count == "adopted":
+                    ledger.adopted_waiting(model, tokens, n)
+                else:
+                    ledger.received(model, tokens, n)
+                ledger.job_received(job, n, tokens, adopted=count == "adopted")
+            if had_items == 0:
+                self._active.setdefault(model, {})[sl.key] = sl
+                self.shares.lanes_changed(model, job, 1)
+        models = {item.model for item in items}
+        for model in models:
+            if model not in self._arrivals:
+                self._arrivals[model] = deque()
+        if len(models) == 1:
+            self._arrivals[models.pop()].extend(items)
+        else:
+            for item in items:
+                self._arrivals[item.model].append(item)
 
     # -- batches out ---------------------------------------------------------------------------
 
@@ -588,7 +613,7 @@ class Scheduler:
             self.shares.requeued(job, tokens)
         for item in items:
             item.dispatched = False
-            self._enqueue(item, now_ms)
+        self._enqueue_many(items, [now_ms] * len(items), None)
         return items
 
     def _jobs_finished(self, answered: Sequence[tuple[bool, Item]]) -> None:

@@ -65,6 +65,10 @@ class QueuePolicy:
         self.waiting_tokens += item.length
         self._push(item)
 
+    def submit_many(self, items: Sequence[Item], times: Sequence[int]) -> None:
+        for item, now_ms in zip(items, times, strict=True):
+            self.submit(item, now_ms)
+
     def dispatch(self, now_ms: int) -> list[Batch]:
         out: list[Batch] = []
         progress = True

@@ -8,6 +8,7 @@ figures on any machine, which is what makes the policy comparison in docs/ repro
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -103,6 +104,7 @@ class Policy(Protocol):
 
     def set_contract(self, contract: Contract) -> None: ...
     def submit(self, item: Item, now_ms: int) -> None: ...
+    def submit_many(self, items: Sequence[Item], times: Sequence[int]) -> None: ...
     def dispatch(self, now_ms: int) -> list[Batch]: ...
     def complete(self, batch_id: str, now_ms: int) -> Batch | None: ...
     def tick(self, now_ms: int) -> int: ...
@@ -205,7 +207,10 @@ def simulate(
     ]
     if any(a[0] > b[0] for a, b in itertools.pairwise(arrivals)):
         arrivals.sort(key=lambda a: a[0])
-    for t, item in arrivals:
+    times = [t for t, _ in arrivals]
+    items = [item for _, item in arrivals]
+    del arrivals
+    for t, item in zip(times, items, strict=True):
         job = report.jobs.get(item.job)
         if job is None:
             weight = shares.policy(item.job).weight if shares is not None else 1.0
@@ -218,25 +223,25 @@ def simulate(
     seq = 0
     scheduler = pol if isinstance(pol, Scheduler) else None
     # Every batch in flight has exactly one entry in ``completions``: when they fill every consumer's
-    # slots, dispatch would emit nothing, so it is not asked (the same batches, far fewer calls when
+    # slots, dispatch would emit nothing, so it is not asked, and the arrivals before the next
+    # completion and the next tick are submitted in one run (the same batches, far fewer calls when
     # the cards are busy and arrivals keep coming).
     slots = sum(spec.contract.max_inflight for spec in consumers)
-    submit = pol.submit
-    n_arrivals = len(arrivals)
+    submit_many = pol.submit_many
+    n_arrivals = len(items)
 
     while next_arrival < n_arrivals or completions:
-        t_arr = arrivals[next_arrival][0] if next_arrival < n_arrivals else math.inf
+        t_arr = times[next_arrival] if next_arrival < n_arrivals else math.inf
         t_done = completions[0][0] if completions else math.inf
         now = math.ceil(min(t_arr, t_done))
-        arrived = next_arrival
-        while next_arrival < n_arrivals and arrivals[next_arrival][0] <= now:
-            submit(arrivals[next_arrival][1], now)
-            next_arrival += 1
+        if t_arr <= now:
+            upto = bisect.bisect_right(times, now, next_arrival)
+            submit_many(items[next_arrival:upto], [now] * (upto - next_arrival))
+            next_arrival = upto
         while completions and completions[0][0] <= now:
             _, _, batch_id = heapq.heappop(completions)
             pol.complete(batch_id, now)
-        ticked = now >= next_tick
-        if ticked:
+        if now >= next_tick:
             pol.tick(now)
             _sample(report, pol, scheduler, now)
             next_tick = now + TICK_MS
@@ -247,8 +252,11 @@ def simulate(
                 heapq.heappush(completions, (done_at, seq, batch.batch_id))
                 if emit is not None:
                     emit.write(batch_line(batch) + "\n")
-        if scheduler is not None and (ticked or next_arrival > arrived):
-            _lane_peaks(report, scheduler)  # lane pressure changes only as items are placed or lanes retire
+        if len(completions) >= slots:  # every slot is taken until the next completion
+            upto = bisect.bisect_left(times, min(math.ceil(completions[0][0]), next_tick), next_arrival)
+            if upto > next_arrival:
+                submit_many(items[next_arrival:upto], times[next_arrival:upto])
+                next_arrival = upto
 
     report.items = len(records)
     total = pol.ledger.total
@@ -262,9 +270,10 @@ def simulate(
         st = scheduler.table.stats
         report.lane_reuses, report.new_lanes, report.idle_reclaims = st.reuses, st.new_lanes, st.idle_reclaims
         report.lanes_in_use_peak = max(report.lanes_in_use_peak, st.lanes_in_use_peak)
+        report.lane_pressure_peak = st.lane_pressure_peak
     else:
         pol.ledger.check()
-    first = arrivals[0][0] if arrivals else 0
+    first = times[0] if times else 0
     report.makespan_ms = max((c.free_at for c in cards.values()), default=0.0) - first
     _sample(report, pol, scheduler, now)
     return report
@@ -338,8 +347,3 @@ def _sample(report: SimReport, pol: Policy, scheduler: Scheduler | None, now: in
             Sample(now, getattr(pol, "waiting_items", 0), getattr(pol, "waiting_tokens", 0), 0)
         )
 
-
-def _lane_peaks(report: SimReport, scheduler: Scheduler) -> None:
-    pressure = scheduler.table.lane_pressure()
-    if pressure > report.lane_pressure_peak:
-        report.lane_pressure_peak = pressure

@@ -241,7 +241,7 @@ def test_simulate_batching_errors_are_one_line(
 
 @pytest.fixture(scope="module")
 def jobs_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     big = synthetic_records(600, seed=3, shapes=4, min_len=16, max_len=2000, rate_per_s=None)
     small = synthetic_records(60, seed=4, shapes=2, min_len=16, max_len=2000, rate_per_s=None)

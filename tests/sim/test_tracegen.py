@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import msgspec
 from pathlib import Path
 
 import pytest
@@ -56,8 +56,8 @@ def test_write_jsonl_round_trips(tmp_path: Path, name: str) -> None:
     records = synthetic_records(
         300, seed=3, shapes=5, models=("x", "y"), min_len=1, max_len=900, rate_per_s=50
     )
-    records[4] = dataclasses.replace(records[4], output_length=12)
-    records[5] = dataclasses.replace(records[5], job="nightly")
+    records[4] = msgspec.structs.replace(records[4], output_length=12)
+    records[5] = msgspec.structs.replace(records[5], job="nightly")
     path = write_jsonl(records, tmp_path / name)
     assert read_trace(path, "jsonl") == records
 
