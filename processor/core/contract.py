@@ -17,6 +17,7 @@ once: the processor never sends more, so a slow card is never buried under work 
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -120,7 +121,17 @@ class BatchRule:
 
     def capacity(self, longest: int, output_tokens_each: int = 0) -> int:
         """Most items of ``longest`` tokens and ``output_tokens_each`` output tokens that fit one
-        batch; 0 when even one is oversized. Found by bisection over :meth:`fits` (it is monotone)."""
+        batch; 0 when even one is oversized. In rows and tokens mode (outputs do not count) it is
+        the closed form of :meth:`fits`; in memory mode it is found by bisection over :meth:`fits`
+        (it is monotone). tests/core/test_batching_modes.py checks both against the rule restated."""
+        if self.batching == "rows":
+            return self.max_items
+        if self.batching == "tokens":
+            pm = self.pad_multiple
+            return min(self.max_items, self.budget_tokens // (-(-longest // pm) * pm or pm))
+        return self._bisect_capacity(longest, output_tokens_each)
+
+    def _bisect_capacity(self, longest: int, output_tokens_each: int) -> int:
         low, high = 0, self.max_items
         while low < high:
             mid = (low + high + 1) // 2
@@ -221,17 +232,25 @@ class InvariantViolation(RuntimeError):
     """A batch was about to break the one-model-one-shape-one-lane rule or its contract."""
 
 
+_MODEL, _SHAPE, _LANE, _LENGTH = (attrgetter(name) for name in ("model", "shape", "lane", "length"))
+
+
 def check_batch(batch: Batch, contract: Contract) -> None:
     """Fail-stop check of a batch at the point of emission."""
     items = batch.items
     if not items:
         raise InvariantViolation(f"batch {batch.batch_id}: empty")
-    for it in items:
-        if it.model != batch.model or it.shape != batch.shape or it.lane != batch.lane:
-            raise InvariantViolation(
-                f"batch {batch.batch_id}: item {it.id!r} is model {it.model!r} shape {it.shape:#x} "
-                f"lane {it.lane}, batch is model {batch.model!r} shape {batch.shape:#x} lane {batch.lane}"
-            )
+    if (
+        set(map(_MODEL, items)) != {batch.model}
+        or set(map(_SHAPE, items)) != {batch.shape}
+        or set(map(_LANE, items)) != {batch.lane}
+    ):  # the sets cost a C pass each; the loop below runs only to name the culprit
+        for it in items:
+            if it.model != batch.model or it.shape != batch.shape or it.lane != batch.lane:
+                raise InvariantViolation(
+                    f"batch {batch.batch_id}: item {it.id!r} is model {it.model!r} shape {it.shape:#x} "
+                    f"lane {it.lane}, batch is model {batch.model!r} shape {batch.shape:#x} lane {batch.lane}"
+                )
     if batch.model != contract.model:
         raise InvariantViolation(
             f"batch {batch.batch_id}: model {batch.model!r} sent to a {contract.model!r} consumer"
@@ -240,7 +259,7 @@ def check_batch(batch: Batch, contract: Contract) -> None:
         raise InvariantViolation(
             f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
         )
-    longest = max(it.length for it in items)
+    longest = max(map(_LENGTH, items))
     if batch.padded_length != contract.padded_length(longest):
         raise InvariantViolation(
             f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "

@@ -305,6 +305,8 @@ class LaneTable:
         shapes = self.shapes
         quiet = self._quiet
         by_length = self.by_length
+        pm = self.settings.pad_multiple
+        keep_below = self.settings.floor_tokens // pm * pm  # a length that pads to at most the floor
         touched: dict[ShapeKey, tuple[ShapeLanes, int, int]] = {}
         reuses = 0
         tokens = 0
@@ -330,7 +332,10 @@ class LaneTable:
             if length > lane.rep:
                 sl.order.remove((lane.rep, lane.id))
                 sl.order.add((length, lane.id))
-                sl.choices.clear()
+                if len(sl.lanes) > 1 or length > keep_below:
+                    sl.choices.clear()
+                # else the shape's one lane pads no length by more than floor_tokens: every
+                # remembered choice (that lane, within the threshold) still holds
                 lane.rep = length
             if by_length:
                 cast(ByLength, lane.items).add(item)
@@ -371,6 +376,11 @@ class LaneTable:
         s = self.settings
         pm = s.pad_multiple
         padded = -(-length // pm) * pm
+        if len(sl.lanes) == 1 and padded <= s.floor_tokens:
+            (lane,) = sl.lanes.values()
+            if -(-lane.rep // pm) * pm <= s.floor_tokens:  # both pad to at most the floor: it joins
+                sl.choices[length] = lane
+                return lane, True
         order = sl.order
         i = order.bisect_left((length, -1))
         best: Lane | None = None
@@ -494,37 +504,49 @@ class LaneTable:
         first = taken[0]
         longest = first.length
         outputs = _output(output_tokens, first)
+        emptied = 0  # lengths lengths[top - emptied : top] that the cut empties
         if fits(1, longest, outputs):
             pm = rule.pad_multiple
             padded = -(-longest // pm) * pm
             floor = padded - min(self.settings.cut_tokens, self.settings.cut_ratio * longest)
+            # outputs uncounted, the batch's size is known before it is cut: its longest item is first
+            cap = rule.capacity(longest) if output_tokens is None else rule.max_items
             n = 1
             k = top
-            done = False
-            while k > 0 and not done:
+            while k > 0:
                 length = lengths[k - 1]
                 if -(-length // pm) * pm < floor:
                     break
                 bucket = buckets[length]
-                i = 0
-                for item in bucket:
-                    candidate_outputs = (
-                        outputs if output_tokens is None else outputs + output_tokens(item.output_budget)
-                    )
-                    if not fits(n + 1, longest, candidate_outputs):
-                        done = True
-                        break
-                    taken.append(item)
-                    outputs = candidate_outputs
-                    n += 1
-                    i += 1
-                _drop_front(bucket, i)
+                if output_tokens is None:
+                    take = min(len(bucket), cap - n)
+                else:
+                    take = 0
+                    for item in bucket:
+                        candidate_outputs = outputs + output_tokens(item.output_budget)
+                        if not fits(n + take + 1, longest, candidate_outputs):
+                            break
+                        outputs = candidate_outputs
+                        take += 1
+                if take:
+                    if type(bucket) is list:
+                        taken += bucket[:take]
+                        del bucket[:take]
+                    else:
+                        popleft = cast(deque[Item], bucket).popleft
+                        taken += [popleft() for _ in range(take)]
+                    n += take
+                if bucket:
+                    break  # cut before the first item that does not fit
+                emptied += 1
                 k -= 1
             items.n -= n - 1
-        # drop the lengths whose buckets the cut emptied (they sit at and below ``top``)
-        for length in {it.length for it in taken}:
-            if length in buckets and not buckets[length]:
-                items._drop(length)
+        elif anchor is None and not buckets[lengths[top - 1]]:
+            emptied = 1  # the oversized first item was its length's last
+        if emptied:
+            for length in lengths[top - emptied : top]:
+                del buckets[length]
+            del lengths[top - emptied : top]
         return taken, longest
 
     def _cut_in_arrival_order(

@@ -12,8 +12,10 @@ import bisect
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import IO, Any, Protocol
 
 from processor.core.accounting import Ledger
@@ -200,22 +202,24 @@ def simulate(
             for name, c in cards.items()
         },
     )
-    arrivals = [
-        (t, Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job))
-        for r in records
-        for t in (0 if backlog else int(r.t_ms / speed),)
+    times = [0] * len(records) if backlog else [int(r.t_ms / speed) for r in records]
+    items = [
+        Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job)
+        for r, t in zip(records, times, strict=True)
     ]
-    if any(a[0] > b[0] for a, b in itertools.pairwise(arrivals)):
-        arrivals.sort(key=lambda a: a[0])
-    times = [t for t, _ in arrivals]
-    items = [item for _, item in arrivals]
-    del arrivals
+    if any(a > b for a, b in itertools.pairwise(times)):
+        order = sorted(range(len(times)), key=times.__getitem__)  # stable: ties keep trace order
+        times = [times[i] for i in order]
+        items = [items[i] for i in order]
+    per_job = Counter(map(attrgetter("job"), items))
+    first_arrival: dict[str, int] = {}
     for t, item in zip(times, items, strict=True):
-        job = report.jobs.get(item.job)
-        if job is None:
-            weight = shares.policy(item.job).weight if shares is not None else 1.0
-            job = report.jobs[item.job] = JobFigures(weight=weight, first_arrival_ms=t)
-        job.items += 1
+        if len(first_arrival) == len(per_job):
+            break
+        first_arrival.setdefault(item.job, t)
+    for name in sorted(per_job, key=first_arrival.__getitem__):  # in order of first arrival
+        weight = shares.policy(name).weight if shares is not None else 1.0
+        report.jobs[name] = JobFigures(weight=weight, first_arrival_ms=first_arrival[name], items=per_job[name])
     completions: list[tuple[float, int, str]] = []
     next_arrival = 0
     next_tick = 0
