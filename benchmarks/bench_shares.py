@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from msgspec.structs import replace
 from pathlib import Path
+
+from msgspec.structs import replace
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

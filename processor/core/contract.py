@@ -17,9 +17,9 @@ once: the processor never sends more, so a slow card is never buried under work 
 from __future__ import annotations
 
 import re
-from operator import attrgetter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:

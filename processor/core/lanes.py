@@ -174,15 +174,14 @@ class Lane:
     Cut in arrival order, ``items`` is a deque in arrival order; cut by length, a :class:`ByLength`.
     """
 
-    __slots__ = ("by_length", "id", "items", "last_ms", "rep", "tokens")
+    __slots__ = ("by_length", "id", "items", "rep", "tokens")
 
-    def __init__(self, lane_id: int, rep: int, now_ms: int, by_length: bool = False) -> None:
+    def __init__(self, lane_id: int, rep: int, by_length: bool = False) -> None:
         self.id = lane_id
         self.rep = rep
         self.by_length = by_length
         self.items: ByLength | deque[Item] = ByLength() if by_length else deque()
         self.tokens = 0
-        self.last_ms = now_ms
 
     def head(self) -> Item:
         """The item the next batch starts from (the longest, cut by length; else the oldest)."""
@@ -344,7 +343,6 @@ class LaneTable:
             if item.arrival_ms > sl.newest_ms:
                 sl.newest_ms = item.arrival_ms
             lane.tokens += length
-            lane.last_ms = now_ms
             item.lane = lane.id
             sl.waiting_items += 1
             sl.waiting_tokens += length
@@ -412,7 +410,7 @@ class LaneTable:
 
     def _open(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
         lane_id, recycled = sl._new_id()
-        lane = Lane(lane_id, length, now_ms, self.by_length)
+        lane = Lane(lane_id, length, self.by_length)
         sl.lanes[lane_id] = lane
         sl.order.add((length, lane_id))
         sl.choices.clear()
@@ -465,7 +463,6 @@ class LaneTable:
             item.dispatched = True
             tokens += item.length
         lane.tokens -= tokens
-        lane.last_ms = now_ms
         sl.waiting_items -= len(taken)
         sl.waiting_tokens -= tokens
         self.waiting_items -= len(taken)

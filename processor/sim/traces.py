@@ -257,13 +257,8 @@ def _checked_rows(
                 shape = cache[ckey] = shape_signature(ckey)
         elif row.components is not unset or not 0 <= shape <= _U64:
             return None
-        rid = row.id
-        append(
-            TraceRecord(
-                row.t_ms, row.model, cast(int, shape), row.length, str(lineno - 1) if rid is None else rid,
-                row.output_length, lineno, row.job,
-            )  # fmt: skip
-        )
+        rid = str(lineno - 1) if row.id is None else row.id
+        append(TraceRecord(row.t_ms, row.model, shape, row.length, rid, row.output_length, lineno, row.job))
     return out
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import msgspec
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from processor.core.signature import shape_signature
