@@ -64,6 +64,9 @@ class BatchRule:
     limit: int = field(init=False, repr=False, compare=False)
     """The bound a batch's load is compared with, in the mode's unit: ``max_items`` (rows),
     ``budget_tokens`` (tokens) or ``memory_bytes`` (memory). Kept as a field: packing asks per item."""
+    longest_alone: int = field(init=False, repr=False, compare=False)
+    """In rows and tokens mode, where outputs do not count, the longest item that fits alone (dispatch
+    asks of every lane it looks at); -1 in memory mode, where it depends on the item's outputs."""
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -80,6 +83,8 @@ class BatchRule:
                 )
         limits = {"rows": self.max_items, "tokens": self.budget_tokens, "memory": self.memory_bytes}
         object.__setattr__(self, "limit", limits[self.batching])
+        alone = {"rows": 1 << 62, "tokens": self.budget_tokens // self.pad_multiple * self.pad_multiple}
+        object.__setattr__(self, "longest_alone", alone.get(self.batching, -1))
 
     def padded_length(self, length: int) -> int:
         return round_up(length, self.pad_multiple)
@@ -118,6 +123,13 @@ class BatchRule:
         """True if ``n_items`` items, the longest ``longest`` tokens, outputs summing to
         ``output_tokens``, make a batch within the contract. The batching rule; nothing restates it."""
         return n_items <= self.max_items and self.load(n_items, longest, output_tokens) <= self.limit
+
+    def fits_alone(self, length: int, output_budget: int | None = None) -> bool:
+        """``fits(1, length, output_tokens(output_budget))``: whether one item of ``length`` tokens
+        and that output budget fits (in rows and tokens mode a comparison with ``longest_alone``)."""
+        if self.longest_alone >= 0:
+            return length <= self.longest_alone
+        return self.fits(1, length, self.output_tokens(output_budget))
 
     def capacity(self, longest: int, output_tokens_each: int = 0) -> int:
         """Most items of ``longest`` tokens and ``output_tokens_each`` output tokens that fit one
@@ -215,7 +227,7 @@ class Contract:
 
     def is_oversized(self, length: int, output_budget: int | None = None) -> bool:
         """True if a single item of ``length`` tokens (and that output budget) exceeds the budget."""
-        return not self.rule.fits(1, length, self.rule.output_tokens(output_budget))
+        return not self.rule.fits_alone(length, output_budget)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ item needs to send it on (the decoded Kafka record, in the processor).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 NO_LANE = -1
@@ -88,4 +89,7 @@ class Batch:
 
     @property
     def real_tokens(self) -> int:
-        return sum(item.length for item in self.items)
+        return sum(map(_LENGTH, self.items))
+
+
+_LENGTH = attrgetter("length")

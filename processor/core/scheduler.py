@@ -49,6 +49,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Literal
 
 from processor.core.accounting import Ledger, LedgerImbalance
@@ -112,13 +113,14 @@ def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
     is cut by length, else its representative length), counting the head item's output budget: the
     head is what would otherwise go out oversized."""
     rule = contract.rule
-    output = rule.output_tokens(lane.head().output_budget) if rule.counts_output and lane.items else 0
-    return rule.fits(1, lane.longest(by_length), output)
+    longest = lane.head().length if by_length else lane.rep
+    if rule.longest_alone >= 0:  # outputs do not count
+        return longest <= rule.longest_alone
+    return rule.fits(1, longest, rule.output_tokens(lane.head().output_budget) if lane.items else 0)
 
 
 def _fits_item(contract: Contract, item: Item) -> bool:
-    rule = contract.rule
-    return rule.fits(1, item.length, rule.output_tokens(item.output_budget) if rule.counts_output else 0)
+    return contract.rule.fits_alone(item.length, item.output_budget)
 
 
 class Scheduler:
@@ -508,7 +510,7 @@ class Scheduler:
         state.in_flight[batch.batch_id] = flight
         self._in_flight[batch.batch_id] = (state, flight)
         self.oversized += oversized
-        real = batch.real_tokens
+        real = sum(map(_LENGTH, items))
         self.ledger.routed(model, c.consumer, len(items), real, batch.padded_tokens, oversized)
         self.ledger.job_routed(job, len(items), real, batch.padded_tokens)
         self.shares.routed(model, job, real, now_ms)
@@ -529,7 +531,9 @@ class Scheduler:
         batch = flight.batch
         remaining = flight.pending.values() if flight.pending is not None else batch.items
         ok_items = ok_tokens = bad_items = bad_tokens = 0
-        for item in remaining:
+        if not failed:  # the common case: every item done, counted in C
+            ok_items, ok_tokens = len(remaining), sum(map(_LENGTH, remaining))
+        for item in remaining if failed else ():
             if item.id in failed:
                 bad_items += 1
                 bad_tokens += item.length
@@ -720,6 +724,9 @@ class Scheduler:
                 f"ledger says {in_flight.items:,} items / {in_flight.tokens:,} tokens in flight, "
                 f"batches hold {items:,} / {tokens:,}"
             )
+
+
+_LENGTH = attrgetter("length")
 
 
 def _waiting_tokens(sl: ShapeLanes) -> int:

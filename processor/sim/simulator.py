@@ -322,10 +322,13 @@ def _simulate(
     return report
 
 
+_SHAPE = attrgetter("shape")
+
+
 def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     """Queue ``batch`` on its card; record its figures; return when it completes."""
     f = report.consumers[batch.consumer]
-    shapes = frozenset(it.shape for it in batch.items)
+    shapes = frozenset(map(_SHAPE, batch.items))
     hit = card.model.cache.serve(shapes)
     mixed = len(shapes) > 1
     padded = batch.padded_tokens

@@ -424,3 +424,22 @@ def test_the_consumer_app_in_tokens_mode_keeps_its_message() -> None:
     c = contract("tokens", budget_tokens=256)
     big = batch_record([record("a", 200), record("b", 10)], 200)
     assert contract_violation(c, big) == "2 items x padded_length 200 = 400 tokens > contract budget 256"
+
+
+@given(
+    st.sampled_from(BATCHING_MODES),
+    st.integers(1, 40),
+    st.sampled_from([1, 8, 64]),
+    st.integers(1, 3000),
+    st.one_of(st.none(), st.integers(-5, 500)),
+    st.integers(1, 200_000),
+)
+def test_fits_alone_is_fits_for_one_item(
+    mode: str, max_items: int, pad: int, length: int, output_budget: int | None, limit: int
+) -> None:
+    """The shortcut dispatch asks of every lane (``longest_alone`` in rows and tokens mode) says what
+    the rule says of a batch of one."""
+    c = contract(mode, max_items=max_items, pad_multiple=pad, budget_tokens=limit, memory_bytes=limit * 10)
+    rule = c.rule
+    assert rule.fits_alone(length, output_budget) == rule.fits(1, length, rule.output_tokens(output_budget))
+    assert (rule.longest_alone >= 0) == (mode != "memory")
