@@ -264,19 +264,23 @@ class Scheduler:
             for item in items:
                 if item.job:
                     item.job = track(item.job)
-        ledger = self.ledger
+        added: dict[tuple[str, str], list[int]] = {}  # (model, job) -> [items, tokens]
         for sl, had_items, had_tokens in self.table.place_many(items, times):
             model, job = sl.key[0], key_job(sl.key)
             if count is not None:
-                n, tokens = sl.waiting_items - had_items, sl.waiting_tokens - had_tokens
-                if count == "adopted":
-                    ledger.adopted_waiting(model, tokens, n)
-                else:
-                    ledger.received(model, tokens, n)
-                ledger.job_received(job, n, tokens, adopted=count == "adopted")
+                tally = added.setdefault((model, job), [0, 0])
+                tally[0] += sl.waiting_items - had_items
+                tally[1] += sl.waiting_tokens - had_tokens
             if had_items == 0:
                 self._active.setdefault(model, {})[sl.key] = sl
                 self.shares.lanes_changed(model, job, 1)
+        ledger = self.ledger
+        for (model, job), (n, tokens) in added.items():
+            if count == "adopted":
+                ledger.adopted_waiting(model, tokens, n)
+            else:
+                ledger.received(model, tokens, n)
+            ledger.job_received(job, n, tokens, adopted=count == "adopted")
         models = {item.model for item in items}
         for model in models:
             if model not in self._arrivals:
