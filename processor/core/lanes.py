@@ -215,6 +215,7 @@ class ShapeLanes:
         "newest_ms",
         "order",
         "ready",
+        "run",
         "waiting_items",
         "waiting_tokens",
     )
@@ -229,6 +230,7 @@ class ShapeLanes:
         self.waiting_items = 0
         self.waiting_tokens = 0
         self.newest_ms = 0  # latest arrival_ms placed here (the overtaking deadline reads it)
+        self.run = 0  # the last LaneTable.place_many that placed an item here
         self._free_ids: list[int] = []
         self._next_id = 0
 
@@ -282,6 +284,7 @@ class LaneTable:
         self.stats = LaneStats()
         self.waiting_items = 0
         self.waiting_tokens = 0
+        self._runs = 0  # place_many calls so far
         # Empty lanes in the order they emptied: the front is the first to go quiet.
         self._quiet: OrderedDict[tuple[ShapeKey, int], int] = OrderedDict()
 
@@ -306,7 +309,9 @@ class LaneTable:
         by_length = self.by_length
         pm = self.settings.pad_multiple
         keep_below = self.settings.floor_tokens // pm * pm  # a length that pads to at most the floor
-        touched: dict[ShapeKey, tuple[ShapeLanes, int, int]] = {}
+        touched: list[tuple[ShapeLanes, int, int]] = []
+        self._runs += 1
+        run = self._runs  # a shape whose ``run`` is this one is in ``touched`` already
         reuses = 0
         tokens = 0
         for item, now_ms in zip(items, times, strict=True):
@@ -315,8 +320,9 @@ class LaneTable:
             sl = shapes.get(key)
             if sl is None:
                 sl = shapes[key] = ShapeLanes(key)
-            if key not in touched:
-                touched[key] = (sl, sl.waiting_items, sl.waiting_tokens)
+            if sl.run != run:
+                sl.run = run
+                touched.append((sl, sl.waiting_items, sl.waiting_tokens))
             length = item.length
             lane = sl.choices.get(length)
             if lane is None:
@@ -350,7 +356,7 @@ class LaneTable:
         self.stats.reuses += reuses
         self.waiting_items += len(items)
         self.waiting_tokens += tokens
-        return list(touched.values())
+        return touched
 
     def _choose_lane(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
         lane = sl.choices.get(length)

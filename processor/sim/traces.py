@@ -179,7 +179,7 @@ def _parse_json_line(text: str, where: str) -> dict[str, Any]:
     return obj
 
 
-class _JsonlRow(msgspec.Struct):
+class _JsonlRow(msgspec.Struct, gc=False):
     """One native line as msgspec decodes it: a line it refuses (or that needs a rule msgspec does not
     express, such as "exactly one of shape or components") goes to the checked path below, which
     gives the error its one-line message, so both paths accept and refuse the same lines."""
