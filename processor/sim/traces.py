@@ -211,15 +211,18 @@ def _iter_jsonl_fast(stream: io.BufferedIOBase, name: str, state: list[int]) -> 
     cache: dict[tuple[str, ...], int] = {}
     first = 1  # the line number of the chunk's first line
     rest = b""
+    at_start = True  # a BOM may still come
     while True:
         block = stream.read(_CHUNK_BYTES)
-        if first == 1 and not rest and block.startswith(_BOM):
-            block = block[len(_BOM) :]
         data = rest + block
-        if not data:
-            return
+        if at_start and (len(data) >= len(_BOM) or not block):
+            at_start = False
+            if data.startswith(_BOM):
+                data = data[len(_BOM) :]
         cut = data.rfind(b"\n") + 1 if block else len(data)
-        if cut == 0:  # no newline yet: a line longer than the chunk
+        if at_start or cut == 0:  # no newline yet: a line longer than the chunk, or the file's start
+            if not block:
+                return
             rest = data
             continue
         chunk, rest = data[:cut], data[cut:]
@@ -230,7 +233,8 @@ def _iter_jsonl_fast(stream: io.BufferedIOBase, name: str, state: list[int]) -> 
             rows = None
         records = None if rows is None or len(rows) != n_lines else _checked_rows(rows, first, cache)
         if records is None:
-            yield from _iter_jsonl_lines(chunk.splitlines(keepends=True), first, name, state, cache)
+            lines = chunk.split(b"\n")[:n_lines]  # split as the file's lines are counted: at b"\n" only
+            yield from _iter_jsonl_lines(lines, first, name, state, cache)
         else:
             yield from records
         first += n_lines

@@ -8,12 +8,14 @@ import itertools
 import json
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.core.signature import blocks_signature, shape_signature
+from processor.sim import traces
 from processor.sim.traces import (
     SHIPPED,
     TraceError,
@@ -311,3 +313,36 @@ def test_the_msgspec_reader_and_the_checked_reader_agree_on_every_line(
     fast = outcome(iter_trace(path, "jsonl"))
     checked = outcome(_iter_jsonl(iter(lines), str(path)))
     assert fast == checked
+
+
+_LINES = st.sampled_from(
+    [
+        '{"t_ms": 1, "model": "m", "shape": 7, "length": 3}',
+        '{"t_ms": 2, "model": "m", "shape": 9, "length": 40, "id": "x", "output_length": 5, "job": "j"}',
+        '{"t_ms": 3, "model": "m", "components": ["sys", "tools"], "length": 12}',
+        "",
+        "   ",
+        '{"t_ms": 4, "model": "m", "shape": 18446744073709551615, "length": 1}',
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(_LINES, min_size=1, max_size=30),
+    chunk=st.integers(1, 200),
+    bom=st.booleans(),
+    last_newline=st.booleans(),
+)
+def test_chunked_decoding_gives_the_records_of_the_line_by_line_reader(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[str], chunk: int, bom: bool, last_newline: bool
+) -> None:
+    """The fast path decodes ``_CHUNK_BYTES`` of whole lines at a time: wherever the chunks end (a
+    line longer than a chunk, blank lines, a BOM, no final newline), the records and their line
+    numbers are those of the checked reader, line by line."""
+    path = tmp_path_factory.mktemp("chunks") / "t.jsonl"
+    text = "\n".join(lines) + ("\n" if last_newline else "")
+    path.write_bytes(("\ufeff" if bom else "").encode() + text.encode())
+    with mock.patch.object(traces, "_CHUNK_BYTES", chunk):
+        fast = list(iter_trace(path, "jsonl"))
+    assert fast == list(_iter_jsonl(iter(text.splitlines()), str(path)))
