@@ -292,8 +292,9 @@ class ProcessorService(PartitionHandover):
         s = self.settings
         msgs = self.ingest.consume(num_messages=s.consume_batch, timeout=s.poll_timeout_ms / 1000)
         now = self.now_ms()
-        for msg in msgs:
-            self._ingest(msg, now)
+        items = [item for item in (self._ingest(msg, now) for msg in msgs) if item is not None]
+        if items:  # one pass for the poll's items, as ``submit`` on each in turn would place them
+            self.core.submit_many(items, [now] * len(items))
         self._control(now)
         for batch in self.core.dispatch(now):
             self._send_batch(batch)
@@ -336,13 +337,14 @@ class ProcessorService(PartitionHandover):
             self.ingest_paused = False
             log.info("backpressure: %d tokens waiting; ingest resumed", waiting)
 
-    def _ingest(self, msg: Any, now: int) -> None:
+    def _ingest(self, msg: Any, now: int) -> IngestItem | None:
+        """Decode one ingest message: the item to schedule, or None (an error, a dead letter, a repeat)."""
         err = msg.error()
         if err is not None:
             if fatal(err):
                 raise KafkaException(err)
             log.warning("ingest: %s", err)
-            return
+            return None
         self.counters.consumed += 1
         partition, offset = msg.partition(), msg.offset()
         try:
@@ -350,13 +352,13 @@ class ProcessorService(PartitionHandover):
         except DecodeError as exc:
             self._dead_letter(msg, exc.reason, str(exc), partition, offset)
             self.core.dead_lettered()
-            return
+            return None
         if not self.committer.first_seen(partition, head.item_id):
             self._duplicate(msg, head, partition, offset)
-            return
+            return None
         item = IngestItem(head, now, partition, offset)
         self.committer.item_seen(item)
-        self.core.submit(item, now)
+        return item
 
     def _duplicate(self, msg: Any, head: ItemHead, partition: int, offset: int) -> None:
         """A producer's repeat: not scheduled, dead-lettered whole and counted as a duplicate."""

@@ -100,12 +100,15 @@ class PartitionHandover:
             for contract in found.values():
                 self._set_contract(contract)
 
+        adopted: list[IngestItem] = []
+
         def waiting(ref: tuple[int, int], home: int, head: ItemHead) -> None:
             item = IngestItem(head, now, *ref)
             committer.adopt(item, home)
-            self.core.adopt_waiting(item, now)
+            adopted.append(item)
 
         state = restore(self.conf, self.topics, self.settings.group_id, partitions, contracts, waiting)
+        self.core.adopt_waiting_many(adopted, [now] * len(adopted))  # in one pass, in restore order
         committer.adopt_waiting(state.changelog)
         rewind: dict[int, int] = {}
         for batch_id, entry in state.changelog.batches.items():

@@ -61,8 +61,11 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s:
         time.sleep(poll_s)
 
 
-def produce_paced(rig: Rig, n: int, seed: int, seconds: float) -> tuple[set[str], int, threading.Thread]:
-    """Produce ``n`` items spread over ``seconds`` in a thread, so faults land mid-stream."""
+def produce_paced(
+    rig: Rig, n: int, seed: int, seconds: float, hurry: threading.Event | None = None
+) -> tuple[set[str], int, threading.Thread]:
+    """Produce ``n`` items spread over ``seconds`` in a thread, so faults land mid-stream; once
+    ``hurry`` is set (the fault has landed), the rest go out unpaced."""
     records = synthetic_records(n, seed=seed, shapes=16, min_len=16, max_len=600, rate_per_s=None)
 
     def run() -> None:
@@ -71,7 +74,7 @@ def produce_paced(rig: Rig, n: int, seed: int, seconds: float) -> tuple[set[str]
             for i, r in enumerate(records):
                 producer.send(r.id, r.model, synthetic_tokens(r.id, r.length), shape=r.shape)
                 ahead = started + seconds * i / n - time.monotonic()
-                if ahead > 0.01:
+                if ahead > 0.01 and not (hurry is not None and hurry.is_set()):
                     time.sleep(ahead)
 
     thread = threading.Thread(target=run, name="producer")

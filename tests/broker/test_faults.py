@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,8 +151,10 @@ def test_a_processor_paused_past_its_transaction_timeout_exits_75_and_its_restar
 
     Ingest keeps flowing through the pauses (paced), so the processor is inside a transaction when it
     is stopped; a stop that lands between two transactions harms nothing (the processor rightly runs
-    on), so the pause is tried again, at most three times."""
-    ids, tokens, producing = produce_paced(rig, 20_000, seed=31, seconds=60)
+    on), so the pause is tried again, at most three times; ingest is paced over all three and
+    hurried once the processor has exited."""
+    hurry = threading.Event()
+    ids, tokens, producing = produce_paced(rig, 20_000, seed=31, seconds=200, hurry=hurry)
     short = ("--transaction-timeout-ms", "2000")
     rig.spawn_processor("paused", extra=short)
     rig.wait_completed(1, timeout_s=120)
@@ -165,6 +168,7 @@ def test_a_processor_paused_past_its_transaction_timeout_exits_75_and_its_restar
             time.sleep(0.5)
         if paused.poll() is not None:
             break
+    hurry.set()
     assert paused.poll() is not None, "three pauses past the transaction timeout and it still runs"
     producing.join()
     code = paused.returncode
