@@ -8,7 +8,6 @@ item needs to send it on (the decoded Kafka record, in the processor).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
 NO_LANE = -1
@@ -89,7 +88,7 @@ class Batch:
 
     @property
     def real_tokens(self) -> int:
-        return sum(map(_LENGTH, self.items))
-
-
-_LENGTH = attrgetter("length")
+        tokens = 0
+        for item in self.items:
+            tokens += item.length
+        return tokens

@@ -216,6 +216,7 @@ class ShapeLanes:
         "order",
         "ready",
         "run",
+        "sole",
         "waiting_items",
         "waiting_tokens",
     )
@@ -226,6 +227,9 @@ class ShapeLanes:
         self.order: SortedList = SortedList()  # (rep, lane id)
         # length -> the lane an item of that length joins, while ``order`` stays as it is
         self.choices: dict[int, Lane] = {}
+        # the shape's one lane while every length that pads to at most floor_tokens joins it (the
+        # default settings keep one lane per shape); None otherwise. Cleared with ``choices``.
+        self.sole: Lane | None = None
         self.ready: OrderedDict[int, Lane] = OrderedDict()  # non-empty lanes, oldest first
         self.waiting_items = 0
         self.waiting_tokens = 0
@@ -324,7 +328,9 @@ class LaneTable:
                 sl.run = run
                 touched.append((sl, sl.waiting_items, sl.waiting_tokens))
             length = item.length
-            lane = sl.choices.get(length)
+            lane = sl.sole if length <= keep_below else None
+            if lane is None:
+                lane = sl.choices.get(length)
             if lane is None:
                 lane = self._choose_lane(sl, length, now_ms)
                 # Choosing may reclaim idle lanes, this shape's last one included, which drops the shape.
@@ -339,6 +345,7 @@ class LaneTable:
                 sl.order.add((length, lane.id))
                 if len(sl.lanes) > 1 or length > keep_below:
                     sl.choices.clear()
+                    sl.sole = None
                 # else the shape's one lane pads no length by more than floor_tokens: every
                 # remembered choice (that lane, within the threshold) still holds
                 lane.rep = length
@@ -384,6 +391,7 @@ class LaneTable:
             (lane,) = sl.lanes.values()
             if -(-lane.rep // pm) * pm <= s.floor_tokens:  # both pad to at most the floor: it joins
                 sl.choices[length] = lane
+                sl.sole = lane  # as does every length that pads to at most the floor
                 return lane, True
         order = sl.order
         i = order.bisect_left((length, -1))
@@ -420,6 +428,7 @@ class LaneTable:
         sl.lanes[lane_id] = lane
         sl.order.add((length, lane_id))
         sl.choices.clear()
+        sl.sole = None
         st = self.stats
         st.new_lanes += 1
         st.id_reuses += recycled
@@ -598,6 +607,7 @@ class LaneTable:
             lane = sl.lanes.pop(lane_id)
             sl.order.remove((lane.rep, lane_id))
             sl.choices.clear()
+            sl.sole = None
             sl.release_id(lane_id)
             reclaimed += 1
             if not sl.lanes:
@@ -628,6 +638,14 @@ class LaneTable:
             self.stats.lane_pressure_peak = pressure
 
     def _check_choices(self, sl: ShapeLanes) -> None:
+        sole = sl.sole
+        if sole is not None:
+            pm = self.settings.pad_multiple
+            if list(sl.lanes.values()) != [sole] or -(-sole.rep // pm) * pm > self.settings.floor_tokens:
+                raise AssertionError(
+                    f"shape {sl.key}: lane {sole.id} is taken as its one lane, but it has lanes "
+                    f"{sorted(sl.lanes)} and that one's representative is {sole.rep}"
+                )
         remembered = dict(sl.choices)
         sl.choices.clear()
         try:
@@ -641,6 +659,7 @@ class LaneTable:
         finally:
             sl.choices.clear()
             sl.choices.update(remembered)
+            sl.sole = sole
 
     def check(self) -> None:
         """Recount the waiting items and compare with the running totals (raises on a mismatch)."""

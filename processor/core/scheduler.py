@@ -49,7 +49,6 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from operator import attrgetter
 from typing import Literal
 
 from processor.core.accounting import Ledger, LedgerImbalance
@@ -82,12 +81,13 @@ class DispatchSettings:
 class InFlight:
     """A batch a consumer holds, and which of its items are still outstanding."""
 
-    __slots__ = ("batch", "job", "pending")
+    __slots__ = ("batch", "job", "pending", "tokens")
 
-    def __init__(self, batch: Batch, job: str | None) -> None:
+    def __init__(self, batch: Batch, job: str | None, tokens: int | None = None) -> None:
         self.batch = batch
         self.pending: dict[str, Item] | None = None  # built on the first per-item completion
         self.job = job  # the job of all its items; None for a batch restored from before lanes had jobs
+        self.tokens = batch.real_tokens if tokens is None else tokens  # of all its items
 
 
 class ConsumerState:
@@ -514,11 +514,13 @@ class Scheduler:
             state.shape = sl.key
             state.switched_ms = now_ms
         state.last_shape = sl.key
-        flight = InFlight(batch, job)
+        real = 0
+        for it in items:
+            real += it.length
+        flight = InFlight(batch, job, real)
         state.in_flight[batch.batch_id] = flight
         self._in_flight[batch.batch_id] = (state, flight)
         self.oversized += oversized
-        real = sum(map(_LENGTH, items))
         self.ledger.routed(model, c.consumer, len(items), real, batch.padded_tokens, oversized)
         self.ledger.job_routed(job, len(items), real, batch.padded_tokens)
         self.shares.routed(model, job, real, now_ms)
@@ -539,9 +541,9 @@ class Scheduler:
         batch = flight.batch
         remaining = flight.pending.values() if flight.pending is not None else batch.items
         ok_items = ok_tokens = bad_items = bad_tokens = 0
-        if not failed:  # the common case: every item done, counted in C
-            ok_items, ok_tokens = len(remaining), sum(map(_LENGTH, remaining))
-        for item in remaining if failed else ():
+        if not failed and flight.pending is None:  # the common case: the whole batch done at once
+            ok_items, ok_tokens = len(batch.items), flight.tokens
+        for item in remaining if failed or flight.pending is not None else ():
             if item.id in failed:
                 bad_items += 1
                 bad_tokens += item.length
@@ -732,9 +734,6 @@ class Scheduler:
                 f"ledger says {in_flight.items:,} items / {in_flight.tokens:,} tokens in flight, "
                 f"batches hold {items:,} / {tokens:,}"
             )
-
-
-_LENGTH = attrgetter("length")
 
 
 def _waiting_tokens(sl: ShapeLanes) -> int:

@@ -24,15 +24,20 @@ class PrefixCache:
 
     def serve(self, shapes: Iterable[int]) -> bool:
         """Record serving a batch of ``shapes``; True if all of them were cached before."""
+        cached = self._shapes
         wanted = list(dict.fromkeys(shapes))
-        hit = bool(wanted) and all(s in self._shapes for s in wanted)
+        hit = bool(wanted)
+        for s in wanted:  # a plain loop: a batch has one shape or a few
+            if s not in cached:
+                hit = False
+                break
         if self.capacity == 0:
             return False
         for s in wanted:
-            self._shapes[s] = None
-            self._shapes.move_to_end(s)
-        while len(self._shapes) > self.capacity:
-            self._shapes.popitem(last=False)
+            cached[s] = None
+            cached.move_to_end(s)
+        while len(cached) > self.capacity:
+            cached.popitem(last=False)
         return hit
 
 

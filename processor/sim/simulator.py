@@ -322,13 +322,10 @@ def _simulate(
     return report
 
 
-_SHAPE = attrgetter("shape")
-
-
 def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     """Queue ``batch`` on its card; record its figures; return when it completes."""
     f = report.consumers[batch.consumer]
-    shapes = frozenset(map(_SHAPE, batch.items))
+    shapes = frozenset([it.shape for it in batch.items])
     hit = card.model.cache.serve(shapes)
     mixed = len(shapes) > 1
     padded = batch.padded_tokens
@@ -355,7 +352,7 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     if card.last_shapes is not None and shapes != card.last_shapes:
         f.shape_switches += 1
     card.last_shapes = shapes
-    report.waits_ms.extend(now - it.arrival_ms for it in batch.items)
+    report.waits_ms += [now - it.arrival_ms for it in batch.items]
     if card.kv is not None:
         _kv_figures(f, card.kv, batch)
     ms = card.model.batch_ms(padded)
