@@ -113,7 +113,8 @@ class ByLength:
     """A lane's items cut by length: one FIFO per distinct length, and the lengths sorted.
 
     Placing an item is a dict lookup and an append (a new length also a binary-search insert into the
-    short list of lengths); a batch pops from the longest lengths down. Equal lengths leave oldest
+    short list of lengths), written out in :meth:`LaneTable.place_many`; a batch pops from the
+    longest lengths down. Equal lengths leave oldest
     first. A length's FIFO is a list (56 bytes and a pointer per item: most lengths hold an item or
     two) until it holds more than ``_DEQUE_AT`` items, then a deque (about 600 bytes, but popping its
     head costs nothing however many wait).
@@ -135,17 +136,6 @@ class ByLength:
     def __iter__(self) -> Iterator[Item]:
         for length in self.lengths:
             yield from self.buckets[length]
-
-    def add(self, item: Item) -> None:
-        bucket = self.buckets.get(item.length)
-        if bucket is None:
-            self.buckets[item.length] = [item]
-            insort(self.lengths, item.length)
-        else:
-            bucket.append(item)
-            if len(bucket) > _DEQUE_AT and type(bucket) is list:
-                self.buckets[item.length] = deque(bucket)
-        self.n += 1
 
     def remove(self, item: Item) -> None:
         bucket = self.buckets[item.length]
@@ -310,7 +300,6 @@ class LaneTable:
         """
         shapes = self.shapes
         quiet = self._quiet
-        by_length = self.by_length
         pm = self.settings.pad_multiple
         keep_below = self.settings.floor_tokens // pm * pm  # a length that pads to at most the floor
         touched: list[tuple[ShapeLanes, int, int]] = []
@@ -349,10 +338,20 @@ class LaneTable:
                 # else the shape's one lane pads no length by more than floor_tokens: every
                 # remembered choice (that lane, within the threshold) still holds
                 lane.rep = length
-            if by_length:
-                cast(ByLength, lane.items).add(item)
+            lane_items = lane.items
+            if isinstance(lane_items, ByLength):  # ByLength's add, written out: the hottest lines here
+                buckets = lane_items.buckets
+                bucket = buckets.get(length)
+                if bucket is None:
+                    buckets[length] = [item]
+                    insort(lane_items.lengths, length)
+                else:
+                    bucket.append(item)
+                    if type(bucket) is list and len(bucket) > _DEQUE_AT:
+                        buckets[length] = deque(bucket)
+                lane_items.n += 1
             else:
-                cast(deque[Item], lane.items).append(item)
+                lane_items.append(item)
             if item.arrival_ms > sl.newest_ms:
                 sl.newest_ms = item.arrival_ms
             lane.tokens += length

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from processor.core.accounting import LedgerImbalance
 from processor.core.contract import InvariantViolation, check_batch
 from processor.core.item import Batch, Item
-from processor.core.lanes import LaneSettings
+from processor.core.lanes import ByLength, LaneSettings
 from processor.core.scheduler import DEADLINES, DispatchSettings, Scheduler
 from tests.core.helpers import (
     MODEL,
@@ -384,7 +384,10 @@ def test_dispatch_stops_rather_than_emit_a_mixed_batch() -> None:
     stray = make_item(100, shape=SHAPE_B)
     stray.lane = item.lane
     sl = sched.table.shapes[(MODEL, SHAPE_A)]
-    sl.lanes[item.lane].items.add(stray)  # type: ignore[union-attr]  # corrupt the lane by hand
+    lane_items = sl.lanes[item.lane].items
+    assert isinstance(lane_items, ByLength)
+    lane_items.buckets[100].append(stray)  # corrupt the lane by hand
+    lane_items.n += 1
     sl.lanes[item.lane].tokens += 100
     with pytest.raises(InvariantViolation, match=repr(stray.id)):
         sched.dispatch(0)
