@@ -63,6 +63,8 @@ class BatchRule:
     limit: int = field(init=False, repr=False, compare=False)
     """The bound a batch's load is compared with, in the mode's unit: ``max_items`` (rows),
     ``budget_tokens`` (tokens) or ``memory_bytes`` (memory). Kept as a field: packing asks per item."""
+    counts_output: bool = field(init=False, repr=False, compare=False)
+    """Whether output budgets enter the load (memory mode); packing skips summing them otherwise."""
     longest_alone: int = field(init=False, repr=False, compare=False)
     """In rows and tokens mode, where outputs do not count, the longest item that fits alone (dispatch
     asks of every lane it looks at); -1 in memory mode, where it depends on the item's outputs."""
@@ -84,14 +86,10 @@ class BatchRule:
         object.__setattr__(self, "limit", limits[self.batching])
         alone = {"rows": 1 << 62, "tokens": self.budget_tokens // self.pad_multiple * self.pad_multiple}
         object.__setattr__(self, "longest_alone", alone.get(self.batching, -1))
+        object.__setattr__(self, "counts_output", self.batching == "memory")
 
     def padded_length(self, length: int) -> int:
         return round_up(length, self.pad_multiple)
-
-    @property
-    def counts_output(self) -> bool:
-        """Whether output budgets enter the load (memory mode); packing skips summing them otherwise."""
-        return self.batching == "memory"
 
     def output_tokens(self, output_budget: int | None) -> int:
         """Output tokens an item counts for: its own budget, else the default (a negative one is 0)."""
@@ -266,7 +264,8 @@ def check_batch(batch: Batch, contract: Contract) -> None:
         raise InvariantViolation(
             f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
         )
-    if batch.padded_length != contract.padded_length(longest):
+    pm = contract.pad_multiple
+    if batch.padded_length != -(-longest // pm) * pm:  # round_up(longest, pm): longest >= 1
         raise InvariantViolation(
             f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
             f"{contract.pad_multiple})"

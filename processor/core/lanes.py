@@ -185,7 +185,8 @@ class Lane:
     def longest(self, by_length: bool) -> int:
         """The longest waiting item's length cut by length; else the representative (the longest
         the lane ever held: in arrival order any waiting item may be the longest)."""
-        return self.head().length if by_length else self.rep
+        items = self.items
+        return items.lengths[-1] if by_length and isinstance(items, ByLength) else self.rep
 
     def in_cut_order(self) -> list[Item]:
         """The waiting items in the order batches take them (without an anchor)."""
@@ -200,6 +201,7 @@ class ShapeLanes:
         "_free_ids",
         "_next_id",
         "choices",
+        "job",
         "key",
         "lanes",
         "newest_ms",
@@ -213,6 +215,7 @@ class ShapeLanes:
 
     def __init__(self, key: ShapeKey) -> None:
         self.key = key
+        self.job = key_job(key)  # "" for items of no job
         self.lanes: dict[int, Lane] = {}
         self.order: SortedList = SortedList()  # (rep, lane id)
         # length -> the lane an item of that length joins, while ``order`` stays as it is
@@ -236,9 +239,6 @@ class ShapeLanes:
     def shape(self) -> int:
         return self.key[1]
 
-    @property
-    def job(self) -> str:
-        return key_job(self.key)
 
     def _new_id(self) -> tuple[int, bool]:
         if self._free_ids:
@@ -481,10 +481,11 @@ class LaneTable:
         sl.waiting_tokens -= tokens
         self.waiting_items -= len(taken)
         self.waiting_tokens -= tokens
-        if not lane.items:
+        if not lane.tokens:  # empty (every item has a length of at least 1)
             del sl.ready[lane.id]
             self._quiet[(sl.key, lane.id)] = now_ms
-        return taken, rule.padded_length(longest)
+        pm = rule.pad_multiple
+        return taken, -(-longest // pm) * pm  # round_up(longest, pm): longest >= 1
 
     def _cut_by_length(
         self, items: ByLength, rule: BatchRule, anchor: Item | None, leave_longer: bool

@@ -113,10 +113,10 @@ def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
     is cut by length, else its representative length), counting the head item's output budget: the
     head is what would otherwise go out oversized."""
     rule = contract.rule
-    longest = lane.head().length if by_length else lane.rep
+    longest = lane.longest(by_length)
     if rule.longest_alone >= 0:  # outputs do not count
         return longest <= rule.longest_alone
-    return rule.fits(1, longest, rule.output_tokens(lane.head().output_budget) if lane.items else 0)
+    return rule.fits(1, longest, rule.output_tokens(lane.head().output_budget) if lane.tokens else 0)
 
 
 def _fits_item(contract: Contract, item: Item) -> bool:
@@ -487,7 +487,7 @@ class Scheduler:
         rule = c.rule if room is None or room >= c.rule.max_items else replace(c.rule, max_items=room)
         leave = anchor is None and self._leaves_longer(c, lane)
         items, padded_length = self.table.take_batch(sl, lane, rule, now_ms, anchor, leave)
-        if lane.items:
+        if lane.tokens:  # it still holds items
             sl.ready.move_to_end(lane.id)
         if sl.waiting_items == 0:
             del self._active[c.model][sl.key]
