@@ -294,9 +294,10 @@ class LaneTable:
         with the (items, tokens) it held before: what the scheduler counts and activates once per run.
 
         This is the scheduler's hot path (a simulated million items pass here), so the common case,
-        a length whose lane is remembered (``ShapeLanes.choices``), is written out in the loop; the
-        rest is :meth:`_choose_lane`. A lane's ``tokens`` is 0 exactly when it is empty, since every
-        item has a length of at least 1 (``Scheduler.submit`` refuses the others; ``check`` recounts).
+        a shape's one lane (``ShapeLanes.sole``) or a length whose lane is remembered
+        (``ShapeLanes.choices``), is written out in the loop; the rest is :meth:`_choose_lane`. A
+        lane's ``tokens`` is 0 exactly when it is empty, since every item has a length of at least 1
+        (``Scheduler.submit`` refuses the others; ``check`` recounts).
         """
         shapes = self.shapes
         quiet = self._quiet
@@ -305,8 +306,7 @@ class LaneTable:
         touched: list[tuple[ShapeLanes, int, int]] = []
         self._runs += 1
         run = self._runs  # a shape whose ``run`` is this one is in ``touched`` already
-        reuses = 0
-        tokens = 0
+        chosen = 0  # items :meth:`_choose_lane` placed (it counts its own reuses)
         for item, now_ms in zip(items, times, strict=True):
             job = item.job
             key: ShapeKey = (item.model, item.shape, job) if job else (item.model, item.shape)
@@ -324,8 +324,7 @@ class LaneTable:
                 lane = self._choose_lane(sl, length, now_ms)
                 # Choosing may reclaim idle lanes, this shape's last one included, which drops the shape.
                 shapes[key] = sl
-            else:
-                reuses += 1
+                chosen += 1
             if not lane.tokens:
                 sl.ready[lane.id] = lane
                 quiet.pop((key, lane.id), None)
@@ -358,10 +357,9 @@ class LaneTable:
             item.lane = lane.id
             sl.waiting_items += 1
             sl.waiting_tokens += length
-            tokens += length
-        self.stats.reuses += reuses
+        self.stats.reuses += len(items) - chosen
         self.waiting_items += len(items)
-        self.waiting_tokens += tokens
+        self.waiting_tokens += sum(sl.waiting_tokens - had for sl, _, had in touched)
         return touched
 
     def _choose_lane(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:

@@ -260,40 +260,47 @@ class Scheduler:
         self, items: Sequence[Item], times: Sequence[int], count: Literal["received", "adopted"] | None
     ) -> None:
         """Place items in their lanes; ``count`` them per model and per job as received, or adopted
-        from the changelog, with one ledger entry per shape touched (None: a requeue, which the caller
-        counts). A shape that had nothing waiting becomes active, in the order the items reached it
-        (rule 3 breaks ties by that order)."""
+        from the changelog, with one ledger entry per model and job (None: a requeue, which the
+        caller counts). A shape that had nothing waiting becomes active, in the order the items
+        reached it (rule 3 breaks ties by that order)."""
+        if not items:
+            return
         if count is not None:
             track = self.shares.track
             for item in items:
                 if item.job:
                     item.job = track(item.job)
+        touched = self.table.place_many(items, times)
+        model, job = touched[0][0].key[0], touched[0][0].job
+        one_book = True  # every item of one model and one job: the common case, one ledger entry
+        for sl, had_items, _ in touched:
+            one_book = one_book and sl.key[0] == model and sl.job == job
+            if had_items == 0:
+                self._active.setdefault(sl.key[0], {})[sl.key] = sl
+                self.shares.lanes_changed(sl.key[0], sl.job, 1)
         added: dict[tuple[str, str], list[int]] = {}  # (model, job) -> [items, tokens]
-        for sl, had_items, had_tokens in self.table.place_many(items, times):
-            model, job = sl.key[0], key_job(sl.key)
-            if count is not None:
-                tally = added.setdefault((model, job), [0, 0])
+        if count is not None and one_book:
+            added[model, job] = [len(items), sum(sl.waiting_tokens - had for sl, _, had in touched)]
+        elif count is not None:
+            for sl, had_items, had_tokens in touched:
+                tally = added.setdefault((sl.key[0], sl.job), [0, 0])
                 tally[0] += sl.waiting_items - had_items
                 tally[1] += sl.waiting_tokens - had_tokens
-            if had_items == 0:
-                self._active.setdefault(model, {})[sl.key] = sl
-                self.shares.lanes_changed(model, job, 1)
-        ledger = self.ledger
-        for (model, job), (n, tokens) in added.items():
+        for (book_model, book_job), (n, tokens) in added.items():
             if count == "adopted":
-                ledger.adopted_waiting(model, tokens, n)
+                self.ledger.adopted_waiting(book_model, tokens, n)
             else:
-                ledger.received(model, tokens, n)
-            ledger.job_received(job, n, tokens, adopted=count == "adopted")
-        models = {item.model for item in items}
-        for model in models:
-            if model not in self._arrivals:
-                self._arrivals[model] = deque()
-        if len(models) == 1:
-            self._arrivals[models.pop()].extend(items)
+                self.ledger.received(book_model, tokens, n)
+            self.ledger.job_received(book_job, n, tokens, adopted=count == "adopted")
+        arrivals = self._arrivals
+        if one_book and model in arrivals:
+            arrivals[model].extend(items)
         else:
             for item in items:
-                self._arrivals[item.model].append(item)
+                queue = arrivals.get(item.model)
+                if queue is None:
+                    queue = arrivals[item.model] = deque()
+                queue.append(item)
 
     # -- batches out ---------------------------------------------------------------------------
 
