@@ -307,7 +307,10 @@ def _simulate(
     report.tokens_routed = total("routed").tokens
     report.tokens_completed = total("completed").tokens
     report.oversized = pol.oversized
-    report.shape_switches = sum(f.shape_switches for f in report.consumers.values())
+    figures = report.consumers.values()
+    report.shape_switches = sum(f.shape_switches for f in figures)
+    for name in _RUN_TOTALS:  # the run's totals are its consumers' sums (``_run`` counts per consumer)
+        setattr(report, name, sum(getattr(f, name) for f in figures))
     if scheduler is not None:
         scheduler.check()
         st = scheduler.table.stats
@@ -322,26 +325,32 @@ def _simulate(
     return report
 
 
+_RUN_TOTALS = (
+    "batches", "padded_tokens", "fill_padded_tokens", "budget_tokens", "cache_hits", "mixed_shape_batches"
+)
+
+
 def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     """Queue ``batch`` on its card; record its figures; return when it completes."""
     f = report.consumers[batch.consumer]
-    shapes = frozenset([it.shape for it in batch.items])
+    items = batch.items
+    real = 0
+    for it in items:
+        real += it.length
+    shapes = frozenset([it.shape for it in items])
     hit = card.model.cache.serve(shapes)
-    mixed = len(shapes) > 1
-    padded = batch.padded_tokens
-    real = batch.real_tokens
-    for rec in (f, report):
-        rec.batches += 1
-        rec.padded_tokens += padded
-        if not batch.oversized:  # an oversized batch overfills by definition; it would hide the rest
-            rec.fill_padded_tokens += padded
-            rec.budget_tokens += card.spec.contract.budget_tokens
-        rec.cache_hits += hit
-        rec.mixed_shape_batches += mixed
-    f.items += len(batch.items)
+    padded = batch.padded_length * len(items)
+    f.batches += 1
+    f.padded_tokens += padded
+    if not batch.oversized:  # an oversized batch overfills by definition; it would hide the rest
+        f.fill_padded_tokens += padded
+        f.budget_tokens += card.spec.contract.budget_tokens
+    f.cache_hits += hit
+    f.mixed_shape_batches += len(shapes) > 1
+    f.items += len(items)
     f.real_tokens += real
     f.oversized += batch.oversized
-    job = report.jobs.get(batch.items[0].job)  # a lanes batch is one job's; a baseline's may mix
+    job = report.jobs.get(items[0].job)  # a lanes batch is one job's; a baseline's may mix
     if job is not None:
         job.batches += 1
         job.padded_tokens += padded
@@ -352,7 +361,7 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     if card.last_shapes is not None and shapes != card.last_shapes:
         f.shape_switches += 1
     card.last_shapes = shapes
-    report.waits_ms += [now - it.arrival_ms for it in batch.items]
+    report.waits_ms += [now - it.arrival_ms for it in items]
     if card.kv is not None:
         _kv_figures(f, card.kv, batch)
     ms = card.model.batch_ms(padded)
