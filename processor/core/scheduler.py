@@ -528,8 +528,9 @@ class Scheduler:
         state.in_flight[batch.batch_id] = flight
         self._in_flight[batch.batch_id] = (state, flight)
         self.oversized += oversized
-        self.ledger.routed(model, c.consumer, len(items), real, batch.padded_tokens, oversized)
-        self.ledger.job_routed(job, len(items), real, batch.padded_tokens)
+        padded = padded_length * len(items)
+        self.ledger.routed(model, c.consumer, len(items), real, padded, oversized)
+        self.ledger.job_routed(job, len(items), real, padded)
         self.shares.routed(model, job, real, now_ms)
         return batch
 

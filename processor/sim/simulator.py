@@ -35,6 +35,9 @@ POLICIES = ("lanes", "fifo", "sorted-window", "oracle")
 
 TICK_MS = 1000
 
+_EXACT = 1 << 53
+"""Integers below this magnitude survive ``int(t / 1.0)`` unchanged (a float's 53-bit mantissa)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConsumerSpec:
@@ -239,7 +242,12 @@ def _simulate(
             for name, c in cards.items()
         },
     )
-    times = [0] * len(records) if backlog else [int(r.t_ms / speed) for r in records]
+    if backlog:
+        times = [0] * len(records)
+    else:
+        times = [r.t_ms for r in records]
+        if speed != 1.0 or (times and max(map(abs, times)) >= _EXACT):  # as int(t / 1.0) would give
+            times = [int(t / speed) for t in times]
     items = [
         Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job)
         for r, t in zip(records, times, strict=True)
