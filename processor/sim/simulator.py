@@ -14,6 +14,7 @@ import gc
 import heapq
 import itertools
 import math
+import operator
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -252,7 +253,7 @@ def _simulate(
         Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job)
         for r, t in zip(records, times, strict=True)
     ]
-    if any(a > b for a, b in itertools.pairwise(times)):
+    if any(map(operator.gt, times, itertools.islice(times, 1, None))):  # not in time order
         order = sorted(range(len(times)), key=times.__getitem__)  # stable: ties keep trace order
         times = [times[i] for i in order]
         items = [items[i] for i in order]
