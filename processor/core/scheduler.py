@@ -493,7 +493,9 @@ class Scheduler:
         c = state.contract
         rule = c.rule if room is None or room >= c.rule.max_items else replace(c.rule, max_items=room)
         leave = anchor is None and self._leaves_longer(c, lane)
+        before = lane.tokens
         items, padded_length = self.table.take_batch(sl, lane, rule, now_ms, anchor, leave)
+        real = before - lane.tokens  # the batch's tokens, without another pass over its items
         if lane.tokens:  # it still holds items
             sl.ready.move_to_end(lane.id)
         if sl.waiting_items == 0:
@@ -521,9 +523,6 @@ class Scheduler:
             state.shape = sl.key
             state.switched_ms = now_ms
         state.last_shape = sl.key
-        real = 0
-        for it in items:
-            real += it.length
         flight = InFlight(batch, job, real)
         state.in_flight[batch.batch_id] = flight
         self._in_flight[batch.batch_id] = (state, flight)

@@ -344,8 +344,10 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     f = report.consumers[batch.consumer]
     items = batch.items
     real = 0
-    for it in items:
+    waits = report.waits_ms
+    for it in items:  # one pass: a batch's items were last touched when they were placed
         real += it.length
+        waits.append(now - it.arrival_ms)
     shapes = frozenset([it.shape for it in items])
     hit = card.model.cache.serve(shapes)
     padded = batch.padded_length * len(items)
@@ -370,7 +372,6 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     if card.last_shapes is not None and shapes != card.last_shapes:
         f.shape_switches += 1
     card.last_shapes = shapes
-    report.waits_ms += [now - it.arrival_ms for it in items]
     if card.kv is not None:
         _kv_figures(f, card.kv, batch)
     ms = card.model.batch_ms(padded)
