@@ -37,13 +37,15 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import json
+import operator
 import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator
 from datetime import date
-from itertools import pairwise
+from operator import attrgetter
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -202,11 +204,12 @@ _CHUNK_BYTES = 1 << 23
 """The fast path decodes this much of the file at a time (whole lines), in one msgspec call."""
 
 
-def _iter_jsonl_fast(stream: io.BufferedIOBase, name: str, state: list[int]) -> Iterator[TraceRecord]:
+def _jsonl_chunks(stream: io.BufferedIOBase, name: str, state: list[int]) -> Iterator[list[TraceRecord]]:
     """The native format, decoded by msgspec straight from the bytes, ``_CHUNK_BYTES`` of whole lines
-    per call (about 6x ``json.loads`` and the checks in Python). A chunk msgspec refuses, or one with a
-    blank line or a row msgspec cannot check alone, is read line by line instead, each line by
-    :func:`_iter_jsonl_lines`: both paths accept and refuse the same lines with the same messages."""
+    per call (about 6x ``json.loads`` and the checks in Python), a list of records per chunk. A chunk
+    msgspec refuses, or one with a blank line or a row msgspec cannot check alone, is read line by
+    line instead, each line by :func:`_iter_jsonl_lines` (a list per line, so the lines before a bad
+    one still arrive): both paths accept and refuse the same lines with the same messages."""
     decode_lines = _JSONL_DECODER.decode_lines
     cache: dict[tuple[str, ...], int] = {}
     shared: _Shared = ({}, {})
@@ -235,9 +238,10 @@ def _iter_jsonl_fast(stream: io.BufferedIOBase, name: str, state: list[int]) -> 
         records = None if rows is None or len(rows) != n_lines else _checked_rows(rows, first, cache, shared)
         if records is None:
             lines = chunk.split(b"\n")[:n_lines]  # split as the file's lines are counted: at b"\n" only
-            yield from _iter_jsonl_lines(lines, first, name, state, cache, shared)
+            for record in _iter_jsonl_lines(lines, first, name, state, cache, shared):
+                yield [record]
         else:
-            yield from records
+            yield records
         first += n_lines
         state[0] = first - 1
         if not block:
@@ -454,6 +458,11 @@ def iter_trace(
     records. Raises :class:`TraceError` lazily, on first iteration for a missing file and as the bad line
     is reached for bad data.
     """
+    _check_arguments(fmt, shape_blocks, default_model, limit)
+    return _iter(Path(path), fmt, shape_blocks, default_model, limit)
+
+
+def _check_arguments(fmt: str, shape_blocks: int, default_model: str, limit: int | None) -> None:
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r} (expected one of: {', '.join(FORMATS)})")
     if shape_blocks < 0:
@@ -462,29 +471,48 @@ def iter_trace(
         raise ValueError(f"limit must be >= 0, got {limit}")
     if not default_model:
         raise ValueError("default_model must be a non-empty string")
-    return _iter(Path(path), fmt, shape_blocks, default_model, limit)
 
 
 def _iter(path: Path, fmt: str, shape_blocks: int, model: str, limit: int | None) -> Iterator[TraceRecord]:
+    count = 0
+    for chunk in _chunks(path, fmt, shape_blocks, model, limit):
+        for record in chunk:
+            yield record
+            count += 1
+            if count == limit:
+                return
+
+
+_CHUNK_RECORDS = 4096
+"""The line-by-line formats hand their records on in lists of this many (the native one by chunk)."""
+
+
+def _chunks(
+    path: Path, fmt: str, shape_blocks: int, model: str, limit: int | None
+) -> Iterator[list[TraceRecord]]:
+    """The trace's records in file order, a list at a time (the last may go past ``limit``)."""
     if limit == 0:
         return
     name = str(path)
     state = [0]
     with _open_binary(path) as stream:
         lines = _lines(stream, name, state)
-        records: Iterator[TraceRecord]
+        chunks: Iterator[list[TraceRecord]]
         if fmt == "jsonl":
-            records = _iter_jsonl_fast(stream, name, state)
-        elif fmt == "mooncake":
-            records = _iter_mooncake(lines, name, shape_blocks, model)
+            chunks = _jsonl_chunks(stream, name, state)
         else:
-            records = _iter_azure(lines, name, model)
+            records = (
+                _iter_mooncake(lines, name, shape_blocks, model)
+                if fmt == "mooncake"
+                else _iter_azure(lines, name, model)
+            )
+            chunks = iter(lambda: list(itertools.islice(records, _CHUNK_RECORDS)), [])
         count = 0
         try:
-            for record in records:
-                yield record
-                count += 1
-                if count == limit:
+            for chunk in chunks:
+                yield chunk
+                count += len(chunk)
+                if limit is not None and count >= limit:
                     return
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise TraceError(f"{name}:{state[0] + 1}: corrupt or truncated gzip data ({exc})") from None
@@ -501,10 +529,19 @@ def read_trace(
     limit: int | None = None,
 ) -> list[TraceRecord]:
     """All records of a trace (the first ``limit`` in file order), stably sorted by ``t_ms``."""
-    records = list(iter_trace(path, fmt, shape_blocks=shape_blocks, default_model=default_model, limit=limit))
-    if any(a.t_ms > b.t_ms for a, b in pairwise(records)):
-        records.sort(key=lambda r: r.t_ms)  # list.sort is stable: ties keep file order
+    _check_arguments(fmt, shape_blocks, default_model, limit)
+    records: list[TraceRecord] = []
+    for chunk in _chunks(Path(path), fmt, shape_blocks, default_model, limit):
+        records += chunk
+    if limit is not None:
+        del records[limit:]
+    times = list(map(_T_MS, records))
+    if any(map(operator.gt, times, itertools.islice(times, 1, None))):
+        records.sort(key=_T_MS)  # list.sort is stable: ties keep file order
     return records
+
+
+_T_MS = attrgetter("t_ms")
 
 
 def _repo_traces_dirs() -> Iterator[Path]:
