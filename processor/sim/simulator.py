@@ -227,7 +227,7 @@ def _simulate(
         pol.set_contract(spec.contract)
         cards[spec.contract.consumer] = _Card(spec, seed * 1_000_003 + i)
     models = {spec.contract.model for spec in consumers}
-    unserved = set(map(attrgetter("model"), records)) - models
+    unserved = {r.model for r in records} - models
     if unserved:
         raise ValueError(
             f"no consumer serves model(s) {', '.join(sorted(unserved))}: add a --consumer for each"
@@ -249,17 +249,20 @@ def _simulate(
         times = [r.t_ms for r in records]
         if speed != 1.0 or (times and max(map(abs, times)) >= _EXACT):  # as int(t / 1.0) would give
             times = [int(t / speed) for t in times]
-    arriving = list(records)
+    items = [
+        Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job)
+        for r, t in zip(records, times, strict=True)
+    ]
     if any(map(operator.gt, times, itertools.islice(times, 1, None))):  # not in time order
         order = sorted(range(len(times)), key=times.__getitem__)  # stable: ties keep trace order
         times = [times[i] for i in order]
-        arriving = [arriving[i] for i in order]
-    per_job = Counter(map(attrgetter("job"), arriving))
+        items = [items[i] for i in order]
+    per_job = Counter(map(attrgetter("job"), items))
     first_arrival: dict[str, int] = {}
-    for t, record in zip(times, arriving, strict=True):
+    for t, item in zip(times, items, strict=True):
         if len(first_arrival) == len(per_job):
             break
-        first_arrival.setdefault(record.job, t)
+        first_arrival.setdefault(item.job, t)
     for name in sorted(per_job, key=first_arrival.__getitem__):  # in order of first arrival
         weight = shares.policy(name).weight if shares is not None else 1.0
         report.jobs[name] = JobFigures(
@@ -276,16 +279,8 @@ def _simulate(
     # completion and the next tick are submitted in one run (the same batches, far fewer calls when
     # the cards are busy and arrivals keep coming).
     slots = sum(spec.contract.max_inflight for spec in consumers)
-    n_arrivals = len(arriving)
-
-    def submit(lo: int, hi: int, at: list[int]) -> None:
-        """Arrivals ``lo``..``hi`` as items, made as they arrive (an item is placed while it is fresh
-        in the cache, and none exists before its time)."""
-        items = [
-            Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job)
-            for r, t in zip(arriving[lo:hi], times[lo:hi], strict=True)
-        ]
-        pol.submit_many(items, at)
+    submit_many = pol.submit_many
+    n_arrivals = len(items)
 
     while next_arrival < n_arrivals or completions:
         t_arr = times[next_arrival] if next_arrival < n_arrivals else math.inf
@@ -293,7 +288,7 @@ def _simulate(
         now = math.ceil(min(t_arr, t_done))
         if t_arr <= now:
             upto = bisect.bisect_right(times, now, next_arrival)
-            submit(next_arrival, upto, [now] * (upto - next_arrival))
+            submit_many(items[next_arrival:upto], [now] * (upto - next_arrival))
             next_arrival = upto
         while completions and completions[0][0] <= now:
             _, _, batch_id = heapq.heappop(completions)
@@ -312,7 +307,7 @@ def _simulate(
         if len(completions) >= slots:  # every slot is taken until the next completion
             upto = bisect.bisect_left(times, min(math.ceil(completions[0][0]), next_tick), next_arrival)
             if upto > next_arrival:
-                submit(next_arrival, upto, times[next_arrival:upto])
+                submit_many(items[next_arrival:upto], times[next_arrival:upto])
                 next_arrival = upto
 
     report.items = len(records)
