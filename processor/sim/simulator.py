@@ -227,7 +227,7 @@ def _simulate(
         pol.set_contract(spec.contract)
         cards[spec.contract.consumer] = _Card(spec, seed * 1_000_003 + i)
     models = {spec.contract.model for spec in consumers}
-    unserved = {r.model for r in records} - models
+    unserved = set(map(attrgetter("model"), records)) - models
     if unserved:
         raise ValueError(
             f"no consumer serves model(s) {', '.join(sorted(unserved))}: add a --consumer for each"
