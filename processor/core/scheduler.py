@@ -270,31 +270,25 @@ class Scheduler:
             for item in items:
                 if item.job:
                     item.job = track(item.job)
-        touched = self.table.place_many(items, times)
-        model, job = touched[0][0].key[0], touched[0][0].job
-        one_book = True  # every item of one model and one job: the common case, one ledger entry
-        for sl, had_items, _ in touched:
-            one_book = one_book and sl.key[0] == model and sl.job == job
-            if had_items == 0:
-                self._active.setdefault(sl.key[0], {})[sl.key] = sl
-                self.shares.lanes_changed(sl.key[0], sl.job, 1)
         added: dict[tuple[str, str], list[int]] = {}  # (model, job) -> [items, tokens]
-        if count is not None and one_book:
-            added[model, job] = [len(items), sum(sl.waiting_tokens - had for sl, _, had in touched)]
-        elif count is not None:
-            for sl, had_items, had_tokens in touched:
-                tally = added.setdefault((sl.key[0], sl.job), [0, 0])
-                tally[0] += sl.waiting_items - had_items
-                tally[1] += sl.waiting_tokens - had_tokens
-        for (book_model, book_job), (n, tokens) in added.items():
+        for sl, had_items, had_tokens in self.table.place_many(items, times):
+            model, job = sl.key[0], sl.job
+            tally = added.setdefault((model, job), [0, 0])
+            tally[0] += sl.waiting_items - had_items
+            tally[1] += sl.waiting_tokens - had_tokens
+            if had_items == 0:
+                self._active.setdefault(model, {})[sl.key] = sl
+                self.shares.lanes_changed(model, job, 1)
+        for (model, job), (n, tokens) in added.items() if count is not None else ():
             if count == "adopted":
-                self.ledger.adopted_waiting(book_model, tokens, n)
+                self.ledger.adopted_waiting(model, tokens, n)
             else:
-                self.ledger.received(book_model, tokens, n)
-            self.ledger.job_received(book_job, n, tokens, adopted=count == "adopted")
+                self.ledger.received(model, tokens, n)
+            self.ledger.job_received(job, n, tokens, adopted=count == "adopted")
         arrivals = self._arrivals
-        if one_book and model in arrivals:
-            arrivals[model].extend(items)
+        models = {model for model, _ in added}
+        if len(models) == 1 and (only := models.pop()) in arrivals:  # one model, the common case
+            arrivals[only].extend(items)
         else:
             for item in items:
                 queue = arrivals.get(item.model)
