@@ -113,10 +113,8 @@ def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
     is cut by length, else its representative length), counting the head item's output budget: the
     head is what would otherwise go out oversized."""
     rule = contract.rule
-    longest = lane.longest(by_length)
-    if rule.longest_alone >= 0:  # outputs do not count
-        return longest <= rule.longest_alone
-    return rule.fits(1, longest, rule.output_tokens(lane.head().output_budget) if lane.tokens else 0)
+    output_budget = lane.head().output_budget if rule.counts_output and lane.tokens else 0
+    return rule.fits_alone(lane.longest(by_length), output_budget)
 
 
 def _fits_item(contract: Contract, item: Item) -> bool:
