@@ -200,7 +200,7 @@ _JSONL_DECODER = msgspec.json.Decoder(_JsonlRow)
 _BOM = "\ufeff".encode()
 
 
-_CHUNK_BYTES = 1 << 23
+_CHUNK_BYTES = 1 << 17
 """The fast path decodes this much of the file at a time (whole lines), in one msgspec call."""
 
 
