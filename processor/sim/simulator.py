@@ -249,7 +249,7 @@ def _simulate(
         times = [r.t_ms for r in records]
         if speed != 1.0 or (times and max(map(abs, times)) >= _EXACT):  # as int(t / 1.0) would give
             times = [int(t / speed) for t in times]
-    items = [
+    items = [  # the payload, which the core never reads, is where ``_run`` leaves the dispatch time
         Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job)
         for r, t in zip(records, times, strict=True)
     ]
@@ -328,6 +328,7 @@ def _simulate(
         report.lane_pressure_peak = st.lane_pressure_peak
     else:
         pol.ledger.check()
+    report.waits_ms = _waits(items)
     first = times[0] if times else 0
     report.makespan_ms = max((c.free_at for c in cards.values()), default=0.0) - first
     _sample(report, pol, scheduler, now)
@@ -339,15 +340,22 @@ _RUN_TOTALS = (
 )
 
 
+def _waits(items: list[Item]) -> list[int]:
+    """Each dispatched item's wait, from the dispatch time ``_run`` left in its ``payload``.
+
+    Counted in arrival order once the run ends rather than as each batch leaves: an item's arrival
+    time is an int object of its own, and batches take items in no order that memory likes."""
+    return [it.payload - it.arrival_ms for it in items if it.payload is not None]
+
+
 def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
     """Queue ``batch`` on its card; record its figures; return when it completes."""
     f = report.consumers[batch.consumer]
     items = batch.items
     real = 0
-    waits = report.waits_ms
-    for it in items:  # one pass: a batch's items were last touched when they were placed
+    for it in items:
         real += it.length
-        waits.append(now - it.arrival_ms)
+        it.payload = now  # its dispatch time: the waits are counted once the run ends (_waits)
     shapes = frozenset([it.shape for it in items])
     hit = card.model.cache.serve(shapes)
     padded = batch.padded_length * len(items)

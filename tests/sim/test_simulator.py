@@ -116,6 +116,21 @@ def test_a_backlog_finishes_sooner_but_waits_longer_than_timed_arrivals(mixed: l
     assert lines[0]["t_ms"] == 0
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("speed", [1.0, 2.5])
+def test_each_item_waits_from_its_arrival_to_its_batch(
+    mixed: list[TraceRecord], policy: str, speed: float
+) -> None:
+    """The waits are counted once the run ends (simulator._waits): one per item, each the emitted
+    batch's time minus the item's (speed-scaled) arrival."""
+    report, lines = batch_lines(mixed, policy, speed=speed)
+    arrival = {r.id: int(r.t_ms / speed) for r in mixed}
+    expected = sorted(b["t_ms"] - arrival[item_id] for b in lines for item_id, _ in b["items"])
+    assert len(expected) == len(mixed)
+    assert sorted(report.waits_ms) == expected
+    assert report.wait_percentile(1.0) == expected[-1] > 0
+
+
 def test_speed_compresses_arrival_times(mixed: list[TraceRecord]) -> None:
     _r, normal = batch_lines(mixed)
     _r, fast = batch_lines(mixed, speed=4.0)
