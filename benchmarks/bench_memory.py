@@ -82,7 +82,7 @@ def measure(items: int, tokens: int, shapes: int = 8, seed: int = 1) -> dict[str
     raw = 0
     for i in range(items):
         head = decode_item_head(message(i, tokens, rng, signatures))
-        item = IngestItem(head, i // 1000, i % PARTITIONS, i // PARTITIONS)
+        item = IngestItem.from_head(head, i // 1000, i % PARTITIONS, i // PARTITIONS)
         core.submit(item, item.arrival_ms)
         raw += 4 * head.token_count
     gc.collect()

@@ -356,7 +356,7 @@ class ProcessorService(PartitionHandover):
         if not self.committer.first_seen(partition, head.item_id):
             self._duplicate(msg, head, partition, offset)
             return None
-        item = IngestItem(head, now, partition, offset)
+        item = IngestItem.from_head(head, now, partition, offset)
         self.committer.item_seen(item)
         return item
 

@@ -103,7 +103,7 @@ class PartitionHandover:
         adopted: list[IngestItem] = []
 
         def waiting(ref: tuple[int, int], home: int, head: ItemHead) -> None:
-            item = IngestItem(head, now, *ref)
+            item = IngestItem.from_head(head, now, *ref)
             committer.adopt(item, home)
             adopted.append(item)
 
@@ -143,7 +143,7 @@ class PartitionHandover:
     def _rebuilt_batch(self, state: RestoredState, batch_id: str) -> Batch:
         entry = state.changelog.batches[batch_id]
         now = self.now_ms()
-        items = [IngestItem(state.records[ref], now, *ref) for ref in entry.refs]
+        items = [IngestItem.from_head(state.records[ref], now, *ref) for ref in entry.refs]
         for item in items:
             item.dispatched = True
             item.lane = entry.lane

@@ -7,13 +7,23 @@ from processor.wire.heads import ItemHead
 
 
 class IngestItem(Item):
-    """An item that remembers where it came from, so progress can be recorded against its offset."""
+    """An item that remembers where it came from, so progress can be recorded against its offset.
 
-    __slots__ = ("home", "logged", "offset", "partition", "safe")
+    Made by :meth:`from_head` (a Struct cannot define ``__init__``)."""
 
-    def __init__(self, head: ItemHead, now_ms: int, partition: int, offset: int) -> None:
+    partition: int = -1
+    offset: int = -1
+    home: int = -1
+    """The changelog partition of its "waiting" record (processor/state/changelog.py)."""
+    safe: bool = False
+    """At-least-once: in a delivered batch."""
+    logged: bool = False
+    """Exactly-once: has a committed "waiting" changelog record."""
+
+    @classmethod
+    def from_head(cls, head: ItemHead, now_ms: int, partition: int, offset: int) -> IngestItem:
         # payload: the input message, spliced into the batch past its header (processor/wire/heads.py)
-        super().__init__(
+        return cls(
             head.item_id,
             head.model,
             head.shape,
@@ -22,9 +32,7 @@ class IngestItem(Item):
             head.message,
             head.output_budget,
             head.job,
+            partition=partition,
+            offset=offset,
+            home=partition,
         )
-        self.partition = partition
-        self.offset = offset
-        self.home = partition  # changelog partition of its "waiting" record (processor/state/changelog.py)
-        self.safe = False  # at-least-once: in a delivered batch
-        self.logged = False  # exactly-once: has a committed "waiting" changelog record

@@ -59,7 +59,8 @@ def consume(ingest: Consumer, n: int) -> list[IngestItem]:
         assert time.monotonic() < deadline, f"consumed {len(items)} of {n} ingest messages"
         for msg in ingest.consume(num_messages=n - len(items), timeout=0.5):
             assert msg.error() is None, msg.error()
-            items.append(IngestItem(decode_item_head(msg.value()), 0, msg.partition(), msg.offset()))
+            head = decode_item_head(msg.value())
+            items.append(IngestItem.from_head(head, 0, msg.partition(), msg.offset()))
     return items
 
 

@@ -273,7 +273,7 @@ def test_at_least_once_keeps_its_lanes_and_forgets_only_the_revoked_offsets() ->
     committer = svc.committer
     assert isinstance(committer, AtLeastOnceCommitter)
     for partition, offset in ((0, 7), (1, 3)):
-        item = IngestItem(head(f"i{partition}", 10), 0, partition, offset)
+        item = IngestItem.from_head(head(f"i{partition}", 10), 0, partition, offset)
         committer.item_seen(item)
         svc.core.submit(item, 0)
     assign(svc, [0, 1])  # at-least-once restores nothing
@@ -291,7 +291,7 @@ def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_c
         """A service that resumed a checkpoint counting ``held`` items as waiting, as start() does."""
         svc = Service()
         for item_id, length in held:
-            svc.core.submit(IngestItem(head(item_id, length), 0, 0, 0), 0)
+            svc.core.submit(IngestItem.from_head(head(item_id, length), 0, 0, 0), 0)
         svc._handover_at_start = svc.core.ledger.handover_delta()
         svc._owned_at_checkpoint = PARTITIONS
         svc.core.release_all()
