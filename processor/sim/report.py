@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Iterable
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,13 +150,12 @@ class SimReport:
         return self.tokens_completed * 1000.0 / self.makespan_ms if self.makespan_ms else 0.0
 
     def wait_percentile(self, q: float) -> int:
-        """The ``q`` quantile of the waits. Sorts ``waits_ms`` in place (their order means nothing),
-        so asking again, for another quantile, costs one pass over a sorted list."""
-        ordered = self.waits_ms
-        if not ordered:
+        """The ``q`` quantile of the waits, by nearest rank: the ``int(q * n)``-th smallest (0-based)
+        of the ``n`` waits, the largest for ``q = 1``."""
+        waits = self.waits_ms
+        if not waits:
             return 0
-        ordered.sort()
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return kth_smallest(waits, min(len(waits) - 1, int(q * len(waits))))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -213,6 +214,44 @@ class SimReport:
             },
             "jobs": {job: f.to_dict() for job, f in self.jobs.items()},
         }
+
+
+_SAMPLE = 2048
+"""Values :func:`kth_smallest` samples to bracket a rank (and the size below which it just sorts)."""
+_MARGIN = 96
+"""Sample ranks on each side of the rank's own in the bracket: a strided sample of 2,048 places a rank
+within about 1% (one standard deviation) of its true fraction, so the bracket misses only when the
+values' order is skewed, and the bracket keeps about a tenth of the values."""
+
+
+def kth_smallest(values: Sequence[int], k: int) -> int:
+    """The ``k``-th smallest of ``values`` (0-based), exactly, without sorting them all.
+
+    Sorting a million-item run's waits took a twentieth of the run, for three ranks. Instead a
+    strided sample brackets the rank, one pass counts the values below the bracket and keeps those
+    inside it, and only those are sorted. When the bracket misses the rank (the sample did not
+    represent the values: say, they repeat with the stride's period), all of them are sorted, so
+    the answer is always the one ``sorted(values)[k]`` gives.
+    """
+    n = len(values)
+    if not 0 <= k < n:
+        raise IndexError(f"rank {k} of {n} values")
+    if k == n - 1:
+        return max(values)
+    if k == 0:
+        return min(values)
+    if n <= 4 * _SAMPLE:
+        return sorted(values)[k]
+    sample = sorted(values[:: n // _SAMPLE])
+    at = k * len(sample) // n
+    lo = sample[max(0, at - _MARGIN)]
+    hi = sample[min(len(sample) - 1, at + _MARGIN)]
+    below = sum(map(operator.lt, values, itertools.repeat(lo)))
+    inside = [v for v in values if lo <= v <= hi]
+    if below <= k < below + len(inside):
+        inside.sort()
+        return inside[k - below]
+    return sorted(values)[k]
 
 
 def batch_line(batch: Batch) -> str:
