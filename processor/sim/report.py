@@ -1,5 +1,4 @@
-"""What a simulation measured, per policy and per consumer, and the table that prints it.
-"""
+"""What a simulation measured, per policy and per consumer, and the table that prints it."""
 
 from __future__ import annotations
 

@@ -19,7 +19,9 @@ from processor.sim.report import SimReport, kth_smallest
     at=st.floats(0.0, 1.0),
     sample=st.sampled_from([2, 3, 8, 2048]),
 )
-def test_kth_smallest_is_the_sorted_lists_whatever_the_sample(values: list[int], at: float, sample: int) -> None:
+def test_kth_smallest_is_the_sorted_lists_whatever_the_sample(
+    values: list[int], at: float, sample: int
+) -> None:
     """A small ``_SAMPLE`` sends short lists through the bracket (and its fallback when the bracket
     misses); the answer is always ``sorted(values)[k]``."""
     k = min(len(values) - 1, int(at * len(values)))
