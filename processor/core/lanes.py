@@ -500,7 +500,9 @@ class LaneTable:
             top = bisect_right(lengths, anchor.length)  # the lengths below it, its own included
         else:
             top = len(lengths)
-            if leave_longer:
+            if leave_longer and rule.longest_alone >= 0:  # outputs uncounted: whether one fits is its length
+                top = max(1, bisect_right(lengths, rule.longest_alone))
+            elif leave_longer:  # memory mode: the oldest item of each length down, until one fits
                 while top > 1:
                     first = buckets[lengths[top - 1]][0]
                     if fits(1, first.length, _output(output_tokens, first)):

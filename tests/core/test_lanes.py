@@ -434,6 +434,36 @@ def test_leave_longer_starts_the_batch_at_the_longest_item_that_fits_alone() -> 
     t.check()
 
 
+@pytest.mark.parametrize(
+    ("lengths", "budget", "first"),
+    [
+        ((5000, 900, 4000, 800), 2048, 900),  # the longest that fits alone, below two that do not
+        ((2048, 3000, 100), 2048, 2048),  # exactly the budget fits alone
+        ((5000, 4000), 2048, 4000),  # none fits alone: the batch is the shortest, oversized
+    ],
+)
+@pytest.mark.parametrize("batching", ["tokens", "memory"])
+def test_leave_longer_finds_the_same_start_by_length_or_item_by_item(
+    lengths: tuple[int, ...], budget: int, first: int, batching: str
+) -> None:
+    """Tokens mode finds where the batch starts by bisecting the lengths (``longest_alone``); memory
+    mode, where outputs count, asks each length's oldest item in turn: both start at ``first``."""
+    t = length_table(cut_ratio=1.0, cut_tokens=10**6)
+    for n in lengths:
+        place(t, n)
+    sl = shape_lanes(t)
+    if batching == "tokens":
+        rule = BatchRule(max_items=8, pad_multiple=8, batching="tokens", budget_tokens=budget)
+    else:  # one KV byte per token and no output: the memory limit is the tokens budget
+        rule = BatchRule(
+            max_items=8, pad_multiple=8, batching="memory", memory_bytes=budget, kv_bytes_per_token=1,
+            default_output_tokens=0,
+        )
+    taken, _padded = t.take_batch(sl, sl.lanes[0], rule, 0, leave_longer=True)
+    assert taken[0].length == first
+    t.check()
+
+
 def test_check_catches_a_lane_cut_by_length_that_is_out_of_order() -> None:
     t = length_table()
     place(t, 100)
