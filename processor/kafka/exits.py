@@ -97,6 +97,7 @@ class DeliveryFailed(TransientFailure):
 
     def __init__(self, message: str, error: KafkaError | None = None) -> None:
         super().__init__(message)
+        self.error = error
         self.transient = error is None or delivery_recovers(error)
 
 
@@ -142,8 +143,12 @@ def kafka_cause(exc: BaseException) -> BaseException:
 
 
 def _error(exc: BaseException) -> KafkaError | None:
+    """The Kafka error ``exc`` carries: a client call's, or a failed delivery's (a twin's fence may
+    reach a producer first as a delivery report, ``INVALID_PRODUCER_EPOCH``, before any call fails)."""
     from confluent_kafka import KafkaError, KafkaException
 
+    if isinstance(exc, DeliveryFailed):
+        return exc.error
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return error if isinstance(error, KafkaError) else None
 

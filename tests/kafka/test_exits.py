@@ -68,6 +68,26 @@ def test_a_producer_fenced_after_its_transaction_outlived_the_timeout_exits_75()
     assert "open 14 s, past the transaction timeout (10 s)" in str(ended)
 
 
+def test_a_fence_first_seen_as_a_failed_delivery_is_judged_by_the_transactions_age() -> None:
+    """A twin's init_transactions can reach the older producer as a delivery report (the broker
+    refuses its in-flight produce: an old epoch) before any transactional call fails; the broker
+    test of two processes with one --instance caught it exiting 75 that way."""
+    from confluent_kafka import KafkaError
+
+    from processor.kafka.exits import DeliveryFailed, Superseded, TransientFailure, ended_by, exit_code
+
+    def epoch() -> DeliveryFailed:
+        error = KafkaError(KafkaError.INVALID_PRODUCER_EPOCH, "attempted an operation with an old epoch")
+        return DeliveryFailed("processor p0: a produce failed: old epoch", error)
+
+    young = ended_by(epoch(), "processor p0 of pipeline a", 0.3, 10.0)
+    assert isinstance(young, Superseded) and exit_code(young) == 78
+    old = ended_by(epoch(), "processor p0 of pipeline a", 12.0, 10.0)
+    assert isinstance(old, TransientFailure) and exit_code(old) == 75
+    timed_out = DeliveryFailed("broker away", KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert ended_by(timed_out, "processor p0 of pipeline a", 0.3, 10.0) is timed_out
+
+
 def test_a_fenced_static_member_was_fenced_by_a_twin_whatever_its_transaction() -> None:
     """librdkafka hands a consumer's FENCED_INSTANCE_ID over as a message error with code _FATAL."""
     from confluent_kafka import KafkaError, KafkaException
