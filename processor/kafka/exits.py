@@ -8,7 +8,7 @@ one a restart makes worse: another process now runs under this instance's identi
 (:data:`EXIT_SUPERSEDED`). The first leave nothing half-done: progress is committed transactionally or
 re-run at least once, so a restarted process resumes from its last commit (docs/reliability.md).
 docs/operations.md ("How a processor or consumer ends") has one row per code, checked against this
-module by tests/cli/test_exit_table.py.
+module by tests/kafka/test_exits.py.
 
 Who wins when two processes share an instance id: the newer one. Its ``init_transactions`` fences
 the older one's transactional id, and its join with the same ``group.instance.id`` fences the older
