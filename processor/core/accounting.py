@@ -159,24 +159,16 @@ class Ledger:
         self.job(job).duplicate.add(1, tokens)
         self.dead_lettered += 1
 
-    # routed, finished and their job_ twins run once per batch: their counters are written out
-    # rather than added through Tally.add
-
     def routed(
         self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int, oversized: bool
     ) -> None:
         book = self._model(model)
-        book.queued.items -= items
-        book.queued.tokens -= tokens
-        book.routed.items += items
-        book.routed.tokens += tokens
-        book.in_flight.items += items
-        book.in_flight.tokens += tokens
+        book.queued.add(-items, -tokens)
+        book.routed.add(items, tokens)
+        book.in_flight.add(items, tokens)
         c = self.consumer(consumer)
-        c.routed.items += items
-        c.routed.tokens += tokens
-        c.in_flight.items += items
-        c.in_flight.tokens += tokens
+        c.routed.add(items, tokens)
+        c.in_flight.add(items, tokens)
         c.batches += 1
         c.padded_tokens += padded_tokens
         c.oversized += oversized
@@ -190,18 +182,12 @@ class Ledger:
         book = self._model(model)
         c = self.consumer(consumer)
         items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
-        book.in_flight.items -= items
-        book.in_flight.tokens -= tokens
-        c.in_flight.items -= items
-        c.in_flight.tokens -= tokens
-        book.completed.items += ok_items
-        book.completed.tokens += ok_tokens
-        c.completed.items += ok_items
-        c.completed.tokens += ok_tokens
-        book.failed.items += failed_items
-        book.failed.tokens += failed_tokens
-        c.failed.items += failed_items
-        c.failed.tokens += failed_tokens
+        book.in_flight.add(-items, -tokens)
+        c.in_flight.add(-items, -tokens)
+        book.completed.add(ok_items, ok_tokens)
+        c.completed.add(ok_items, ok_tokens)
+        book.failed.add(failed_items, failed_tokens)
+        c.failed.add(failed_items, failed_tokens)
 
     def requeued(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """A batch came back undone (its consumer left): its items wait again and count as redelivered."""
@@ -266,12 +252,9 @@ class Ledger:
 
     def job_routed(self, job: str, items: int, tokens: int, padded_tokens: int) -> None:
         book = self.job(job)
-        book.queued.items -= items
-        book.queued.tokens -= tokens
-        book.routed.items += items
-        book.routed.tokens += tokens
-        book.in_flight.items += items
-        book.in_flight.tokens += tokens
+        book.queued.add(-items, -tokens)
+        book.routed.add(items, tokens)
+        book.in_flight.add(items, tokens)
         book.batches += 1
         book.padded_tokens += padded_tokens
 
@@ -279,12 +262,9 @@ class Ledger:
         self, job: str, ok_items: int, ok_tokens: int, failed_items: int, failed_tokens: int
     ) -> None:
         book = self.job(job)
-        book.in_flight.items -= ok_items + failed_items
-        book.in_flight.tokens -= ok_tokens + failed_tokens
-        book.completed.items += ok_items
-        book.completed.tokens += ok_tokens
-        book.failed.items += failed_items
-        book.failed.tokens += failed_tokens
+        book.in_flight.add(-ok_items - failed_items, -ok_tokens - failed_tokens)
+        book.completed.add(ok_items, ok_tokens)
+        book.failed.add(failed_items, failed_tokens)
 
     def job_requeued(self, job: str, items: int, tokens: int) -> None:
         book = self.job(job)

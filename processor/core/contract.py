@@ -264,8 +264,7 @@ def check_batch(batch: Batch, contract: Contract) -> None:
         raise InvariantViolation(
             f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
         )
-    pm = contract.pad_multiple
-    if batch.padded_length != -(-longest // pm) * pm:  # round_up(longest, pm): longest >= 1
+    if batch.padded_length != contract.padded_length(longest):
         raise InvariantViolation(
             f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
             f"{contract.pad_multiple})"

@@ -239,7 +239,6 @@ class ShapeLanes:
     def shape(self) -> int:
         return self.key[1]
 
-
     def _new_id(self) -> tuple[int, bool]:
         if self._free_ids:
             return heapq.heappop(self._free_ids), True
@@ -482,8 +481,7 @@ class LaneTable:
         if not lane.tokens:  # empty (every item has a length of at least 1)
             del sl.ready[lane.id]
             self._quiet[(sl.key, lane.id)] = now_ms
-        pm = rule.pad_multiple
-        return taken, -(-longest // pm) * pm  # round_up(longest, pm): longest >= 1
+        return taken, rule.padded_length(longest)
 
     def _cut_by_length(
         self, items: ByLength, rule: BatchRule, anchor: Item | None, leave_longer: bool
