@@ -127,7 +127,7 @@ def main() -> None:
         }
         out = io.BytesIO()
         fastavro.schemaless_writer(out, schema_ints, as_ints)
-        bodies.append((n, value[HEADER_SIZE :], out.getvalue()))
+        bodies.append((n, value[HEADER_SIZE:], out.getvalue()))
 
     print("\nthe processor's ingest head (processor/wire/heads.py), items/s")
     print(f"{'tokens':>7} {'one pass':>10} {'general':>10} {'ratio':>7}")

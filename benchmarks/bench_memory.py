@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processor.apps.observe import ProcessorSettings
 from processor.apps.producer import synthetic_tokens
+from processor.apps.settings import ProcessorSettings
 from processor.core.scheduler import Scheduler
 from processor.core.signature import shape_signature
 from processor.state.ingest import IngestItem

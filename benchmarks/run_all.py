@@ -442,6 +442,7 @@ def _broker(args: argparse.Namespace, needed: bool) -> tuple[str | None, str, Ca
         return info.bootstrap, f"started for this run by `processor.local.broker` in {OWN_BROKER_DIR}", stop
     from processor.kafka.config import client_config
     from processor.local.broker import local_bootstrap
+
     bootstrap = client_config(args.bootstrap, fallback=local_bootstrap)["bootstrap.servers"]
     return bootstrap, f"an already running broker at {bootstrap}, shared with other work", lambda: None
 

@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import READY_LINE, RESULT_PREFIX, BrokerCpu, RunTopics
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from processor.apps.consumer import MAX_COMPLETION_BYTES, PRODUCER_SETTINGS
-from processor.apps.observe import ProcessorSettings
+from processor.apps.consumer import PRODUCER_SETTINGS
 from processor.apps.service import ProcessorService
+from processor.apps.settings import MAX_COMPLETION_BYTES, ProcessorSettings
 from processor.core.contract import Contract, contract_violation
 from processor.kafka.reader import read_topic_chunks
 from processor.wire.completions import encode_completion_batches

@@ -1,7 +1,8 @@
 """The long-running Kafka applications: the processor service, the consumer app, the token producer.
 
-Each owns its clients and its thread; imports the core, wire, state, engines, jobs and kafka.
-Public face: ``service`` (ProcessorService), ``observe`` (ProcessorSettings, ServiceObserver),
+Each owns its thread and gets its clients from a ``ClientFactory`` (processor.kafka.factory); imports
+the core, wire, state, engines, jobs and kafka. Public face: ``service`` (ProcessorService),
+``settings`` (ProcessorSettings), ``observe`` (ServiceCounters, ServiceObserver), ``checkpoint``,
 ``consumer`` (ConsumerApp), ``producer`` (TokenProducer), ``plainqueue`` (PlainQueueApp, the demo's
 baseline).
 """

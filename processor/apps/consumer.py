@@ -38,10 +38,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.contract import Contract, contract_violation
 from processor.engines.base import Engine, ItemResult
 from processor.kafka.clients import static_member, static_member_present
@@ -55,7 +55,7 @@ from processor.kafka.exits import (
     producer_fenced,
     taking_over,
 )
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.wire.completions import encode_completion, encode_completion_batches
@@ -63,7 +63,6 @@ from processor.wire.control import encode_contract, encode_dead_letter
 from processor.wire.errors import DecodeError
 from processor.wire.items import decode_batch
 from processor.wire.records import (
-    COMPLETION_FORMS,
     STATUSES,
     BatchRecord,
     CompletionBatchRecord,
@@ -81,9 +80,6 @@ log = logging.getLogger("tokenfabric.consumer")
 PRODUCER_SETTINGS: dict[str, str] = {"enable.idempotence": "true", "acks": "all", "linger.ms": "5"}
 #: librdkafka's ``transaction.timeout.ms`` when the client settings do not name one.
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
-#: Most bytes of one CompletionBatch message: under Kafka's default 1 MB message limit (broker
-#: ``message.max.bytes``, producer ``message.max.bytes``), with room for the record batch overhead.
-MAX_COMPLETION_BYTES = 900_000
 
 
 class ConsumerAppError(RuntimeError):
@@ -151,16 +147,11 @@ class ConsumerApp:
         watchdog: CallWatchdog | None = None,
         completions: CompletionForm = "batch",
         max_completion_bytes: int = MAX_COMPLETION_BYTES,
+        clients: ClientFactory = KAFKA,
     ) -> None:
-        if completions not in COMPLETION_FORMS:
-            raise ValueError(f"completions must be one of {', '.join(COMPLETION_FORMS)}, got {completions!r}")
-        if max_completion_bytes < 1:
-            raise ValueError(f"max_completion_bytes must be >= 1, got {max_completion_bytes}")
-        if max_batches is not None and max_batches < 1:
-            raise ValueError(f"max_batches must be >= 1, got {max_batches}")
-        if idle_exit_s is not None and not idle_exit_s > 0:
-            raise ValueError(f"idle_exit_s must be > 0, got {idle_exit_s}")
+        self.settings = ConsumerSettings(max_batches, idle_exit_s, completions, max_completion_bytes)
         self.conf = dict(conf)
+        self.clients = clients
         self.topics = topics
         self.contract = contract
         self.engine = engine
@@ -176,7 +167,7 @@ class ConsumerApp:
         self.max_completion_bytes = max_completion_bytes
         self.batch_topic = topics.batches(contract.consumer)
         self.stats = ConsumerStats()
-        self._producer: Producer | None = None
+        self._producer: ProducerClient | None = None
         self._delivery_errors: list[tuple[str, KafkaError]] = []
         self._txn_began: tuple[float, float] | None = None  # monotonic and wall time of the open one
 
@@ -188,12 +179,9 @@ class ConsumerApp:
         Looks first, so a consumer whose credentials may not create topics still starts when an
         operator created its topic, and an unreachable cluster fails in ``timeout_s`` with one line.
         """
-        from confluent_kafka.admin import AdminClient
-
-        conf = cast(dict[str, str], with_kafka_logger(self.conf))
         where = self.conf.get("bootstrap.servers", "?")
         try:
-            existing = AdminClient(with_kafka_logger(self.conf)).list_topics(timeout=timeout_s).topics
+            existing = self.clients.admin(self.conf).list_topics(timeout=timeout_s).topics
         except KafkaException as exc:
             raise ConsumerAppError(f"cannot reach Kafka at {where} within {timeout_s:g} s: {exc}") from None
         if self.batch_topic in existing:
@@ -201,7 +189,7 @@ class ConsumerApp:
         all_specs = topic_specs(self.topics, consumers=[self.contract.consumer])
         specs = [s for s in all_specs if s.name == self.batch_topic]
         try:
-            return bool(create_topics(conf, specs, timeout_s=timeout_s))
+            return bool(create_topics(self.conf, specs, timeout_s=timeout_s, clients=self.clients))
         except TimeoutError:
             raise ConsumerAppError(
                 f"creating {self.batch_topic} on {where}: no answer in {timeout_s:g} s"
@@ -217,11 +205,11 @@ class ConsumerApp:
         if self.exactly_once:
             self._txn().commit_transaction(60)
 
-    def _txn(self) -> Producer:
+    def _txn(self) -> ProducerClient:
         assert self._producer is not None, "run() creates the producer"
         return self._producer
 
-    def _commit_transaction(self, consumer: Consumer, msg: Message) -> None:
+    def _commit_transaction(self, consumer: ConsumerClient, msg: Message) -> None:
         """The batch's completions and its offset in one transaction: a crash before this line re-runs
         the batch and read_committed readers never see the first attempt's completions."""
         partition, offset = msg.partition(), msg.offset()
@@ -250,29 +238,27 @@ class ConsumerApp:
         if self.exactly_once:
             # Stable per consumer id: a restarted app fences its predecessor's open transaction.
             producer_conf["transactional.id"] = self.topics.consumer_group(self.contract.consumer)
-        self._producer = Producer(with_kafka_logger(producer_conf))
+        self._producer = self.clients.producer(producer_conf)
         member = self.topics.consumer_group(self.contract.consumer)
-        if static_member_present(self.conf, member, member):  # before this process fences it
+        if static_member_present(self.conf, member, member, clients=self.clients):  # before fencing it
             log.warning("%s", taking_over(self._who(), member))
         if self.exactly_once:
             self._producer.init_transactions(60)
-        consumer: Consumer | None = None
+        consumer: ConsumerClient | None = None
         clean = False
         try:
             if self.ensure_topic():
                 log.info("created topic %s", self.batch_topic)
             self.announce()
-            consumer = Consumer(
-                with_kafka_logger(
-                    {
-                        **self.conf,
-                        "group.id": self.topics.consumer_group(self.contract.consumer),
-                        **static_member(self.topics.consumer_group(self.contract.consumer)),
-                        "enable.auto.commit": "false",
-                        "isolation.level": "read_committed",
-                        "auto.offset.reset": "earliest",
-                    }
-                )
+            consumer = self.clients.consumer(
+                {
+                    **self.conf,
+                    "group.id": self.topics.consumer_group(self.contract.consumer),
+                    **static_member(self.topics.consumer_group(self.contract.consumer)),
+                    "enable.auto.commit": "false",
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                }
             )
             consumer.subscribe([self.batch_topic])
             log.info(
@@ -308,7 +294,7 @@ class ConsumerApp:
     def _who(self) -> str:
         return f"consumer {self.contract.consumer} of pipeline {self.topics.prefix}"
 
-    def _loop(self, consumer: Consumer, stop: threading.Event) -> None:
+    def _loop(self, consumer: ConsumerClient, stop: threading.Event) -> None:
         last_batch = time.monotonic()
         while not stop.is_set():
             if self.max_batches is not None and self.stats.batches >= self.max_batches:
@@ -361,7 +347,7 @@ class ConsumerApp:
         # Transient (a topic still propagating, a broker restarting): librdkafka retries by itself.
         log.warning("consumer: %s", error.str())
 
-    def _commit(self, consumer: Consumer, msg: Message) -> None:
+    def _commit(self, consumer: ConsumerClient, msg: Message) -> None:
         try:
             consumer.commit(message=msg, asynchronous=False)
         except KafkaException as exc:
@@ -407,7 +393,7 @@ class ConsumerApp:
             self._count_engine(batch, results, engine_s)
         completed_ms = _now_ms()
         records = [
-            _completion(batch, item, result, engine_ms, completed_ms)
+            item_completion(batch, item, result, engine_ms, completed_ms)
             for item, result in zip(batch.items, results, strict=True)
         ]
         self._write_completions(batch.batch_id, records)
@@ -535,7 +521,7 @@ def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:
     return [ItemResult(item.item_id, "failed", b"", 0, reason, False) for item in batch.items]
 
 
-def _completion(
+def item_completion(
     batch: BatchRecord, item: TokenItemRecord, result: ItemResult, engine_ms: int, completed_ms: int
 ) -> CompletionRecord:
     ok = result.status == "ok"
@@ -560,13 +546,19 @@ def _completion(
     )
 
 
-def retire(conf: Mapping[str, str], topics: TopicNames, consumer: str, timeout_s: float = 30.0) -> None:
+def retire(
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    consumer: str,
+    timeout_s: float = 30.0,
+    clients: ClientFactory = KAFKA,
+) -> None:
     """Withdraw a consumer: a tombstone for its id on the contracts topic, acknowledged by the broker.
 
     The processor stops routing to it; batches already on its topic stay there (a consumer started
     again with the same id announces itself and resumes them).
     """
-    producer = Producer(with_kafka_logger({**conf, **PRODUCER_SETTINGS}))
+    producer = clients.producer({**conf, **PRODUCER_SETTINGS})
     errors: list[str] = []
 
     def on_delivery(err: KafkaError | None, _msg: Message) -> None:

@@ -1,58 +1,14 @@
-"""The processor service's settings, its counters and the hooks its observers implement.
+"""The processor service's counters and the hooks its observers implement.
 
-Beside the service so that metrics, health and the CLI can name them without the service's clients.
+Beside the service so that metrics and health can name them without the service's clients. The
+service's settings are in :mod:`processor.apps.settings`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from processor.core.item import Batch
-from processor.core.lanes import LaneSettings
-from processor.core.scheduler import DispatchSettings
-from processor.core.shares import ShareSettings
-from processor.kafka.topics import RETENTION_MS
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessorSettings:
-    instance: str = "processor-0"
-    """Names this instance's transactional id, checkpoints and batch ids: keep it stable across restarts."""
-    group_id: str = ""
-    """The ingest consumer group; empty means the pipeline's (``TopicNames.processor_group``)."""
-    exactly_once: bool = True
-    """Transactions, changelog and restore (see processor/state/commit.py); False is at-least-once."""
-    consume_batch: int = 5000
-    """Most ingest messages taken per ``consume`` call."""
-    poll_timeout_ms: int = 20
-    """How long one ``consume`` call may block when nothing arrives."""
-    commit_interval_ms: int = 500
-    """How often progress (a transaction, or offsets plus a checkpoint) is made durable; the ledger is
-    checkpointed with every commit, so it always matches the committed state."""
-    eager_commit_ms: int = 50
-    """Exactly-once: with new batches in the open transaction, commit after this long instead (a batch
-    reaches its consumer only when its transaction commits)."""
-    transaction_timeout_ms: int = 10_000
-    """Exactly-once: how long the broker waits before aborting an open transaction of a crashed
-    process; the new owner of its partitions waits at most this long before it can restore them."""
-    session_timeout_ms: int = 45_000
-    """How long the group waits for a silent instance before handing its partitions to the others."""
-    tick_interval_ms: int = 500
-    max_waiting_tokens: int = 0
-    """Backpressure: past this many tokens waiting in lanes, stop consuming ingest (the backlog stays in
-    Kafka; nothing is dropped) until 10% has drained. 0 means no cap."""
-    dedupe_window_ms: int = RETENTION_MS
-    """Exactly-once: an item id an ingest partition took within this long is a producer's repeat,
-    dead-lettered as ``duplicate-item-id`` instead of scheduled (docs/producers.md). At least the
-    ingest topic's retention (the default is the retention ``topics create`` sets); 0 turns it off."""
-    dedupe_max_ids: int = 4_000_000
-    """Most ids one ingest partition remembers (about 15-24 bytes each); past it the oldest are
-    forgotten early, so the window is shorter. 0 means no cap."""
-    lanes: LaneSettings = field(default_factory=LaneSettings)
-    dispatch: DispatchSettings = field(default_factory=DispatchSettings)
-    shares: ShareSettings = field(default_factory=ShareSettings)
-    """Token shares between jobs (docs/shares.md); the jobs' weights and quotas come from the
-    job-shares topic."""
 
 
 @dataclass(slots=True)

@@ -28,12 +28,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from processor.apps.consumer import MAX_COMPLETION_BYTES, PRODUCER_SETTINGS, ConsumerStats, _completion
+from processor.apps.consumer import PRODUCER_SETTINGS, ConsumerStats, item_completion
+from processor.apps.settings import MAX_COMPLETION_BYTES, PlainQueueSettings
 from processor.core.contract import BatchRule, Contract
 from processor.engines.base import Engine, ItemResult
-from processor.kafka.clients import with_kafka_logger
+from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
 from processor.kafka.topics import TopicNames
 from processor.wire.completions import encode_completion_batches
 from processor.wire.control import encode_dead_letter
@@ -74,12 +75,11 @@ class PlainQueueApp:
         idle_exit_s: float | None = None,
         poll_timeout_s: float = 0.5,
         on_batch: Callable[[ConsumerStats], None] | None = None,
+        clients: ClientFactory = KAFKA,
     ) -> None:
-        if not linger_ms > 0:
-            raise ValueError(f"linger_ms must be > 0, got {linger_ms}")
-        if idle_exit_s is not None and not idle_exit_s > 0:
-            raise ValueError(f"idle_exit_s must be > 0, got {idle_exit_s}")
+        self.settings = PlainQueueSettings(linger_ms, idle_exit_s)
         self.conf = dict(conf)
+        self.clients = clients
         self.topics = topics
         self.contract = contract
         self.engine = engine
@@ -91,7 +91,7 @@ class PlainQueueApp:
         self.stats = ConsumerStats()
         self._run_id = uuid.uuid4().hex[:8]
         self._pending: list[_Read] = []
-        self._producer: Producer | None = None
+        self._producer: ProducerClient | None = None
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -102,18 +102,16 @@ class PlainQueueApp:
             **PRODUCER_SETTINGS,
             "transactional.id": f"{self.topics.prefix}-plain-{self.contract.consumer}",
         }
-        self._producer = Producer(with_kafka_logger(producer_conf))
+        self._producer = self.clients.producer(producer_conf)
         self._producer.init_transactions(60)
-        consumer = Consumer(
-            with_kafka_logger(
-                {
-                    **self.conf,
-                    "group.id": plain_group(self.topics),
-                    "enable.auto.commit": "false",
-                    "isolation.level": "read_committed",
-                    "auto.offset.reset": "earliest",
-                }
-            )
+        consumer = self.clients.consumer(
+            {
+                **self.conf,
+                "group.id": plain_group(self.topics),
+                "enable.auto.commit": "false",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            }
         )
         try:
             consumer.subscribe([self.topics.ingest], on_revoke=self._revoked, on_lost=self._revoked)
@@ -136,7 +134,7 @@ class PlainQueueApp:
             self.engine.close()
         return self.stats
 
-    def _loop(self, consumer: Consumer, stop: threading.Event) -> None:
+    def _loop(self, consumer: ConsumerClient, stop: threading.Event) -> None:
         last_item = time.monotonic()
         while not stop.is_set():
             wait = self.linger_s if self._pending else self.poll_timeout_s
@@ -177,7 +175,7 @@ class PlainQueueApp:
         items = [r.item for r in self._pending if r.item is not None] + [item]
         return self.rule.fits(len(items), max(i.token_count for i in items))
 
-    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _revoked(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         """Items of a partition taken away are the new owner's: drop them (never completed here)."""
         gone = {p.partition for p in partitions}
         kept = [r for r in self._pending if r.partition not in gone]
@@ -188,7 +186,7 @@ class PlainQueueApp:
 
     # -- one batch ------------------------------------------------------------------------------
 
-    def _flush(self, consumer: Consumer) -> None:
+    def _flush(self, consumer: ConsumerClient) -> None:
         """Run the pending batch and commit its completions with its ingest offsets, in one transaction."""
         reads, self._pending = self._pending, []
         producer = self._producer
@@ -236,7 +234,7 @@ class PlainQueueApp:
         engine_ms = round((time.perf_counter() - started) * 1000)
         completed_ms = time.time_ns() // 1_000_000
         records = [
-            _completion(batch, item, result, engine_ms, completed_ms)
+            item_completion(batch, item, result, engine_ms, completed_ms)
             for item, result in zip(batch.items, results, strict=True)
         ]
         assert self._producer is not None

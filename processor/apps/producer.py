@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import xxhash
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from processor.core.signature import shape_signature
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.topics import TopicNames
 from processor.wire.items import encode_token_item
 from processor.wire.records import TokenItemRecord
@@ -142,13 +142,14 @@ class TokenProducer:
         conf: Mapping[str, str],
         topics: TopicNames | None = None,
         key_of: Callable[[TokenItemRecord], bytes] | None = None,
+        clients: ClientFactory = KAFKA,
     ) -> None:
         """``key_of``: the Kafka key of a record; :func:`shape_key` of its shape unless given (the plain
         queue baseline keys by item id, to spread items evenly, processor.apps.plainqueue)."""
         self.key_of = key_of or (lambda rec: shape_key(rec.shape))
         self.topics = topics or TopicNames()
         self.topic = self.topics.ingest
-        self._producer = Producer(with_kafka_logger({**PRODUCER_DEFAULTS, **conf}))
+        self._producer = clients.producer({**PRODUCER_DEFAULTS, **conf})
         self.sent = 0
         self.sent_tokens = 0
         self.delivered = 0

@@ -31,9 +31,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
-from processor.apps.observe import ProcessorSettings, ServiceCounters, ServiceObserver, UnservedWatch
+from processor.apps.checkpoint import checkpoint_record, share_counters
+from processor.apps.observe import ServiceCounters, ServiceObserver, UnservedWatch
+from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
@@ -47,15 +49,16 @@ from processor.kafka.clients import (
     static_member_present,
 )
 from processor.kafka.exits import MissingTopics, ended_by, fatal, taking_over
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
-from processor.state.commit import AtLeastOnceCommitter, Committer, Placement, TransactionalCommitter
+from processor.state.commit import AtLeastOnceCommitter, Committer, TransactionalCommitter
 from processor.state.credits import CreditBook
-from processor.state.handover import PartitionHandover
+from processor.state.handover import HandoverContext, PartitionHandover, Restored
 from processor.state.ingest import IngestItem
-from processor.state.restore import latest_checkpoint, transactional_id
+from processor.state.restore import OnWaiting, RestoredState, latest_checkpoint, restore, transactional_id
+from processor.state.results import ResultsCursor
 from processor.wire.control import (
     DUPLICATE_ITEM_ID,
     decode_contract,
@@ -72,14 +75,20 @@ log = logging.getLogger("tokenfabric.processor")
 __all__ = ["IngestItem", "ProcessorService", "ProcessorSettings", "ServiceCounters", "ServiceObserver"]
 
 
-class ProcessorService(PartitionHandover):
+class ProcessorService:
     """The processor's owner thread and its Kafka clients.
+
+    Its collaborators are passed in or built from what is passed in: the Kafka clients come from
+    ``clients`` (a :class:`~processor.kafka.factory.ClientFactory`: the real one by default, the
+    in-memory stand-in in tests), the delivery mode is the committer (``settings.exactly_once`` picks
+    it once, here), and the rebalance callbacks are a :class:`PartitionHandover` working on an
+    explicit :class:`HandoverContext`.
 
     Read-only views for metrics and health (safe to read from another thread, values may be a step
     old): ``core`` (the scheduler, its ``ledger`` and lane ``table``), ``counters``, ``lag`` (ingest
     messages not yet consumed, per partition), ``last_step_s`` (monotonic time the loop last completed
     a step), ``last_broker_ok_s`` (last time the broker answered), ``ledger_error`` (why the last
-    ledger check failed, or None).
+    ledger check failed, or None), ``restoring_since_s`` and ``owned`` (the handover's).
     """
 
     def __init__(
@@ -88,8 +97,10 @@ class ProcessorService(PartitionHandover):
         topics: TopicNames,
         settings: ProcessorSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        clients: ClientFactory = KAFKA,
     ) -> None:
         self.conf = dict(conf)
+        self.clients = clients
         self.topics = topics
         s = settings or ProcessorSettings()
         if not s.group_id:
@@ -115,46 +126,92 @@ class ProcessorService(PartitionHandover):
         self._last_tick = -1 << 62
         self.unserved_watch = UnservedWatch()
         self._last_completion_ms: dict[str, int] = {}  # per consumer: its latest result's timestamp
-        self._closing = False
-        self._uncommitted_batches = 0  # exactly-once: produced in the open transaction
         self.ingest_paused = False
         self.credits = CreditBook(0)
-        self.owned: frozenset[int] = frozenset()
-        self._results_pos: dict[int, int] = {}  # next completion to apply, per results partition
-        self._results_seen: dict[int, int] = {}  # highest offset applied + 1 (below it: a replay)
-        self._handover_at_start: dict[str, tuple[int, int]] | None = None
-        self._owned_at_checkpoint = -1
-        self.restoring_since_s: float | None = None
-        """Set while assigned partitions are being restored (health: live, not ready)."""
+        self.results = ResultsCursor()
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
 
         member = transactional_id(s.instance, s.group_id)  # also its group.instance.id: one identity
-        self.ingest = Consumer(
-            with_kafka_logger(ingest_settings(self.conf, s.group_id, s.session_timeout_ms, member))
+        self.ingest: ConsumerClient = clients.consumer(
+            ingest_settings(self.conf, s.group_id, s.session_timeout_ms, member)
         )
-        self.control = Consumer(
-            with_kafka_logger(control_settings(self.conf, f"{s.group_id}-control-{s.instance}"))
+        self.control: ConsumerClient = clients.consumer(
+            control_settings(self.conf, f"{s.group_id}-control-{s.instance}")
         )
-        args = (self.ingest, self.control, topics, s.instance, s.commit_interval_ms)
-        self.committer: Committer
-        if s.exactly_once:
-            txn = transactional_id(s.instance, s.group_id)
-            self.producer = Producer(
-                with_kafka_logger(batch_producer_settings(self.conf, txn, s.transaction_timeout_ms))
-            )
-            self.committer = TransactionalCommitter(
-                self.producer,
-                *args,
-                is_in_flight=self._is_in_flight,
-                done_items=self._done_items,
-                eager_ms=s.eager_commit_ms,
-                dedupe_window_ms=s.dedupe_window_ms,
-                dedupe_max_ids=s.dedupe_max_ids,
-            )
-        else:
-            self.producer = Producer(with_kafka_logger(batch_producer_settings(self.conf)))
-            self.committer = AtLeastOnceCommitter(self.producer, *args)
+        self.committer = self._committer(s)
+        self.handover = PartitionHandover(self._handover_context())
+
+    def _committer(self, s: ProcessorSettings) -> Committer:
+        """The delivery mode, chosen once: everything else asks the committer what the mode means."""
+        args = (self.ingest, self.control, self.topics, s.instance, s.commit_interval_ms)
+        if not s.exactly_once:
+            self.producer = self.clients.producer(batch_producer_settings(self.conf))
+            return AtLeastOnceCommitter(self.producer, *args)
+        txn = transactional_id(s.instance, s.group_id)
+        self.producer = self.clients.producer(
+            batch_producer_settings(self.conf, txn, s.transaction_timeout_ms)
+        )
+        return TransactionalCommitter(
+            self.producer,
+            *args,
+            is_in_flight=self.core.is_in_flight,
+            done_items=self.core.done_items,
+            eager_ms=s.eager_commit_ms,
+            dedupe_window_ms=s.dedupe_window_ms,
+            dedupe_max_ids=s.dedupe_max_ids,
+        )
+
+    def _handover_context(self) -> HandoverContext:
+        return HandoverContext(
+            core=self.core,
+            committer=self.committer,
+            credits=self.credits,
+            results=self.results,
+            restore=self._restore,
+            commit=lambda: self._commit(force=True),
+            set_contract=self._set_contract,
+            reassign_results=self._assign_control,
+            now_ms=self.now_ms,
+            clock=self._clock,
+            on_restored=self._restored,
+        )
+
+    def _restore(
+        self,
+        partitions: list[int],
+        on_contracts: Callable[[dict[str, Contract]], None],
+        on_waiting: OnWaiting,
+    ) -> RestoredState:
+        return restore(
+            self.conf, self.topics, self.settings.group_id, partitions, on_contracts, on_waiting, self.clients
+        )
+
+    def _restored(self, done: Restored) -> None:
+        c = self.counters
+        c.assignments += 1
+        c.restored_items += done.waiting_items
+        c.restored_batches += done.batches
+        c.restore_seconds += done.seconds
+        self.last_step_s = self._clock()
+        log.info(
+            "processor %s: assigned ingest partitions %s; adopted %d waiting items and %d batches in %.2f s",
+            self.settings.instance,
+            done.partitions,
+            done.waiting_items,
+            done.batches,
+            done.seconds,
+        )
+
+    @property
+    def owned(self) -> frozenset[int]:
+        """The ingest partitions whose lane state this instance holds (exactly-once)."""
+        return self.handover.owned
+
+    @property
+    def restoring_since_s(self) -> float | None:
+        """Set while assigned partitions are being restored (health: live, not ready)."""
+        return self.handover.restoring_since_s
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -171,48 +228,39 @@ class ProcessorService(PartitionHandover):
         restore; docs/benchmarks.md)."""
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
-        if isinstance(self.committer, TransactionalCommitter):
-            self.committer.watchdog = self.watchdog
+        self.committer.watchdog = self.watchdog
         member = transactional_id(self.settings.instance, self.settings.group_id)
-        if static_member_present(self.conf, self.settings.group_id, member):  # before fencing it
-            log.warning("%s", taking_over(self._who(), member))
+        if static_member_present(self.conf, self.settings.group_id, member, clients=self.clients):
+            log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
         self.committer.start()
-        self.credits = CreditBook(len(self._partitions(self.topics.ingest)))
-        if self.exactly_once:
-            checkpoint = latest_checkpoint(self.conf, self.topics, self.settings.instance)
-            if checkpoint is not None:
-                self.core.resume_ledger(checkpoint.counters)
-                self._owned_at_checkpoint = checkpoint.counters.get("owned_partitions", -1)
-            self._handover_at_start = self.core.ledger.handover_delta()
-            self.core.release_all()  # nothing is ours until the group says which partitions are
-        self.ingest.subscribe([self.topics.ingest], on_assign=self._on_assign, on_revoke=self._on_revoke)
-        if self.exactly_once:
-            # Completions of batches restored later are found by rewinding (``_rewind_results``);
-            # everything before the current end belongs to batches this instance does not hold.
-            for p in self._partitions(self.topics.results):
-                _low, high = watermarks(self.control, TopicPartition(self.topics.results, p), 30)
-                self._results_pos[p] = self._results_seen[p] = max(high, 0)
+        self.credits.count_partitions(len(self._partitions(self.topics.ingest)))
+        self.committer.on_start(self._resume)
+        self.ingest.subscribe(
+            [self.topics.ingest], on_assign=self.handover.on_assign, on_revoke=self.handover.on_revoke
+        )
         self._assign_control()
+
+    def _resume(self) -> None:
+        """Lane state moves with partitions: resume the ledger from the last checkpoint, and read
+        completions from the results topic's end (everything before it belongs to batches this
+        instance does not hold; those restored later are found by rewinding the cursor)."""
+        self.handover.resume(latest_checkpoint(self.conf, self.topics, self.settings.instance, self.clients))
+        ends = {}
+        for p in self._partitions(self.topics.results):
+            _low, ends[p] = watermarks(self.control, TopicPartition(self.topics.results, p), 30)
+        self.results.start_at(ends)
 
     def _assign_control(self) -> None:
         """Contracts from the beginning (compacted: the latest announcement per consumer), results
-        from ``_results_pos`` (exactly-once) or the group's committed position (at-least-once)."""
+        from where the committer says (processor.state.commit.Committer.results_assignment)."""
         assignment = [
             TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
             for p in self._partitions(self.topics.contracts)
         ]
         assignment += self._job_shares_assignment()
-        if self.exactly_once:
-            assignment += [TopicPartition(self.topics.results, p, o) for p, o in self._results_pos.items()]
-        else:
-            assignment += [
-                TopicPartition(self.topics.results, p) for p in self._partitions(self.topics.results)
-            ]
+        results = self.topics.results
+        assignment += self.committer.results_assignment(results, self._partitions(results), self.results)
         self.control.assign(assignment)
-
-    @property
-    def exactly_once(self) -> bool:
-        return isinstance(self.committer, TransactionalCommitter)
 
     def run(self, stop: threading.Event) -> None:
         """Process until ``stop`` is set, then make everything durable and close.
@@ -238,8 +286,7 @@ class ProcessorService(PartitionHandover):
     def _ended_by(self, exc: BaseException) -> BaseException:
         """``exc`` classified for the exit code: a twin, the broker's timeout abort, or itself
         (processor.kafka.exits.ended_by)."""
-        committer = self.committer
-        age = committer.transaction_age_s() if isinstance(committer, TransactionalCommitter) else 0.0
+        age = self.committer.transaction_age_s()
         return ended_by(exc, self._who(), age, self.settings.transaction_timeout_ms / 1000)
 
     def _who(self) -> str:
@@ -250,7 +297,7 @@ class ProcessorService(PartitionHandover):
         delivery callbacks on a producer that may be fatally fenced, where confluent-kafka makes
         every callback raise (processor.kafka.exits.kafka_cause)."""
         log.info("processor %s: shutting down", self.settings.instance)
-        self._closing = True
+        self.handover.closing = True
         if commit:
             self._commit(force=True)
             self.core.check(deep=True)
@@ -259,8 +306,7 @@ class ProcessorService(PartitionHandover):
         self.control.close()
 
     def _set_contract(self, contract: Contract) -> None:
-        slots = self.credits.share(contract.max_inflight) if self.exactly_once else None
-        self.core.set_contract(contract, slots)
+        self.core.set_contract(contract, self.committer.slot_share(self.credits, contract.max_inflight))
 
     def _check_topics(self) -> None:
         """Raise :class:`MissingTopics` naming every topic the processor needs that does not exist."""
@@ -301,6 +347,7 @@ class ProcessorService(PartitionHandover):
             self.observer.dispatched(batch, now)
         self.producer.poll(0)
         self.committer.check_delivered()
+        self.counters.batches_delivered = self.committer.batches_delivered
         if now - self._last_tick >= s.tick_interval_ms:
             self.core.tick(now)
             self._last_tick = now
@@ -325,7 +372,7 @@ class ProcessorService(PartitionHandover):
         cap = self.settings.max_waiting_tokens
         if not cap:
             return
-        waiting = self.core.table.waiting_tokens
+        waiting = self.core.view.waiting().tokens
         assignment = self.ingest.assignment()
         if not self.ingest_paused and waiting >= cap and assignment:
             self.ingest.pause(assignment)
@@ -432,24 +479,11 @@ class ProcessorService(PartitionHandover):
         self.core.shares.set_policy(job, policy)
         log.info("job %r: share %s", job, policy)
 
-    def _share_counters(self, now: int) -> dict[str, int]:
-        """Per job, for status and metrics: the weight (in thousandths), the quotas (-1: none) and
-        whether a quota holds the job back now."""
-        shares = self.core.shares
-        out: dict[str, int] = {}
-        for job in shares.jobs():
-            p = shares.policy(job)
-            out[f"job:weight_milli:{job}"] = round(p.weight * 1000)
-            out[f"job:max_tokens_per_s:{job}"] = -1 if p.max_tokens_per_s is None else int(p.max_tokens_per_s)
-            out[f"job:max_tokens:{job}"] = -1 if p.max_tokens is None else p.max_tokens
-            out[f"job:capped:{job}"] = int(p.capped and shares.capped_now(job, now))
-        return out
-
     def _contract(self, msg: Any, now: int) -> None:
         value = msg.value()
         consumer = (msg.key() or b"").decode("utf-8", "replace")
         if value is None:
-            if consumer in self.core.consumers:
+            if self.core.view.contract(consumer) is not None:
                 returned = self.core.retire(consumer, now)
                 for batch in returned:
                     self.credits.free(batch.batch_id)
@@ -472,11 +506,7 @@ class ProcessorService(PartitionHandover):
         except DecodeError as exc:
             log.error("results: undecodable completion at %d: %s", msg.offset(), exc)
             return
-        partition, offset = msg.partition(), msg.offset()
-        replay = offset < self._results_seen.get(partition, 0)
-        self._results_pos[partition] = offset + 1
-        if not replay:
-            self._results_seen[partition] = offset + 1
+        replay = self.results.applied(msg.partition(), msg.offset())
         batch_id, items, counters = head.batch_id, head.items, self.counters
         last = self._last_completion_ms
         last[head.consumer] = max(last.get(head.consumer, 0), msg.timestamp()[1])  # replays are older
@@ -502,32 +532,14 @@ class ProcessorService(PartitionHandover):
             self.committer.batch_progress(batch_id)
 
     def _send_batch(self, batch: Batch) -> None:
-        placement = None
-        if self.exactly_once:
-            max_inflight = self.core.consumers[batch.consumer].contract.max_inflight
-            slot, partition = self.credits.take(batch.consumer, max_inflight, batch.batch_id)
-            placement = Placement(partition, slot, tuple(sorted(self._results_pos.items())))
-        on_delivery = self.committer.batch_emitted(batch, placement)
-        if self.exactly_once:  # delivered when its transaction commits (``_commit``), reported on error only
-            self._uncommitted_batches += 1
-            delivered = on_delivery
-        else:
-
-            def delivered(err: Any, msg: Any) -> None:
-                on_delivery(err, msg)
-                if err is None:
-                    self.counters.batches_delivered += 1
-
+        contract = self.core.view.contract(batch.consumer)
+        assert contract is not None  # dispatch made the batch for this consumer a moment ago
+        placement = self.committer.place(batch, self.credits, contract.max_inflight, self.results)
+        delivered = self.committer.batch_emitted(batch, placement)
         self.committer.produce(
             self.topics.batches(batch.consumer), encode_batch(batch), batch.batch_id.encode(), delivered
         )
         self.counters.batches_produced += 1
-
-    def _is_in_flight(self, batch_id: str) -> bool:
-        return self.core.is_in_flight(batch_id)
-
-    def _done_items(self, batch_id: str) -> list[str]:
-        return self.core.done_items(batch_id)
 
     # -- commits and checkpoints ---------------------------------------------------------------
 
@@ -543,8 +555,7 @@ class ProcessorService(PartitionHandover):
             raise
         with guarded(self.watchdog, "the transaction commit"):
             seconds = self.committer.commit(self._snapshot_bytes)
-        self.counters.batches_delivered += self._uncommitted_batches
-        self._uncommitted_batches = 0
+        self.counters.batches_delivered = self.committer.batches_delivered
         self.last_broker_ok_s = self._clock()
         self.counters.commits += 1
         self.observer.committed(seconds)
@@ -568,56 +579,18 @@ class ProcessorService(PartitionHandover):
             if high is not None and high >= 0:
                 self.lag[tp.partition] = max(0, high - tp.offset)
 
-    def _remembered_ids(self) -> int:
-        seen = getattr(self.committer, "seen", None)
-        return 0 if seen is None else len(seen)
-
     def snapshot(self) -> LedgerSnapshotRecord:
         """The ledger plus the gauges ``status`` shows, as one checkpoint record."""
-        core = self.core
-        counters = core.ledger.snapshot()
-        st = core.table.stats
-        counters.update(
-            {
-                "waiting_items": core.table.waiting_items,
-                "waiting_tokens": core.table.waiting_tokens,
-                "lanes_in_use": st.lanes_in_use,
-                "lanes_in_use_peak": st.lanes_in_use_peak,
-                "lane_budget": core.table.settings.lane_budget,
-                "shapes": len(core.table.shapes),
-                "lane_reuses": st.reuses,
-                "new_lanes": st.new_lanes,
-                "idle_reclaims": st.idle_reclaims,
-                "shape_switches": core.shape_switches,
-                "oversized": core.oversized,
-                "unknown_completions": self.counters.unknown_completions,
-                "ingest_paused": int(self.ingest_paused),
-                "owned_partitions": len(self.owned),
-                "ingest_partitions": self.credits.partitions,
-                "replayed_completions": self.counters.replayed_completions,
-                "remembered_ids": self._remembered_ids(),
-            }
-        )
-        counters.update(self._share_counters(self.now_ms()))
-        per_consumer: dict[str, dict[str, int]] = {}
-        for name, state in core.consumers.items():
-            c = state.contract
-            per_consumer[name] = {
-                "in_flight_batches": len(state.in_flight),
-                "max_inflight": c.max_inflight,
-                "slots": c.max_inflight if state.slots is None else state.slots,
-                "budget_tokens": c.budget_tokens,
-                "max_items": c.max_items,
-                "pad_multiple": c.pad_multiple,
-                "shape_switches": state.shape_switches,
-                "last_completion_ms": self._last_completion_ms.get(name, 0),
-            }
         self._checkpoint_seq += 1
-        return LedgerSnapshotRecord(
-            instance=self.settings.instance,
-            taken_ms=int(time.time() * 1000),
-            sequence=self._checkpoint_seq,
-            counters=counters,
-            per_model={},
-            per_consumer=per_consumer,
+        extra = {
+            "unknown_completions": self.counters.unknown_completions,
+            "ingest_paused": int(self.ingest_paused),
+            "owned_partitions": len(self.owned),
+            "ingest_partitions": self.credits.partitions,
+            "replayed_completions": self.counters.replayed_completions,
+            "remembered_ids": self.committer.remembered_ids(),
+            **share_counters(self.core.shares, self.now_ms()),
+        }
+        return checkpoint_record(
+            self.core, self.settings.instance, self._checkpoint_seq, extra, self._last_completion_ms
         )

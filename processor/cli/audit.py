@@ -11,8 +11,9 @@ from processor.cli.options import add_kafka_arguments, kafka_settings
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
     p.add_argument(
-        "--group", default="",
-        help="the processors' ingest consumer group (default: <topic prefix>-processor)"
+        "--group",
+        default="",
+        help="the processors' ingest consumer group (default: <topic prefix>-processor)",
     )
 
 

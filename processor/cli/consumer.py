@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
-from types import FrameType
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
     add_kafka_arguments,
     add_watchdog_argument,
+    engine_options,
+    install_stop_handlers,
     kafka_settings,
     watchdog_from,
 )
@@ -34,16 +34,9 @@ from processor.ops.health import CONSUMER_PORT, add_http_arguments, http_setting
 from processor.wire.records import COMPLETION_FORMS
 
 PROG = "tokenfabric consumer"
+
+
 #: ``--flag`` -> sim engine option; passed only to ``--engine sim``.
-SIM_FLAGS = {
-    "tps": "tps",
-    "overhead_ms": "overhead_ms",
-    "cache": "cache",
-    "time_scale": "time_scale",
-    "seed": "seed",
-}
-
-
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True, help="consumer id: names its batch topic and consumer group")
     p.add_argument("--model", help="the model this consumer serves (required unless --retire)")
@@ -101,30 +94,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--retire", action="store_true", help="publish a tombstone for this consumer's contract and exit"
     )
-    p.add_argument(
-        "-v", "--verbose", action="store_true", help="log one line per batch (--log-level DEBUG)"
-    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log one line per batch (--log-level DEBUG)")
     add_log_arguments(p)
     add_kafka_arguments(p)
     add_watchdog_argument(p)
     add_http_arguments(p, CONSUMER_PORT, health_checks=False)
-
-
-def _engine_options(args: argparse.Namespace) -> dict[str, str]:
-    options: dict[str, str] = {}
-    for flag, key in SIM_FLAGS.items():
-        value = getattr(args, flag)
-        if value is None:
-            continue
-        if args.engine != "sim":
-            raise ValueError(f"--{flag.replace('_', '-')} applies to --engine sim only")
-        options[key] = value
-    for pair in args.engine_opt:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--engine-opt {pair!r}: expected KEY=VALUE")
-        options[key] = value
-    return options
 
 
 #: ``--budget`` of a rows- or memory-batching consumer that gives none: the token budget does not bound
@@ -160,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.apps.consumer import ConsumerApp, ConsumerAppError, retire
+    from processor.apps.settings import ConsumerSettings
     from processor.core.contract import CONSUMER_ID
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
@@ -180,14 +155,11 @@ def run(args: argparse.Namespace) -> int:
         missing = [f"--{n}" for n in required if getattr(args, n) is None]
         if missing:
             raise ValueError(f"{' and '.join(missing)} required to run a consumer")
-        if args.max_batches is not None and args.max_batches < 1:
-            raise ValueError(f"--max-batches must be >= 1, got {args.max_batches}")
-        if args.idle_exit_s is not None and not args.idle_exit_s > 0:
-            raise ValueError(f"--idle-exit-s must be > 0, got {args.idle_exit_s}")
+        ConsumerSettings(args.max_batches, args.idle_exit_s, args.completions)  # refuses what cannot work
         contract = _contract(args)
         http = http_settings(args, CONSUMER_PORT)
         watchdog = watchdog_from(args)
-        options = _engine_options(args)
+        options = engine_options(args)
         conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
         engine = make_engine(args.engine, options)
     except (ValueError, ConfigError) as exc:
@@ -220,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    _install_stop_handlers(stop)
+    install_stop_handlers(stop)
     try:
         if not wait_for_cluster(conf, stop, logging.getLogger("tokenfabric.consumer")):
             print(f"{PROG}: stopped before Kafka answered", file=sys.stderr)
@@ -246,20 +218,3 @@ def _failed(exc: BaseException) -> int:
     hint = f" (exit {EXIT_TEMPFAIL}: a restart recovers)" if code == EXIT_TEMPFAIL else ""
     print(f"{PROG}: error: {exc}{hint}", file=sys.stderr)
     return code
-
-
-def _install_stop_handlers(stop: threading.Event) -> None:
-    """First SIGINT/SIGTERM: finish the batch, commit, exit 0. Second: abort now."""
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        logging.getLogger("tokenfabric.consumer").info(
-            "%s: finishing the current batch, then exiting", signal.Signals(signum).name
-        )
-        stop.set()
-
-    if threading.current_thread() is not threading.main_thread():
-        return  # signals are delivered to the main thread only; an embedding caller owns them
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)

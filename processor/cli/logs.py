@@ -37,8 +37,10 @@ class JsonLines(logging.Formatter):
 
 def add_log_arguments(p: argparse.ArgumentParser, default_level: str = "INFO") -> None:
     p.add_argument(
-        "--log-level", default=default_level, choices=LEVELS,
-        help=f"least severe level logged (default: {default_level})"
+        "--log-level",
+        default=default_level,
+        choices=LEVELS,
+        help=f"least severe level logged (default: {default_level})",
     )
     p.add_argument(
         "--log-format", default="text", choices=FORMATS, help="text (default) or json: one object per line"

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import re
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 
 from processor.core.lanes import CUT_ORDERS, LaneSettings
 from processor.core.scheduler import DEADLINES, DispatchSettings
@@ -293,3 +297,48 @@ def describe_policy(policy: JobPolicy) -> str:
     if policy.max_tokens is not None:
         parts.append(f"at most {policy.max_tokens:,} tokens")
     return ", ".join(parts)
+
+
+#: The sim engine's flags of ``consumer`` and ``plain-queue``, and the engine option each sets.
+SIM_FLAGS = {
+    "tps": "tps",
+    "overhead_ms": "overhead_ms",
+    "cache": "cache",
+    "time_scale": "time_scale",
+    "seed": "seed",
+}
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, str]:
+    """The engine options of ``--engine-opt KEY=VALUE`` and the sim engine's own flags (SIM_FLAGS)."""
+    options: dict[str, str] = {}
+    for flag, key in SIM_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if args.engine != "sim":
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --engine sim only")
+        options[key] = value
+    for pair in args.engine_opt:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-opt {pair!r}: expected KEY=VALUE")
+        options[key] = value
+    return options
+
+
+def install_stop_handlers(stop: threading.Event) -> None:
+    """First SIGINT/SIGTERM: finish the batch, commit, exit 0. Second: abort now."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        logging.getLogger("tokenfabric.consumer").info(
+            "%s: finishing the current batch, then exiting", signal.Signals(signum).name
+        )
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals are delivered to the main thread only; an embedding caller owns them
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

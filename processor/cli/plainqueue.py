@@ -12,9 +12,14 @@ import argparse
 import sys
 import threading
 
-from processor.cli.consumer import SIM_FLAGS, _engine_options, _install_stop_handlers
 from processor.cli.logs import add_log_arguments, setup_logging
-from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.cli.options import (
+    SIM_FLAGS,
+    add_kafka_arguments,
+    engine_options,
+    install_stop_handlers,
+    kafka_settings,
+)
 from processor.engines.base import ENGINES
 
 PROG = "tokenfabric plain-queue"
@@ -57,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         if not CONSUMER_ID.match(args.id):
             raise ValueError(f"--id {args.id!r}: use 1-200 of A-Z a-z 0-9 . _ -")
         contract = Contract(args.id, args.model, args.budget, args.items, args.pad, 1)
-        engine = make_engine(args.engine, _engine_options(args))
+        engine = make_engine(args.engine, engine_options(args))
         conf, topics = kafka_settings(args)  # last: arguments are checked before any cluster is looked for
         app = PlainQueueApp(
             conf, topics, contract, engine, linger_ms=args.linger_ms, idle_exit_s=args.idle_exit_s
@@ -67,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     setup_logging(args.log_level, args.log_format)
     stop = threading.Event()
-    _install_stop_handlers(stop)
+    install_stop_handlers(stop)
     try:
         stats = app.run(stop)
     except KafkaException as exc:

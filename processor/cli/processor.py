@@ -39,12 +39,14 @@ from processor.ops.health import PROCESSOR_PORT, add_http_arguments, http_settin
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
     p.add_argument(
-        "--instance", default="processor-0",
+        "--instance",
+        default="processor-0",
         help="this instance's id, which names its checkpoints (default: processor-0)",
     )
     p.add_argument(
-        "--group", default="",
-        help="ingest consumer group (default: <topic prefix>-processor, the pipeline's)"
+        "--group",
+        default="",
+        help="ingest consumer group (default: <topic prefix>-processor, the pipeline's)",
     )
     p.add_argument(
         "--max-waiting-tokens",
@@ -115,8 +117,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from processor.apps.observe import ProcessorSettings
     from processor.apps.service import ProcessorService
+    from processor.apps.settings import ProcessorSettings
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import (
         EXIT_SUPERSEDED,
@@ -135,16 +137,6 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         lanes, dispatch = lanes_from(args)
-        if args.commit_interval_ms < 1:
-            raise ValueError("--commit-interval-ms must be >= 1")
-        if args.max_waiting_tokens < 0:
-            raise ValueError("--max-waiting-tokens must be >= 0 (0 means no cap)")
-        if args.session_timeout_ms < 1000:
-            raise ValueError("--session-timeout-ms must be >= 1000 (brokers usually require >= 6000)")
-        if args.dedupe_window_ms < 0 or args.dedupe_max_ids < 0:
-            raise ValueError("--dedupe-window-ms and --dedupe-max-ids must be >= 0 (0: off, no cap)")
-        if args.transaction_timeout_ms <= args.commit_interval_ms:
-            raise ValueError("--transaction-timeout-ms must be longer than --commit-interval-ms")
         settings = ProcessorSettings(
             instance=args.instance,
             group_id=args.group,

@@ -19,15 +19,12 @@ import textwrap
 import time
 from collections.abc import Iterable
 
-from rich.table import Table
-
 from processor.cli.options import add_kafka_arguments, kafka_settings
 from processor.ops.status import (
     DEFAULT_STALE_S,
     SCHEMA_PATH,
     ConsumerRow,
     StatusReport,
-    StatusView,
     gather,
     report,
     with_rates,
@@ -95,6 +92,7 @@ def _columns(rows: list[list[str]], indent: str, right: Iterable[int] = ()) -> l
         return []
     right = set(right)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
     def line(row: list[str]) -> str:
         cells = zip(row, widths, strict=True)
         return indent + "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(cells))
@@ -207,10 +205,15 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
         lines += ["", "jobs (token shares: docs/shares.md)"]
         rows = [["job", "weight", "quota", "received", "routed", "completed", "padding"]]
         for j in rep.jobs:
-            quota = ", ".join(
-                [*([f"{j.max_tokens_per_s:,}/s"] if j.max_tokens_per_s is not None else []),
-                 *([f"{j.max_tokens:,} in all"] if j.max_tokens is not None else [])]
-            ) or "-"
+            quota = (
+                ", ".join(
+                    [
+                        *([f"{j.max_tokens_per_s:,}/s"] if j.max_tokens_per_s is not None else []),
+                        *([f"{j.max_tokens:,} in all"] if j.max_tokens is not None else []),
+                    ]
+                )
+                or "-"
+            )
             tokens = [f"{j.tokens[stage]:,}" for stage in ("received", "routed", "completed")]
             cap = quota + (" CAPPED" if j.capped else "")
             rows.append([j.job or "(no job)", f"{j.weight:g}", cap, *tokens, _pct(j.padding_waste)])
@@ -221,23 +224,6 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
     if not rep.consumers:
         lines.append("  none has announced a contract")
     return "\n".join(fold(lines, width))
-
-
-def ledger_table(view: StatusView, title: str) -> Table:
-    """Items and tokens at each stage of the ledger, summed over the processors' checkpoints (the
-    demo's summary, in rich)."""
-    t = view.total
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("")
-    table.add_column("items", justify="right")
-    table.add_column("tokens", justify="right")
-    for stage in ("received", "queued", "routed", "in_flight", "completed", "failed"):
-        count = view.held if stage in ("queued", "in_flight") else t
-        table.add_row(
-            stage.replace("_", " "), f"{count(stage + '_items'):,}", f"{count(stage + '_tokens'):,}"
-        )
-    table.add_row("dead-lettered", f"{t('dead_lettered_items'):,}", "")
-    return table
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -257,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.kafka.config import ConfigError
-    from processor.ops.status import StillAlive, forget_processor, retire_consumer
+    from processor.ops.retire import StillAlive, forget_processor, retire_consumer
 
     if args.schema:
         print(SCHEMA_PATH.read_text(), end="")

@@ -15,6 +15,7 @@ from typing import NoReturn
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("processor.cli.simulate", "replay a trace through the scheduler in virtual time"),
     "kafka": ("processor.cli.kafka", "start, stop, restart or inspect a local single-node Kafka broker"),
+    "llm": ("processor.cli.llm", "build, start, stop or inspect local llama-server generation servers"),
     "topics": ("processor.cli.topics", "create tokenfabric's topics"),
     "produce": ("processor.cli.produce", "replay a trace onto the ingest topic"),
     "processor": ("processor.cli.processor", "run the stream processor"),

@@ -2,7 +2,60 @@
 
 Pure Python over plain data, driven by the ``now_ms`` its caller passes: it imports no other project
 package, no Kafka or Avro library, no clock and no logging (checked by import-linter in CI).
-Public face: ``item`` (Item, Batch), ``signature``, ``contract`` (Contract, the batch rule),
-``lanes`` (Lanes, LaneSettings), ``scheduler`` (Scheduler, DispatchSettings), ``shares`` (Shares,
-JobPolicy: token shares between jobs), ``accounting`` (Ledger).
+
+Public face: the names in ``__all__`` below, the ones docs/library.md builds a service from and
+keeps stable ("What is stable" there); import them from ``processor.core``. The modules behind them:
+
+- ``item``: :class:`Item` (a waiting request), :class:`Batch` (what a consumer is sent),
+  :class:`ItemOutcome` (how one item was answered);
+- ``contract``: :class:`Contract` (what a consumer accepts) and its :class:`BatchRule`;
+- ``signature``: :func:`shape_signature` (an item's shape from its prompt's leading components);
+- ``lanes`` (:class:`LaneSettings`, where waiting items sit) and ``cut`` (which items leave together);
+- ``dispatch`` (:class:`DispatchSettings`, the rules choosing a consumer's next lane), ``inflight``
+  (what consumers hold) and ``scheduler`` (:class:`Scheduler`, the one object a caller drives);
+- ``view``: :class:`SchedulerView` (``Scheduler.view``) and the frozen snapshots it returns;
+- ``shares``: token shares between jobs (:class:`Shares`, :class:`JobPolicy`, :class:`ShareSettings`);
+- ``accounting``: the :class:`Ledger` of items and tokens at each stage, its books and
+  :class:`LedgerImbalance`; ``measures``: :func:`padding_waste`, the one formula every report uses.
+
+Everything else in these modules (the lane table, consumer state, the in-flight table) is internal:
+it may change in any release.
 """
+
+from processor.core.accounting import ConsumerBook, JobBook, Ledger, LedgerImbalance, ModelBook, Tally
+from processor.core.contract import BatchRule, Contract, InvariantViolation
+from processor.core.dispatch import DispatchSettings
+from processor.core.item import Batch, Item, ItemOutcome
+from processor.core.lanes import LaneSettings
+from processor.core.measures import padding_waste
+from processor.core.scheduler import Scheduler
+from processor.core.shares import JobPolicy, Shares, ShareSettings
+from processor.core.signature import shape_signature
+from processor.core.view import ConsumerSnapshot, LaneSnapshot, SchedulerView, Waiting
+
+__all__ = [
+    "Batch",
+    "BatchRule",
+    "ConsumerBook",
+    "ConsumerSnapshot",
+    "Contract",
+    "DispatchSettings",
+    "InvariantViolation",
+    "Item",
+    "ItemOutcome",
+    "JobBook",
+    "JobPolicy",
+    "LaneSettings",
+    "LaneSnapshot",
+    "Ledger",
+    "LedgerImbalance",
+    "ModelBook",
+    "Scheduler",
+    "SchedulerView",
+    "ShareSettings",
+    "Shares",
+    "Tally",
+    "Waiting",
+    "padding_waste",
+    "shape_signature",
+]

@@ -5,6 +5,9 @@ Two equations hold at every instant, in items and in tokens, per model and in to
     received + adopted_queued  = queued + routed + released_queued
     routed   + adopted_in_flight = completed + in_flight + failed + released_in_flight
 
+They are written once, as ``RECEIVED`` and ``ROUTED`` (:class:`Equation`): the checks below and the
+metrics' imbalance gauges both ask them.
+
 The ``adopted``/``released`` terms are state that moved between processor instances with its ingest
 partitions (a rebalance, or a restart: docs/reliability.md): the instance that gives up a partition
 releases what waited or was in flight there, the one that takes it adopts what the changelog holds.
@@ -23,13 +26,15 @@ A producer's repeat of an item id (``duplicate``) is dead-lettered, never receiv
 beside the equations, in ``dead_lettered`` too.
 
 Counters only; no I/O. A snapshot is a flat ``dict[str, int]`` so it can be checkpointed to a
-compacted topic and compared by an audit.
+compacted topic and compared by an audit; its keys' grammar is processor.core.ledger_keys.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+
+from processor.core.ledger_keys import keys_of, parse_key, stage_unit
 
 
 class LedgerImbalance(AssertionError):
@@ -108,6 +113,17 @@ class JobBook(ModelBook):
 
 HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
 STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER, "duplicate")
+JOB_COUNTERS = ("batches", "padded_tokens")
+"""A job book's counters beside its stages (in ``JobBook``'s order)."""
+CONSUMER_COUNTERS = (
+    "batches",
+    "padded_tokens",
+    "oversized",
+    "oversized_padded_tokens",
+    "cache_hits",
+    "cache_lookups",
+)
+"""A consumer book's counters beside its stages."""
 CONSUMER_STAGES = (
     "routed",
     "completed",
@@ -117,6 +133,60 @@ CONSUMER_STAGES = (
     "adopted_in_flight",
     "released_in_flight",
 )
+
+
+def _stage_counters(stages: Iterable[str]) -> tuple[str, ...]:
+    return tuple(f"{stage}_{unit}" for stage in stages for unit in ("items", "tokens"))
+
+
+_STAGE_COUNTERS = _stage_counters(STAGES)
+_CONSUMER_SNAPSHOT = (*_stage_counters(CONSUMER_STAGES), *CONSUMER_COUNTERS)
+_JOB_SNAPSHOT = (*_STAGE_COUNTERS, *JOB_COUNTERS)
+
+
+@dataclass(frozen=True, slots=True)
+class Equation:
+    """One of the ledger's two equations, ``sum(left) = sum(right)`` over a book's stages.
+
+    The only place either is written: :meth:`Ledger.check` and :meth:`Ledger.check_jobs` hold every
+    book to both, and the metrics publish each one's :meth:`gap` (0 while it holds)."""
+
+    name: str
+    left: tuple[str, ...]
+    right: tuple[str, ...]
+
+    def gap(self, book: ModelBook | ConsumerBook) -> Tally:
+        """Left side minus right side, items and tokens: zero in both while the equation holds."""
+        gap = Tally()
+        for stage in self.left:
+            t: Tally = getattr(book, stage)
+            gap.add(t.items, t.tokens)
+        for stage in self.right:
+            t = getattr(book, stage)
+            gap.add(-t.items, -t.tokens)
+        return gap
+
+    def check(self, where: str, book: ModelBook | ConsumerBook) -> None:
+        """Raise ``LedgerImbalance`` with both sides when the equation fails for ``book``."""
+        _balance(
+            where,
+            "+".join(self.left),
+            sum_tallies(getattr(book, stage) for stage in self.left),
+            "+".join(self.right),
+            (getattr(book, stage) for stage in self.right),
+        )
+
+
+RECEIVED = Equation("received", ("received", "adopted_queued"), ("queued", "routed", "released_queued"))
+"""What arrived (or was adopted) waits, went out, or was handed over: models and jobs."""
+
+ROUTED = Equation(
+    "routed",
+    ("routed", "adopted_in_flight"),
+    ("completed", "in_flight", "failed", "released_in_flight"),
+)
+"""What went out (or was adopted in flight) completed, is in flight, failed, or was handed over:
+models, jobs and consumers."""
 
 
 class Ledger:
@@ -291,45 +361,19 @@ class Ledger:
         if not self.jobs:
             return
         for job, b in self.jobs.items():
-            where = f"job {job!r}"
-            _balance(
-                where,
-                "received+adopted_queued",
-                _sum(b.received, b.adopted_queued),
-                "queued+routed+released_queued",
-                (b.queued, b.routed, b.released_queued),
-            )
-            _balance(
-                where,
-                "routed+adopted_in_flight",
-                _sum(b.routed, b.adopted_in_flight),
-                "completed+in_flight+failed+released_in_flight",
-                (b.completed, b.in_flight, b.failed, b.released_in_flight),
-            )
+            RECEIVED.check(f"job {job!r}", b)
+            ROUTED.check(f"job {job!r}", b)
         for stage in STAGES:
             by_jobs = sum_tallies(getattr(b, stage) for b in self.jobs.values())
             _balance("ledger", f"{stage} by model", self.total(stage), f"{stage} by job", (by_jobs,))
 
     def job_snapshot(self) -> dict[str, int]:
-        """Per-job counters, keyed ``job:<stage>_items:<job>`` (the job name last: it may hold anything)."""
+        """Per-job counters, keyed ``job:<stage>_items:<job>`` (processor.core.ledger_keys)."""
         out: dict[str, int] = {}
         for job, b in self.jobs.items():
-            for stage in STAGES:
-                t = getattr(b, stage)
-                out[f"job:{stage}_items:{job}"] = t.items
-                out[f"job:{stage}_tokens:{job}"] = t.tokens
-            out[f"job:batches:{job}"] = b.batches
-            out[f"job:padded_tokens:{job}"] = b.padded_tokens
+            values = [*_stage_values(b, STAGES), b.batches, b.padded_tokens]
+            out.update(zip(keys_of(_JOB_SNAPSHOT, "job", job), values, strict=True))
         return out
-
-    def _restore_job(self, key: str, value: int) -> None:
-        name, job = key[len("job:") :].split(":", 1)
-        book = self.job(job)
-        stage, _, unit = name.rpartition("_")
-        if unit in ("items", "tokens") and isinstance(getattr(book, stage, None), Tally):
-            setattr(getattr(book, stage), unit, value)
-        elif name in ("batches", "padded_tokens"):
-            setattr(book, name, value)
 
     # -- totals and checks ----------------------------------------------------------------------
 
@@ -343,28 +387,10 @@ class Ledger:
     def check(self) -> None:
         """Raise ``LedgerImbalance`` with both sides if either equation fails anywhere."""
         for model, b in self.models.items():
-            _balance(
-                f"model {model}",
-                "received+adopted_queued",
-                _sum(b.received, b.adopted_queued),
-                "queued+routed+released_queued",
-                (b.queued, b.routed, b.released_queued),
-            )
-            _balance(
-                f"model {model}",
-                "routed+adopted_in_flight",
-                _sum(b.routed, b.adopted_in_flight),
-                "completed+in_flight+failed+released_in_flight",
-                (b.completed, b.in_flight, b.failed, b.released_in_flight),
-            )
+            RECEIVED.check(f"model {model}", b)
+            ROUTED.check(f"model {model}", b)
         for name, c in self.consumers.items():
-            _balance(
-                f"consumer {name}",
-                "routed+adopted_in_flight",
-                _sum(c.routed, c.adopted_in_flight),
-                "completed+in_flight+failed+released_in_flight",
-                (c.completed, c.in_flight, c.failed, c.released_in_flight),
-            )
+            ROUTED.check(f"consumer {name}", c)
         for stage in (
             "routed",
             "completed",
@@ -381,31 +407,18 @@ class Ledger:
             _balance("ledger", f"{stage} by model", by_model, f"{stage} by consumer", (by_consumer,))
 
     def snapshot(self) -> dict[str, int]:
-        """Flat counters: ``stage_items``/``stage_tokens`` totals, then ``@model``/``#consumer`` keys."""
+        """Flat counters: ``stage_items``/``stage_tokens`` totals, then per model, consumer and job
+        (the keys' grammar: processor.core.ledger_keys)."""
         out: dict[str, int] = {"dead_lettered_items": self.dead_lettered}
         for stage in STAGES:
             t = self.total(stage)
             out[f"{stage}_items"] = t.items
             out[f"{stage}_tokens"] = t.tokens
         for model, b in self.models.items():
-            for stage in STAGES:
-                t = getattr(b, stage)
-                out[f"{stage}_items@{model}"] = t.items
-                out[f"{stage}_tokens@{model}"] = t.tokens
+            out.update(zip(keys_of(_STAGE_COUNTERS, "model", model), _stage_values(b, STAGES), strict=True))
         for name, c in self.consumers.items():
-            for stage in CONSUMER_STAGES:
-                t = getattr(c, stage)
-                out[f"{stage}_items#{name}"] = t.items
-                out[f"{stage}_tokens#{name}"] = t.tokens
-            for counter in (
-                "batches",
-                "padded_tokens",
-                "oversized",
-                "oversized_padded_tokens",
-                "cache_hits",
-                "cache_lookups",
-            ):
-                out[f"{counter}#{name}"] = getattr(c, counter)
+            values = _stage_values(c, CONSUMER_STAGES) + [getattr(c, k) for k in CONSUMER_COUNTERS]
+            out.update(zip(keys_of(_CONSUMER_SNAPSHOT, "consumer", name), values, strict=True))
         out.update(self.job_snapshot())
         return out
 
@@ -415,21 +428,19 @@ class Ledger:
         ledger = cls()
         ledger.dead_lettered = snapshot.get("dead_lettered_items", 0)
         for key, value in snapshot.items():
-            if key.startswith("job:"):
-                ledger._restore_job(key, value)
+            parsed = parse_key(key)
+            book: ModelBook | ConsumerBook
+            if parsed.scope == "job":
+                book = ledger.job(parsed.owner)  # a job the checkpoint names only by its share too
+                if not _is_stage(book, parsed.counter) and parsed.counter not in JOB_COUNTERS:
+                    continue  # the share policy's gauges (``job:weight_milli:<job>``): not the ledger's
+            elif parsed.scope == "model":
+                book = ledger._model(parsed.owner)
+            elif parsed.scope == "consumer":
+                book = ledger.consumer(parsed.owner)
+            else:
                 continue
-            for sep, getter in (("@", ledger._model), ("#", ledger.consumer)):
-                if sep not in key:
-                    continue
-                name, owner = key.split(sep, 1)
-                book = getter(owner)
-                stage, _, unit = name.rpartition("_")
-                # a Tally stage (``routed_tokens``), not a plain counter that merely ends in _tokens
-                if unit in ("items", "tokens") and isinstance(getattr(book, stage, None), Tally):
-                    setattr(getattr(book, stage), unit, value)
-                else:
-                    setattr(book, name, value)
-                break
+            _restore_counter(book, parsed.counter, value)
         return ledger
 
     def adopt_unbooked_jobs(self) -> None:
@@ -443,6 +454,31 @@ class Ledger:
             getattr(book, stage).add(t.items, t.tokens)
 
 
+def _stage_values(book: ModelBook | ConsumerBook, stages: Iterable[str]) -> list[int]:
+    """Items then tokens of each stage, in the order of ``_stage_counters(stages)``."""
+    values: list[int] = []
+    for stage in stages:
+        t: Tally = getattr(book, stage)
+        values += (t.items, t.tokens)
+    return values
+
+
+def _restore_counter(book: ModelBook | ConsumerBook, counter: str, value: int) -> None:
+    """Set one counter of ``book``: a stage's items or tokens (``routed_tokens``), else a plain
+    counter (``padded_tokens``, which merely ends in _tokens)."""
+    split = stage_unit(counter)
+    if split is not None and _is_stage(book, counter):
+        setattr(getattr(book, split[0]), split[1], value)
+    else:
+        setattr(book, counter, value)
+
+
+def _is_stage(book: ModelBook | ConsumerBook, counter: str) -> bool:
+    """``counter`` is the items or tokens of one of ``book``'s stages (a ``Tally``)."""
+    split = stage_unit(counter)
+    return split is not None and isinstance(getattr(book, split[0], None), Tally)
+
+
 def _balance(where: str, left_name: str, left: Tally, right_name: str, parts: Iterable[Tally]) -> None:
     items = tokens = 0
     for p in parts:
@@ -453,10 +489,6 @@ def _balance(where: str, left_name: str, left: Tally, right_name: str, parts: It
             f"{where} out of balance: {left_name} {left.items:,} items / {left.tokens:,} tokens, "
             f"{right_name} {items:,} items / {tokens:,} tokens"
         )
-
-
-def _sum(*tallies: Tally) -> Tally:
-    return sum_tallies(tallies)
 
 
 def _move(source: Tally, target: Tally) -> None:

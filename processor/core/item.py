@@ -1,4 +1,4 @@
-"""The two values the scheduling core moves around: a waiting item and an emitted batch.
+"""The values the scheduling core moves around: a waiting item, an emitted batch, an item's outcome.
 
 Items are the hot-path object (a million may wait at once), so they are msgspec Structs rather than
 dataclasses: built in C at half the cost of a Python ``__init__``, and left out of the cyclic garbage
@@ -11,7 +11,7 @@ in the simulator).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeAlias
 
 import msgspec
 
@@ -73,3 +73,22 @@ class Batch:
         for item in self.items:
             tokens += item.length
         return tokens
+
+
+class ItemOutcome(NamedTuple):
+    """How one item of an in-flight batch was answered (the core's reading of a wire ``ItemOutcome``).
+
+    A named tuple, so it is interchangeable with the plain ``(item_id, ok, cache_hit)`` tuples the
+    wire heads build (processor/wire/heads.py builds plain ones: cheaper per item, measured):
+    :meth:`~processor.core.scheduler.Scheduler.items_done` takes either. The core does not read
+    ``cache_hit``: the engine reports it per batch, and the adapter passes a finished batch's to
+    :meth:`~processor.core.scheduler.Scheduler.cache_reported` (docs/consumers.md).
+    """
+
+    item_id: str
+    ok: bool
+    cache_hit: bool = False
+
+
+Outcome: TypeAlias = ItemOutcome | tuple[str, bool, bool]
+"""What the completion methods accept: an :class:`ItemOutcome` or the plain tuple in its field order."""

@@ -9,11 +9,10 @@ bounds frame the threshold: padding at or below ``floor_tokens`` never opens a l
 don't spawn lanes over a few tokens), and padding above ``cap_tokens`` is never accepted while a lane
 can still be opened or reclaimed.
 
-A batch is cut from one lane (:meth:`LaneTable.take_batch`). In ``cut="length"`` (the default) the
-lane is kept sorted by length, longest first, and a batch takes the longest items while they fit and
-while each pads by at most ``cut_tokens`` to the batch's longest: items of nearly equal length go
-together however the lane's range is spread, so lanes may be wide (few, and few partial end batches)
-without padding more. ``cut="arrival"`` takes items in arrival order (the first generation's rule).
+A batch is cut from one lane (:meth:`LaneTable.take_batch`; which items go is core/cut.py). In
+``cut="length"`` (the default) a lane keeps its items by length (:class:`ByLength`) and a batch takes
+items of nearly equal length however the lane's range is spread, so lanes may be wide (few, and few
+partial end batches) without padding more; ``cut="arrival"`` keeps them in arrival order.
 
 Lanes are never merged. A lane that has been empty for ``idle_ms`` goes quiet: it leaves the sorted
 order and its id returns to a pool, so ids stay below ``lane_budget`` and are reused.
@@ -24,15 +23,16 @@ Everything here is driven by the ``now_ms`` the caller passes in: no clock, no I
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 from sortedcontainers import SortedList
 
 from processor.core.contract import BatchRule
+from processor.core.cut import cut_by_length, cut_in_arrival_order
 from processor.core.item import Item
 
 ShapeKey = tuple[str, int] | tuple[str, int, str]
@@ -47,6 +47,7 @@ def shape_key(model: str, shape: int, job: str) -> ShapeKey:
 def key_job(key: ShapeKey) -> str:
     """The job of a shape key ("" for none)."""
     return key[2] if len(key) == 3 else ""
+
 
 CUT_ORDERS = ("length", "arrival")
 
@@ -206,6 +207,8 @@ class ShapeLanes:
         "lanes",
         "newest_ms",
         "order",
+        "order_seq",
+        "order_version",
         "ready",
         "run",
         "sole",
@@ -228,6 +231,8 @@ class ShapeLanes:
         self.waiting_tokens = 0
         self.newest_ms = 0  # latest arrival_ms placed here (the overtaking deadline reads it)
         self.run = 0  # the last LaneTable.place_many that placed an item here
+        self.order_seq = 0  # rule 3's order (core/switch_order.py): activation number, 0 when idle
+        self.order_version = 0  # ... and the version of its one live heap entry, 0 when idle
         self._free_ids: list[int] = []
         self._next_id = 0
 
@@ -452,23 +457,21 @@ class LaneTable:
         anchor: Item | None = None,
         leave_longer: bool = False,
     ) -> tuple[list[Item], int]:
-        """Pop one batch's worth of items from ``lane``; returns the items and the padded length.
+        """Pop one batch's worth of items from ``lane``, cut as ``settings.cut`` says (core/cut.py:
+        while the batch still ``rule.fits``; an item that fits not even alone leaves alone, oversized);
+        returns the items and the padded length, and marks the items dispatched.
 
-        Items leave from the head of the lane (in arrival order, or longest first: ``settings.cut``)
-        while the batch still ``rule.fits`` (the contract's batching mode decides what that means);
-        the batch is cut before the first item that would not fit, and under ``cut="length"`` also
-        before the first that would pad by more than ``cut_tokens`` to the batch's longest. If even
-        the first item alone does not fit it leaves alone (an oversized batch).
-
-        ``anchor``, an item of the lane, goes first whatever the order (the deadline's overdue item);
-        the rest of the batch is cut as above after it. ``leave_longer`` (cut by length): the batch
-        starts at the longest item that fits ``rule`` alone, leaving the longer ones in the lane (for
-        a bigger consumer of the model); the scheduler asks only when one fits.
+        ``anchor``, an item of the lane, goes first whatever the order (the deadline's overdue item).
+        ``leave_longer`` (cut by length): the batch starts at the longest item that fits ``rule``
+        alone, leaving the longer ones in the lane for a bigger consumer of the model (the scheduler
+        asks only when one fits).
         """
         if self.by_length:
-            taken, longest = self._cut_by_length(cast(ByLength, lane.items), rule, anchor, leave_longer)
+            taken, longest = cut_by_length(
+                cast(ByLength, lane.items), rule, self.settings, anchor, leave_longer
+            )
         else:
-            taken, longest = self._cut_in_arrival_order(cast(deque[Item], lane.items), rule, anchor)
+            taken, longest = cut_in_arrival_order(cast(deque[Item], lane.items), rule, anchor)
         tokens = 0
         for item in taken:
             item.dispatched = True
@@ -482,114 +485,6 @@ class LaneTable:
             del sl.ready[lane.id]
             self._quiet[(sl.key, lane.id)] = now_ms
         return taken, rule.padded_length(longest)
-
-    def _cut_by_length(
-        self, items: ByLength, rule: BatchRule, anchor: Item | None, leave_longer: bool
-    ) -> tuple[list[Item], int]:
-        """Take a batch from the longest lengths of ``items`` down (or from ``anchor``'s, the anchor
-        first; or, ``leave_longer``, from the longest length whose oldest item fits alone)."""
-        fits = rule.fits
-        output_tokens = rule.output_tokens if rule.counts_output else None
-        lengths = items.lengths
-        buckets = items.buckets
-        if anchor is not None:
-            items.remove(anchor)
-            taken = [anchor]
-            top = bisect_right(lengths, anchor.length)  # the lengths below it, its own included
-        else:
-            top = len(lengths)
-            if leave_longer and rule.longest_alone >= 0:  # outputs uncounted: whether one fits is its length
-                top = max(1, bisect_right(lengths, rule.longest_alone))
-            elif leave_longer:  # memory mode: the oldest item of each length down, until one fits
-                while top > 1:
-                    first = buckets[lengths[top - 1]][0]
-                    if fits(1, first.length, _output(output_tokens, first)):
-                        break
-                    top -= 1
-            bucket = buckets[lengths[top - 1]]
-            first = bucket[0]
-            _drop_front(bucket, 1)
-            items.n -= 1
-            taken = [first]
-        first = taken[0]
-        longest = first.length
-        outputs = _output(output_tokens, first)
-        emptied = 0  # lengths lengths[top - emptied : top] that the cut empties
-        if fits(1, longest, outputs):
-            pm = rule.pad_multiple
-            padded = -(-longest // pm) * pm
-            floor = padded - min(self.settings.cut_tokens, self.settings.cut_ratio * longest)
-            # outputs uncounted, the batch's size is known before it is cut: its longest item is first
-            cap = rule.capacity(longest) if output_tokens is None else rule.max_items
-            n = 1
-            k = top
-            while k > 0:
-                length = lengths[k - 1]
-                if -(-length // pm) * pm < floor:
-                    break
-                bucket = buckets[length]
-                if output_tokens is None:
-                    take = min(len(bucket), cap - n)
-                else:
-                    take = 0
-                    for item in bucket:
-                        candidate_outputs = outputs + output_tokens(item.output_budget)
-                        if not fits(n + take + 1, longest, candidate_outputs):
-                            break
-                        outputs = candidate_outputs
-                        take += 1
-                if take:
-                    if type(bucket) is list:
-                        taken += bucket[:take]
-                        del bucket[:take]
-                    else:
-                        popleft = cast(deque[Item], bucket).popleft
-                        taken += [popleft() for _ in range(take)]
-                    n += take
-                if bucket:
-                    break  # cut before the first item that does not fit
-                emptied += 1
-                k -= 1
-            items.n -= n - 1
-        elif anchor is None and not buckets[lengths[top - 1]]:
-            emptied = 1  # the oversized first item was its length's last
-        if emptied:
-            for length in lengths[top - emptied : top]:
-                del buckets[length]
-            del lengths[top - emptied : top]
-        return taken, longest
-
-    def _cut_in_arrival_order(
-        self, queue: deque[Item], rule: BatchRule, anchor: Item | None
-    ) -> tuple[list[Item], int]:
-        """Take a batch from the head of ``queue`` (or from ``anchor`` on)."""
-        taken: list[Item] = []
-        fits = rule.fits
-        output_tokens = rule.output_tokens if rule.counts_output else None
-        longest = 0
-        outputs = 0
-        skip = 0 if anchor is None else queue.index(anchor)
-        if skip:
-            queue.rotate(-skip)
-        left = len(queue) - skip
-        while len(taken) < left:
-            head = queue[0]
-            candidate = head.length if head.length > longest else longest
-            candidate_outputs = (
-                outputs if output_tokens is None else outputs + output_tokens(head.output_budget)
-            )
-            if not fits(len(taken) + 1, candidate, candidate_outputs):
-                break
-            taken.append(queue.popleft())
-            longest = candidate
-            outputs = candidate_outputs
-        if not taken:
-            head = queue.popleft()
-            taken.append(head)
-            longest = head.length
-        if skip:
-            queue.rotate(skip)
-        return taken, longest
 
     def reclaim_idle(self, now_ms: int) -> int:
         """Retire every lane that has been empty for ``idle_ms``; returns how many went quiet."""
@@ -700,17 +595,5 @@ class LaneTable:
             raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")
 
 
-def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:
-    return 0 if output_tokens is None else output_tokens(item.output_budget)
-
-
 _DEQUE_AT = 32
 """A length's FIFO turns from a list into a deque when it holds more items than this."""
-
-
-def _drop_front(bucket: list[Item] | deque[Item], n: int) -> None:
-    if type(bucket) is list:
-        del bucket[:n]
-    else:
-        for _ in range(n):
-            cast(deque[Item], bucket).popleft()

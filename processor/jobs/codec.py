@@ -1,9 +1,10 @@
 """The ``Job`` record on the wire: Avro single-object encoding, like every other tokenfabric message.
 
-Kept apart from :mod:`processor.codec` so the job machinery can evolve without touching the hot-path
-codec; it reuses that module's header rules (``C3 01`` + CRC-64-AVRO fingerprint of the Parsing
-Canonical Form) and its :class:`~processor.wire.errors.DecodeError`, so a reader of the jobs topic fails
-the same way as any other reader.
+Kept apart from :mod:`processor.wire` (the pipeline's records and its hot-path codec) so the job
+machinery can evolve without touching it; it reuses that package's header rules
+(:mod:`processor.wire.schemas`: ``C3 01`` + CRC-64-AVRO fingerprint of the Parsing Canonical Form) and
+its :class:`~processor.wire.errors.DecodeError`, so a reader of the jobs topic fails the same way as
+any other reader.
 """
 
 from __future__ import annotations

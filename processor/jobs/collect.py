@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.jobs.datasets import Dataset, DatasetError, file_sha256, output_format, write_output
 from processor.jobs.journal import Journal
@@ -42,7 +42,7 @@ from processor.jobs.model import (
     row_of,
     summarize,
 )
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA
 from processor.kafka.reader import position
 from processor.kafka.topics import TopicNames
 from processor.wire.completions import decode_completions
@@ -64,17 +64,15 @@ class ResultsTail:
 
     def __init__(self, conf: Mapping[str, str], topic: str) -> None:
         self.topic = topic
-        self._consumer = Consumer(
-            with_kafka_logger(
-                {
-                    **conf,
-                    "group.id": f"tokenfabric-collect-{uuid.uuid4().hex[:8]}",
-                    "enable.auto.commit": "false",
-                    "enable.partition.eof": "true",
-                    "isolation.level": "read_committed",
-                    "fetch.wait.max.ms": "100",
-                }
-            )
+        self._consumer = KAFKA.consumer(
+            {
+                **conf,
+                "group.id": f"tokenfabric-collect-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": "false",
+                "enable.partition.eof": "true",
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": "100",
+            }
         )
         self._eof: dict[int, bool] = {}
         self._positions: dict[int, int] = {}

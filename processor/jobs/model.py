@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from processor.core.measures import padding_waste
+
 JOB_NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 #: The most bad rows a job record lists; submit stops (the job is ``aborted``) past ``--max-bad-rows``,
 #: which may not exceed this, so every bad row of a submitted job is in its record.
@@ -203,8 +205,9 @@ def invalid_result(bad: BadRow) -> RowResult:
 class JobSummary:
     """What a collect reports at the end: rows by outcome, tokens, and the padding its batches paid.
 
-    ``padding_waste`` is ``1 - input_tokens / padded_tokens`` over the completions that were batched
-    (``padded_tokens > 0``): the share of the GPU's padded tokens this job's rows did not use.
+    ``padding_waste`` (:func:`processor.core.measures.padding_waste`) is taken over the completions
+    that were batched (``padded_tokens > 0``): the share of the GPU's padded tokens this job's rows
+    did not use; None when none was batched.
     """
 
     job: str
@@ -221,9 +224,7 @@ class JobSummary:
 
     @property
     def padding_waste(self) -> float | None:
-        if not self.padded_tokens:
-            return None
-        return 1.0 - self.batched_input_tokens / self.padded_tokens
+        return padding_waste(self.batched_input_tokens, self.padded_tokens)
 
     @property
     def complete(self) -> bool:

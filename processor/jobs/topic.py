@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 
 from processor.core.shares import JobPolicy
 from processor.jobs.codec import decode_job, decode_job_share, encode_job, encode_job_share
 from processor.jobs.model import JobRecord
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.wire.errors import DecodeError
@@ -70,7 +70,7 @@ class JobWriter:
     def __init__(self, conf: Mapping[str, str], topics: TopicNames) -> None:
         self.topic = topics.jobs
         self.topics = topics
-        self._producer = Producer(with_kafka_logger({**conf, "enable.idempotence": "true", "acks": "all"}))
+        self._producer = KAFKA.producer({**conf, "enable.idempotence": "true", "acks": "all"})
         self._error: str | None = None
 
     def check_topic(self, timeout_s: float = 10.0) -> None:

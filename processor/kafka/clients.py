@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.reader import LARGE_FETCH_QUEUE
 
 
@@ -47,16 +47,19 @@ def static_member(instance_id: str) -> dict[str, str]:
 
 
 def static_member_present(
-    conf: Mapping[str, str], group_id: str, instance_id: str, timeout_s: float = 5.0
+    conf: Mapping[str, str],
+    group_id: str,
+    instance_id: str,
+    timeout_s: float = 5.0,
+    clients: ClientFactory = KAFKA,
 ) -> bool:
     """Whether ``group_id`` has a member under ``instance_id`` now: another process using this id, or
     one that stopped less than its session timeout ago (Kafka cannot tell the two apart). Asked at
     start, before this process fences it, so that the newer process says in its log whom it displaces.
     False when the group cannot be described in ``timeout_s`` (the start goes on regardless)."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(with_kafka_logger(conf))
+    admin = clients.admin(conf)
     try:
         future = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id]
         members = future.result(timeout=timeout_s).members

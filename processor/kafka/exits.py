@@ -217,10 +217,11 @@ def now_stamp() -> tuple[float, float]:
     return time.monotonic(), time.time()
 
 
-def age_s(stamp: tuple[float, float]) -> float:
-    """Seconds since ``stamp``: the larger of the monotonic and the wall-clock age, as a suspended VM
-    may stop the monotonic clock while the broker's transaction timeout runs on."""
-    monotonic, wall = now_stamp()
+def age_s(stamp: tuple[float, float], now: tuple[float, float] | None = None) -> float:
+    """Seconds from ``stamp`` to ``now`` (default: :func:`now_stamp`): the larger of the monotonic and
+    the wall-clock age, as a suspended VM may stop the monotonic clock while the broker's transaction
+    timeout runs on."""
+    monotonic, wall = now_stamp() if now is None else now
     return max(monotonic - stamp[0], wall - stamp[1])
 
 

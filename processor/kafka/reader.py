@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
 
 #: A consumer that must keep up with a fast topic (the processor's ingest, restore's reader): a large
 #: local queue, and when it is full librdkafka stops fetching for ``fetch.queue.backoff.ms``, 1 s by
@@ -51,14 +51,14 @@ def position(msg: Any) -> tuple[int, int]:
     return (-1 if partition is None else partition), (-1 if offset is None else offset)
 
 
-def partitions_of(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> list[int] | None:
+def partitions_of(consumer: ConsumerClient, topic: str, timeout_s: float = 10.0) -> list[int] | None:
     meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if meta is None or meta.error is not None:
         return None
     return sorted(meta.partitions)
 
 
-def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+def watermarks(consumer: ConsumerClient, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
     """Low and high watermark, retrying the errors a just-created topic or a moving leader gives."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -78,6 +78,7 @@ def read_topic(
     stops: Mapping[int, int] | None = None,
     timeout_s: float = 30.0,
     tail: int | None = None,
+    clients: ClientFactory = KAFKA,
 ) -> Iterator[Any]:
     """Messages of ``topic`` from ``starts`` (default: the beginning) to its end at the time of the
     call, or to ``stops`` if that comes first.
@@ -85,7 +86,7 @@ def read_topic(
     ``stops[p]`` is exclusive. Partitions missing from ``starts`` (when given) are not read. ``tail``
     reads only the last ``tail`` offsets of each partition (the latest checkpoints, say).
     """
-    for chunk in read_topic_chunks(conf, topic, starts, stops, timeout_s, tail):
+    for chunk in read_topic_chunks(conf, topic, starts, stops, timeout_s, tail, clients):
         yield from chunk
 
 
@@ -96,27 +97,26 @@ def read_topic_chunks(
     stops: Mapping[int, int] | None = None,
     timeout_s: float = 30.0,
     tail: int | None = None,
+    clients: ClientFactory = KAFKA,
 ) -> Iterator[list[Any]]:
     """:func:`read_topic`'s messages as the lists one ``consume`` call returns (up to 5,000).
 
     For readers that do little per message (restore): a generator step per message cost as much as
     the rest of reading it (docs/benchmarks.md, "Restore").
     """
-    consumer = Consumer(
-        with_kafka_logger(
-            {
-                **conf,
-                "group.id": f"tokenfabric-reader-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": "false",
-                "enable.partition.eof": "true",
-                "fetch.wait.max.ms": "100",
-                "isolation.level": "read_committed",
-                # a restore reads whole partitions: large fetches, fewer round trips (docs/benchmarks.md)
-                "max.partition.fetch.bytes": str(16 * 1024 * 1024),
-                "fetch.max.bytes": str(64 * 1024 * 1024),
-                **LARGE_FETCH_QUEUE,
-            }
-        )
+    consumer = clients.consumer(
+        {
+            **conf,
+            "group.id": f"tokenfabric-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "true",
+            "fetch.wait.max.ms": "100",
+            "isolation.level": "read_committed",
+            # a restore reads whole partitions: large fetches, fewer round trips (docs/benchmarks.md)
+            "max.partition.fetch.bytes": str(16 * 1024 * 1024),
+            "fetch.max.bytes": str(64 * 1024 * 1024),
+            **LARGE_FETCH_QUEUE,
+        }
     )
     try:
         partitions = partitions_of(consumer, topic)

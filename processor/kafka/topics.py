@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 DEFAULT_PREFIX = "tokenfabric"
+
+if TYPE_CHECKING:
+    from processor.kafka.factory import ClientFactory
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,14 +112,19 @@ def topic_specs(
     return specs
 
 
-def create_topics(conf: Mapping[str, str], specs: Iterable[TopicSpec], timeout_s: float = 30.0) -> list[str]:
+def create_topics(
+    conf: Mapping[str, str],
+    specs: Iterable[TopicSpec],
+    timeout_s: float = 30.0,
+    clients: ClientFactory | None = None,
+) -> list[str]:
     """Create what does not exist yet; returns the names created. Existing topics are left alone."""
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
-    from processor.kafka.rdlog import with_kafka_logger
+    from processor.kafka.factory import KAFKA
 
-    admin = AdminClient(with_kafka_logger(conf))
+    admin = (clients or KAFKA).admin(conf)
     new = [
         NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
         for s in specs

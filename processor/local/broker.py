@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from processor.kafka.config import ConfigError
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA, AdminClientLike
 from processor.local.jars import KAFKA_VERSION, PACKAGE_KAFKA_DIR, KafkaLocalError, jars_dir, write_atomic
 from processor.local.processes import (
     CHILDREN,
@@ -242,9 +242,8 @@ def _wait_ready(
     """Poll until the client listener accepts and answers a metadata request."""
     # The client listener opens only once the broker has registered with the controller and is unfenced,
     # so a TCP connect is the cheap first check. The metadata request confirms it serves clients.
-    from confluent_kafka.admin import AdminClient  # deferred: `stop`/`status` must not need it
 
-    admin: AdminClient | None = None
+    admin: AdminClientLike | None = None
     last_error = "listener not open yet"
     while True:
         code = proc.poll()
@@ -262,10 +261,8 @@ def _wait_ready(
             )
         if _tcp_open(HOST, client_port):
             if admin is None:
-                admin = AdminClient(
-                    with_kafka_logger(
-                        {"bootstrap.servers": f"{HOST}:{client_port}", "log_level": 3, **client_conf}
-                    )
+                admin = KAFKA.admin(
+                    {"bootstrap.servers": f"{HOST}:{client_port}", "log_level": 3, **client_conf}
                 )
             try:
                 metadata = admin.list_topics(timeout=min(5.0, max(remaining, 0.1)))

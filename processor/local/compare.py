@@ -10,7 +10,7 @@ and derives:
 * makespan: first item produced to last completion (wall clock of the producer and the cards);
 * real tokens/s: prompt tokens completed ``ok`` / makespan;
 * per batch (completions grouped by batch id): padded tokens (items x padded length), real tokens,
-  the shapes in it. Padding waste = 1 - real / padded; budget fill = padded / (batches x the card's
+  the shapes in it. Padding waste = (padded - real) / padded; budget fill = padded / (batches x the card's
   budget), over batches that are not single oversized items;
 * shape switches: batches whose shapes differ from the card's previous batch's, in completion order;
 * cache hits, **modelled** (no engine here keeps a prefix cache: MiniLM has none, ``sim`` models one
@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from processor.kafka.clients import with_kafka_logger
+from processor.core.measures import padding_waste
+from processor.kafka.factory import KAFKA
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.wire.completions import decode_completions
@@ -57,7 +58,7 @@ class CardFigures:
 
     @property
     def padding_waste(self) -> float:
-        return 1 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+        return padding_waste(self.real_tokens, self.padded_tokens) or 0.0
 
     @property
     def budget_fill(self) -> float:
@@ -105,8 +106,7 @@ class RunFigures:
 
     @property
     def padding_waste(self) -> float:
-        padded = self._sum("padded_tokens")
-        return 1 - self._sum("real_tokens") / padded if padded else 0.0
+        return padding_waste(self._sum("real_tokens"), self._sum("padded_tokens")) or 0.0
 
     @property
     def budget_fill(self) -> float:
@@ -251,15 +251,13 @@ class ResultsWatcher:
     """Counts the distinct items completed on a results topic (read_committed) as it grows."""
 
     def __init__(self, conf: Mapping[str, str], topic: str) -> None:
-        self._consumer = Consumer(
-            with_kafka_logger(
-                {
-                    **conf,
-                    "group.id": "tokenfabric-demo-watcher",
-                    "enable.auto.commit": "false",
-                    "isolation.level": "read_committed",
-                }
-            )
+        self._consumer = KAFKA.consumer(
+            {
+                **conf,
+                "group.id": "tokenfabric-demo-watcher",
+                "enable.auto.commit": "false",
+                "isolation.level": "read_committed",
+            }
         )
         partitions = self._consumer.list_topics(topic, timeout=30).topics[topic].partitions
         self._consumer.assign([TopicPartition(topic, p, 0) for p in sorted(partitions)])

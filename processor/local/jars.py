@@ -56,7 +56,7 @@ def jars_dir() -> Path:
     if _marker_matches(marker, digest) and lib.is_dir():
         return lib
     home.mkdir(parents=True, exist_ok=True)
-    with _file_lock(home / ".lock"):
+    with file_lock(home / ".lock"):
         if _marker_matches(marker, digest) and lib.is_dir():  # another process finished meanwhile
             return lib
         marker.unlink(missing_ok=True)
@@ -106,7 +106,7 @@ def _marker_matches(marker: Path, digest: str) -> bool:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

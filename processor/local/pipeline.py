@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from processor.kafka.factory import KAFKA
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.ops.status import StatusView, gather
@@ -104,12 +105,9 @@ MAIN_CARDS = (
 def group_members(conf: Mapping[str, str], group: str) -> list[int]:
     """Partitions assigned to each member of a consumer group (empty: no stable group yet)."""
     from confluent_kafka import ConsumerGroupState, KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    from processor.kafka.clients import with_kafka_logger
 
     # held until the answer: the future of a client already collected is never resolved
-    admin = AdminClient(with_kafka_logger({**conf, "log_level": "3"}))  # no info lines at close
+    admin = KAFKA.admin({**conf, "log_level": "3"})  # no info lines at close
     future = admin.describe_consumer_groups([group], request_timeout=10)[group]
     try:
         desc = future.result(timeout=15)

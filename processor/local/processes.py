@@ -1,5 +1,4 @@
-"""The local broker's JVM as an operating-system process: is it alive, is it ours, stop it, read its logs.
-"""
+"""The local broker's JVM as an operating-system process: is it alive, is it ours, stop it, read its logs."""
 
 from __future__ import annotations
 
@@ -19,8 +18,11 @@ log = logging.getLogger(__name__)
 CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def terminate(pid: int, timeout_s: float) -> None:
-    """SIGTERM (Kafka shuts down cleanly), wait, then SIGKILL; reap the process if it is our child."""
+def terminate(
+    pid: int, timeout_s: float, what: str = "Kafka JVM", failure: type[Exception] = KafkaLocalError
+) -> None:
+    """SIGTERM (Kafka and llama-server shut down cleanly on it), wait, then SIGKILL; reap the process
+    if it is our child. ``what`` names the process in the log; ``failure`` is raised if it survives."""
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
         try:
             os.kill(pid, sig)
@@ -29,8 +31,8 @@ def terminate(pid: int, timeout_s: float) -> None:
         if wait_exit(pid, wait_s):
             break
         if sig == signal.SIGKILL:
-            raise KafkaLocalError(f"Kafka JVM {pid} survived SIGKILL")
-        log.warning("Kafka JVM %d ignored SIGTERM for %.0f s; sending SIGKILL", pid, wait_s)
+            raise failure(f"{what} {pid} survived SIGKILL")
+        log.warning("%s %d ignored SIGTERM for %.0f s; sending SIGKILL", what, pid, wait_s)
     CHILDREN.pop(pid, None)
 
 
@@ -73,13 +75,13 @@ def is_our_java(pid: int, properties: str) -> bool:
     """True if *pid* is alive and runs java kafka.Kafka on this state dir's server.properties."""
     if pid <= 0 or not _pid_alive(pid):
         return False
-    argv = _process_argv(pid)
+    argv = process_argv(pid)
     if not argv:
         return False
     return Path(argv[0]).name == "java" and "kafka.Kafka" in argv and properties in argv
 
 
-def _process_argv(pid: int) -> list[str]:
+def process_argv(pid: int) -> list[str]:
     if not Path("/proc/self/cmdline").exists():  # no procfs (macOS): ask ps
         return _ps_argv(pid)
     try:

@@ -1,5 +1,4 @@
-"""SASL/PLAIN users for a local broker started with logins (the SASL tests and docs/kafka-local.md).
-"""
+"""SASL/PLAIN users for a local broker started with logins (the SASL tests and docs/kafka-local.md)."""
 
 from __future__ import annotations
 

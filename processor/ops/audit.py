@@ -22,9 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka.admin import AdminClient
-
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA
 from processor.kafka.reader import position, read_topic
 from processor.kafka.topics import TopicNames
 from processor.ops.status import StatusView, gather
@@ -98,7 +96,7 @@ REPEATS_SHOWN = 50
 
 def batch_topics(conf: Mapping[str, str], topics: TopicNames) -> list[str]:
     prefix = topics.batches("")
-    names = AdminClient(with_kafka_logger(conf)).list_topics(timeout=30).topics
+    names = KAFKA.admin(conf).list_topics(timeout=30).topics
     return sorted(name for name in names if name.startswith(prefix))
 
 
@@ -184,12 +182,7 @@ def _compare(r: AuditReport, view: StatusView) -> None:
         r.differences.append("no processor has checkpointed a ledger")
         return
     # An item whose consumer retired goes out again in a second batch; the ledger counts those.
-    r.redelivered = sum(
-        v
-        for cp in view.checkpoints.values()
-        for k, v in cp.counters.items()
-        if k.startswith("redelivered_items#")
-    )
+    r.redelivered = sum(view.consumer_total(c, "redelivered_items") for c in view.owners("consumer"))
     pairs = [
         ("received_items", r.received_items),
         ("received_tokens", r.received_tokens),

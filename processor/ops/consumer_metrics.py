@@ -11,8 +11,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from processor.apps.consumer import ConsumerApp
+from processor.core.measures import padding_waste
+from processor.ops.histograms import FastHistograms
 from processor.ops.kafka_stats import STATS_INTERVAL_MS, KafkaStats
-from processor.ops.metrics import FastHistograms, with_process_metrics
+from processor.ops.metrics import with_process_metrics
 from processor.wire.records import BatchRecord
 
 #: One batch's engine time: a forward pass, milliseconds to a minute.
@@ -145,8 +147,9 @@ class ConsumerAppCollector(Collector):
             "Fraction of the padded tokens the engine ran that were padding: 1 - input / padded.",
             labels=labels,
         )
-        if stats.padded_tokens > 0:
-            waste.add_metric(key, 1 - stats.input_tokens / stats.padded_tokens)
+        engine_waste = padding_waste(stats.input_tokens, stats.padded_tokens)
+        if engine_waste is not None:
+            waste.add_metric(key, engine_waste)
         yield waste
         hits = GaugeMetricFamily(
             "tokenfabric_consumer_app_cache_hit_ratio",

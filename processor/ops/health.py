@@ -79,7 +79,9 @@ class HealthView(Protocol):
     last_step_s: float
     last_broker_ok_s: float
     ledger_error: str | None
-    restoring_since_s: float | None
+
+    @property
+    def restoring_since_s(self) -> float | None: ...
 
 
 class ProcessorHealth:

@@ -6,94 +6,36 @@ states, ``ServiceCounters``). Reading them at scrape time, from the HTTP server'
 owner thread only the GIL time of a scrape (1.9 ms measured with 200,000 waiting items and 20
 consumers), and can never drift from what the ledger and ``status`` say. Reading an ``int``
 attribute another thread writes is safe under the GIL; the one care needed is copying a dict before
-iterating it (:func:`_items`), since the owner thread may add a key meanwhile. Values may be up to one
-step old and the figures of one scrape are not one atomic snapshot (see ``ledger_imbalance`` below).
+iterating it (:func:`~processor.ops.histograms.copy_items`), since the owner thread may add a key
+meanwhile. Values may be up to one step old and the figures of one scrape are not one atomic
+snapshot (see ``ledger_imbalance`` below).
 
-The histograms are observed as events, through the service's :class:`ServiceObserver` hooks: a
-commit or a checkpoint about once a second, and, per batch, its items' waits and its shape. The
-per-batch ones run on the owner thread's hot path, so they use :class:`FastHistogram` (no locks).
+The histograms are observed as events instead (processor.ops.histograms); :func:`processor_registry`
+puts both in one registry.
 
 Names and meanings: docs/metrics.md (keep the two in step; tests/ops/test_metrics.py checks it).
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import operator
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import (
-    GC_COLLECTOR,
-    PLATFORM_COLLECTOR,
-    PROCESS_COLLECTOR,
-    CollectorRegistry,
-    Histogram,
-)
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from processor import __version__
 from processor.apps.observe import ServiceCounters, ServiceObserver
-from processor.core.accounting import ConsumerBook, ModelBook, Tally
-from processor.core.item import Batch
+from processor.core.accounting import RECEIVED, ROUTED, ConsumerBook, Equation, ModelBook, Tally
+from processor.core.measures import padding_waste
+from processor.ops.histograms import ServiceLatency, copy_items
 
 if TYPE_CHECKING:
     from processor.core.scheduler import Scheduler
-
-K = TypeVar("K")
-
-V = TypeVar("V")
-
-
-#: Commit of ingest offsets (or a transaction): a broker round trip, milliseconds to seconds.
-COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-#: Building and queueing a ledger checkpoint: in memory, microseconds to tens of milliseconds.
-CHECKPOINT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
-#: An item's time in a lane, ingest to dispatch: immediate to the --max-wait-ms of a quiet shape.
-QUEUED_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-)
-
-
-#: Dispatch to completion: a commit, the consumer's fetch and engine, the results read back.
-IN_FLIGHT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-
-
-#: Items per batch (max_items is commonly a power of two).
-BATCH_ITEMS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-#: A batch's padded length in tokens.
-PADDED_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-
 
 #: Arrivals examined per model when looking for the oldest waiting item (see ``_oldest_waiting_ms``).
 OLDEST_SCAN_LIMIT = 100_000
@@ -140,21 +82,6 @@ class ServiceView(Protocol):
     def now_ms(self) -> int: ...
 
 
-def _items(d: Mapping[K, V]) -> list[tuple[K, V]]:
-    """A copy of ``d``'s items, safe while the owner thread inserts keys.
-
-    ``list(d.items())`` runs in C without releasing the GIL for str/int keys, so it cannot see the
-    dict change size; the retry is for a thread switch that a future key type could allow.
-    """
-    for attempt in range(3):
-        try:
-            return list(d.items())
-        except RuntimeError:  # "dictionary changed size during iteration"
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 def _consistent(read: Callable[[], int], tries: int = 3) -> int:
     """``read()`` until it gives 0, at most ``tries`` times, yielding the GIL in between.
 
@@ -168,73 +95,6 @@ def _consistent(read: Callable[[], int], tries: int = 3) -> int:
         time.sleep(0)
         value = read()
     return value
-
-
-class FastHistogram:
-    """Bucket counts one thread adds to and a scrape reads, without a lock: for per-item events.
-
-    prometheus_client's ``Histogram.observe`` takes locks per call (about 1-2 us); an item's wait is
-    observed once per item on the owner thread, so this keeps a plain list instead. ``counts[i]``
-    holds observations in ``(bounds[i-1], bounds[i]]``, the last one those above every bound. A
-    scrape may see the sum one observation ahead of the counts: immaterial for a histogram.
-    """
-
-    __slots__ = ("bounds", "bounds_ms", "counts", "sum")
-
-    def __init__(self, bounds: Iterable[float]) -> None:
-        self.bounds = tuple(bounds)
-        if list(self.bounds) != sorted(set(self.bounds)):
-            raise ValueError(f"histogram bounds must increase: {self.bounds}")
-        self.bounds_ms = tuple(b * 1000 for b in self.bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float, times: int = 1) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += times
-        self.sum += value * times
-
-    def observe_ms(self, values_ms: Iterable[int]) -> None:
-        """Many durations in milliseconds (observed as seconds; negative ones as 0), in one call:
-        the per-item path, with no call or division per value."""
-        bounds, counts, find = self.bounds_ms, self.counts, bisect.bisect_left
-        total = 0
-        for ms in values_ms:
-            if ms < 0:
-                ms = 0
-            counts[find(bounds, ms)] += 1
-            total += ms
-        self.sum += total / 1000
-
-
-class FastHistograms(Collector):
-    """A family of :class:`FastHistogram` by label values, exposed as one Prometheus histogram."""
-
-    def __init__(self, name: str, doc: str, labels: list[str], bounds: Iterable[float]) -> None:
-        self.name, self.doc, self.labels, self.bounds = name, doc, labels, tuple(bounds)
-        self.series: dict[tuple[str, ...], FastHistogram] = {}
-
-    def of(self, *values: str) -> FastHistogram:
-        h = self.series.get(values)
-        if h is None:
-            h = self.series[values] = FastHistogram(self.bounds)
-        return h
-
-    def describe(self) -> Iterable[Metric]:
-        return ()
-
-    def collect(self) -> Iterator[Metric]:
-        fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
-        for values, h in _items(self.series):
-            running, buckets = 0, []
-            for bound, count in zip((*h.bounds, float("inf")), list(h.counts), strict=True):
-                running += count
-                buckets.append(("+Inf" if bound == float("inf") else _le(bound), running))
-            fam.add_metric(list(values), buckets, h.sum)
-        yield fam
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))
 
 
 class BuildInfo(Collector):
@@ -270,7 +130,7 @@ class ProcessorCollector(Collector):
 
     def _ledger(self) -> Iterator[Metric]:
         ledger = self.service.core.ledger
-        models = _items(ledger.models)
+        models = copy_items(ledger.models)
         # Received, completed and failed only grow (counters); the others go down as items move on.
         for family, stage, doc in (
             (CounterMetricFamily, "received", "taken from the ingest topic"),
@@ -302,14 +162,9 @@ class ProcessorCollector(Collector):
             labels=["model", "equation"],
         )
         for model, book in models:
-            imbalance.add_metric(
-                [model, "received"],
-                _consistent(functools.partial(_received_gap, book)),
-            )
-            imbalance.add_metric(
-                [model, "routed"],
-                _consistent(functools.partial(_routed_gap, book)),
-            )
+            for equation in (RECEIVED, ROUTED):
+                gap = functools.partial(_gap_tokens, equation, book)
+                imbalance.add_metric([model, equation.name], _consistent(gap))
         yield imbalance
         ok = GaugeMetricFamily(
             "tokenfabric_ledger_ok", "1 while the last ledger check passed, 0 after one failed (see /readyz)."
@@ -321,7 +176,7 @@ class ProcessorCollector(Collector):
 
     def _consumers(self) -> Iterator[Metric]:
         core = self.service.core
-        books = _items(core.ledger.consumers)
+        books = copy_items(core.ledger.consumers)
         label = ["consumer"]
 
         def per_book(
@@ -386,7 +241,7 @@ class ProcessorCollector(Collector):
         )
         yield from _ratios(books)
 
-        states = _items(core.consumers)
+        states = core.view.consumers().items()
         labels = ["consumer", "model"]
         switches = CounterMetricFamily(
             "tokenfabric_consumer_shape_switches",
@@ -407,7 +262,7 @@ class ProcessorCollector(Collector):
         for consumer, state in states:
             key = [consumer, state.contract.model]
             switches.add_metric(key, state.shape_switches)
-            batches.add_metric(key, len(state.in_flight))
+            batches.add_metric(key, state.in_flight)
             slots.add_metric(key, state.free_slots)
             budget.add_metric(key, state.contract.budget_tokens)
         yield from (switches, batches, slots, budget)
@@ -415,8 +270,7 @@ class ProcessorCollector(Collector):
     # -- lanes and waiting work ---------------------------------------------------------------
 
     def _lanes(self) -> Iterator[Metric]:
-        table = self.service.core.table
-        st = table.stats
+        st = self.service.core.view.lanes()
         for name, doc, value in (
             ("tokenfabric_lanes_reused", "Items placed in an existing lane.", st.reuses),
             ("tokenfabric_lanes_opened", "Lanes opened.", st.new_lanes),
@@ -429,8 +283,8 @@ class ProcessorCollector(Collector):
         for name, doc, level in (
             ("tokenfabric_lanes_in_use", "Lanes that exist now, all shapes.", st.lanes_in_use),
             ("tokenfabric_lanes_in_use_peak", "Most lanes in use at once.", st.lanes_in_use_peak),
-            ("tokenfabric_lanes_budget", "Lanes allowed per (model, shape).", table.settings.lane_budget),
-            ("tokenfabric_lanes_shapes", "(model, shape) pairs holding lanes.", len(table.shapes)),
+            ("tokenfabric_lanes_budget", "Lanes allowed per (model, shape).", st.lane_budget),
+            ("tokenfabric_lanes_shapes", "(model, shape) pairs holding lanes.", st.shapes),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], level)
@@ -469,7 +323,7 @@ class ProcessorCollector(Collector):
             "Ingest messages not yet consumed, per partition of the ingest topic.",
             labels=["partition"],
         )
-        for partition, messages in sorted(_items(s.lag)):
+        for partition, messages in sorted(copy_items(s.lag)):
             lag.add_metric([str(partition)], messages)
         yield lag
         now = self.clock()
@@ -494,7 +348,7 @@ class ProcessorCollector(Collector):
     def _jobs(self) -> Iterator[Metric]:
         """Per job: tokens at each ledger stage, padded tokens, and its share policy and cap state."""
         core = self.service.core
-        books = _items(core.ledger.jobs)
+        books = copy_items(core.ledger.jobs)
         tokens = GaugeMetricFamily(
             "tokenfabric_job_tokens",
             "Prompt tokens of a job at a ledger stage (received, queued, routed, in_flight, completed, "
@@ -556,8 +410,9 @@ def _ratios(books: list[tuple[str, ConsumerBook]]) -> Iterator[Metric]:
     real = padded = hit = lookups = 0
     for consumer, book in books:
         gross = _gross(book).tokens
-        if book.padded_tokens > 0:
-            waste.add_metric([consumer], 1 - gross / book.padded_tokens)
+        consumer_waste = padding_waste(gross, book.padded_tokens)
+        if consumer_waste is not None:
+            waste.add_metric([consumer], consumer_waste)
         if book.cache_lookups > 0:
             hits.add_metric([consumer], book.cache_hits / book.cache_lookups)
         real, padded = real + gross, padded + book.padded_tokens
@@ -567,8 +422,9 @@ def _ratios(books: list[tuple[str, ConsumerBook]]) -> Iterator[Metric]:
     all_waste = GaugeMetricFamily(
         "tokenfabric_padding_waste_ratio", "Padding waste over every consumer: 1 - real / padded tokens."
     )
-    if padded > 0:
-        all_waste.add_metric([], 1 - real / padded)
+    total_waste = padding_waste(real, padded)
+    if total_waste is not None:
+        all_waste.add_metric([], total_waste)
     yield all_waste
     all_hits = GaugeMetricFamily(
         "tokenfabric_cache_hit_ratio", "Prefix-cache hits over every consumer's answered batches."
@@ -578,19 +434,8 @@ def _ratios(books: list[tuple[str, ConsumerBook]]) -> Iterator[Metric]:
     yield all_hits
 
 
-def _received_gap(b: ModelBook) -> int:
-    return (
-        b.received.tokens
-        + b.adopted_queued.tokens
-        - b.queued.tokens
-        - b.routed.tokens
-        - b.released_queued.tokens
-    )
-
-
-def _routed_gap(b: ModelBook) -> int:
-    left = b.routed.tokens + b.adopted_in_flight.tokens
-    return left - b.completed.tokens - b.in_flight.tokens - b.failed.tokens - b.released_in_flight.tokens
+def _gap_tokens(equation: Equation, book: ModelBook) -> int:
+    return equation.gap(book).tokens
 
 
 def _gross(book: ConsumerBook) -> Tally:
@@ -613,7 +458,7 @@ def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
     A model with nothing queued is answered from the ledger without looking at its deque.
     """
     out: dict[str, int | None] = {}
-    for model, book in _items(core.ledger.models):
+    for model, book in copy_items(core.ledger.models):
         if book.queued.items <= 0:
             out[model] = None
             continue
@@ -624,66 +469,6 @@ def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
                 continue
             break
     return out
-
-
-class ServiceLatency(ServiceObserver):
-    """The service's hooks, feeding the commit, checkpoint, item and batch histograms.
-
-    ``dispatched`` and ``answered`` run on the owner thread for every batch: they cost one
-    :class:`FastHistogram` add per item (its wait) and a few per batch.
-    """
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.commit = Histogram(
-            "tokenfabric_commit_seconds",
-            "Time to commit ingest offsets (or the transaction, with exactly-once).",
-            buckets=COMMIT_BUCKETS,
-            registry=registry,
-        )
-        self.checkpoint = Histogram(
-            "tokenfabric_checkpoint_seconds",
-            "Time to build and queue one ledger checkpoint.",
-            buckets=CHECKPOINT_BUCKETS,
-            registry=registry,
-        )
-        self.queued = FastHistograms(
-            "tokenfabric_item_queued_seconds",
-            "An item's wait from ingest (taken from the ingest topic) to dispatch (in a batch).",
-            ["model"],
-            QUEUED_BUCKETS,
-        )
-        self.in_flight = FastHistograms(
-            "tokenfabric_item_in_flight_seconds",
-            "An item's time from dispatch to its completion being read back from the results topic.",
-            ["model"],
-            IN_FLIGHT_BUCKETS,
-        )
-        self.batch_items = FastHistograms(
-            "tokenfabric_batch_size_items", "Items per batch sent.", ["consumer"], BATCH_ITEMS_BUCKETS
-        )
-        self.padded_length = FastHistograms(
-            "tokenfabric_batch_padded_length_tokens",
-            "Padded length of each batch sent (every item is padded to it).",
-            ["consumer"],
-            PADDED_LENGTH_BUCKETS,
-        )
-        for collector in (self.queued, self.in_flight, self.batch_items, self.padded_length):
-            registry.register(collector)
-
-    def committed(self, seconds: float) -> None:
-        self.commit.observe(seconds)
-
-    def checkpointed(self, seconds: float) -> None:
-        self.checkpoint.observe(seconds)
-
-    def dispatched(self, batch: Batch, now_ms: int) -> None:
-        # negative waits (restored items may carry another clock) count as 0
-        self.queued.of(batch.model).observe_ms([now_ms - item.arrival_ms for item in batch.items])
-        self.batch_items.of(batch.consumer).observe(len(batch.items))
-        self.padded_length.of(batch.consumer).observe(batch.padded_length)
-
-    def answered(self, batch: Batch, items: int, now_ms: int) -> None:
-        self.in_flight.of(batch.model).observe(max(0, now_ms - batch.created_ms) / 1000, items)
 
 
 def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:

@@ -17,10 +17,7 @@ shows the same figures an audit would start from:
 prints text and ``--json`` prints :meth:`StatusReport.as_json` (its JSON Schema ships beside this
 module, ``status.schema.json``; docs/operations.md describes it).
 
-:func:`forget_processor` retires an instance that is gone for good (scaled down, a crashed test
-instance): it rewrites the instance's last checkpoint with ``retired_ms`` set and no gauges. Its
-counters stay, so totals and the audit still balance; status no longer lists it. An instance that
-runs again under that id checkpoints afresh and is listed again.
+Retiring an instance or a consumer that is gone for good writes to the topics: processor.ops.retire.
 """
 
 from __future__ import annotations
@@ -33,14 +30,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException, TopicPartition
 
 from processor.core.contract import Contract
-from processor.kafka.rdlog import with_kafka_logger
+from processor.core.ledger_keys import Scope, consumer_key, job_key, model_key, parse_key, stage_unit
+from processor.core.measures import padding_waste
+from processor.kafka.factory import KAFKA
 from processor.kafka.reader import passing, read_topic, watermarks
 from processor.kafka.topics import TopicNames
-from processor.wire.control import decode_contract, decode_ledger_snapshot, encode_ledger_snapshot
+from processor.wire.control import decode_contract, decode_ledger_snapshot
 from processor.wire.records import LedgerSnapshotRecord
 
 DEFAULT_STALE_S = 30.0
@@ -81,46 +79,49 @@ class StatusView:
         """``queued_*`` or ``in_flight_*`` summed over instances, less what was counted twice: state a
         crashed instance's last checkpoint still claims and another instance has adopted since
         (processor/core/accounting.py). A per-model key (``queued_items@m``) works the same."""
-        stage, _, unit = key.rpartition("_")
-        twice = self.total(f"adopted_{stage}_{unit}") - self.total(f"released_{stage}_{unit}")
-        return self.total(key) - twice
+        parsed = parse_key(key)
+        split = stage_unit(parsed.counter)
+        if split is None:
+            raise ValueError(f"held({key!r}): not a stage's items or tokens")
+        stage, unit = split
+        adopted, released = (parsed.renamed(f"{way}_{stage}_{unit}") for way in ("adopted", "released"))
+        return self.total(key) - (self.total(adopted.encode()) - self.total(released.encode()))
 
     def consumer_total(self, consumer: str, key: str) -> int:
-        return sum(cp.counters.get(f"{key}#{consumer}", 0) for cp in self.checkpoints.values())
-
-    def consumer_gauge(self, consumer: str, key: str) -> int:
-        return sum(cp.per_consumer.get(consumer, {}).get(key, 0) for cp in self.checkpoints.values())
+        return self.total(consumer_key(key, consumer))
 
     def retired(self, instance: str) -> bool:
         return self.checkpoints[instance].counters.get(RETIRED, 0) > 0
+
+    def owners(self, scope: Scope, counter: str | None = None) -> list[str]:
+        """The models, consumers or jobs (``scope``) some checkpoint has a key for (``counter``'s
+        only, when given), sorted."""
+        keys = (parse_key(key) for cp in self.checkpoints.values() for key in cp.counters)
+        return sorted({k.owner for k in keys if k.scope == scope and counter in (None, k.counter)})
+
     def jobs(self) -> list[str]:
         """Every job a checkpoint counts (its ledger book, or its share: docs/shares.md)."""
-        names = {
-            k.split(":", 2)[2]
-            for cp in self.checkpoints.values()
-            for k in cp.counters
-            if k.startswith("job:")
-        }
-        return sorted(names)
+        return self.owners("job")
 
     def job_total(self, job: str, key: str) -> int:
         """A job's counter (``routed_tokens``, ``padded_tokens``...) summed over instances."""
-        return sum(cp.counters.get(f"job:{key}:{job}", 0) for cp in self.checkpoints.values())
+        return self.total(job_key(key, job))
 
     def job_policy(self, job: str) -> tuple[float, int, int, bool]:
         """(weight, tokens/s cap, total cap, capped now) as the newest checkpoint has them; -1: no cap."""
         newest = max(self.checkpoints.values(), key=lambda cp: cp.taken_ms, default=None)
         c = newest.counters if newest is not None else {}
-        weight = c.get(f"job:weight_milli:{job}", 1000) / 1000
-        capped = any(cp.counters.get(f"job:capped:{job}", 0) for cp in self.checkpoints.values())
-        return weight, c.get(f"job:max_tokens_per_s:{job}", -1), c.get(f"job:max_tokens:{job}", -1), capped
+        weight = c.get(job_key("weight_milli", job), 1000) / 1000
+        capped = any(cp.counters.get(job_key("capped", job), 0) for cp in self.checkpoints.values())
+        rate, total = c.get(job_key("max_tokens_per_s", job), -1), c.get(job_key("max_tokens", job), -1)
+        return weight, rate, total, capped
 
 
 def ingest_lag(
     conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
 ) -> tuple[int | None, int]:
     """(messages the group has not committed past, messages ever written) on ``topic``."""
-    consumer = Consumer(with_kafka_logger({**conf, "group.id": group, "enable.auto.commit": "false"}))
+    consumer = KAFKA.consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -154,7 +155,7 @@ def consumer_groups(
     out = {c: GroupFacts() for c in consumers}
     if not consumers:
         return out
-    admin = AdminClient(with_kafka_logger(dict(conf)))
+    admin = KAFKA.admin(dict(conf))
     groups = {topics.consumer_group(c): c for c in consumers}
     for group, future in admin.describe_consumer_groups(list(groups), request_timeout=timeout_s).items():
         # on an error (no right to describe it) members stay unknown: judged by the last completion alone
@@ -167,9 +168,7 @@ def consumer_groups(
         )[topics.consumer_group(c)]
         for c in consumers
     }
-    probe = Consumer(
-        with_kafka_logger({**conf, "group.id": f"{topics.prefix}-status", "enable.auto.commit": "false"})
-    )
+    probe = KAFKA.consumer({**conf, "group.id": f"{topics.prefix}-status", "enable.auto.commit": "false"})
     try:
         for c, future in offsets.items():
             facts = out[c]
@@ -366,7 +365,7 @@ def _live(view: StatusView, stale_s: float) -> dict[str, LedgerSnapshotRecord]:
     }
 
 
-def _consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> ConsumerRow:
+def consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> ConsumerRow:
     """One consumer. Its gauges (batches in flight, slots) are the live instances' only: a stale
     instance's last checkpoint still claims batches that another instance may have adopted since."""
     now = view.read_ms
@@ -411,7 +410,7 @@ def _consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> C
         completed_tokens=total(name, "completed_tokens"),
         batches=batches,
         oversized_batches=oversized,
-        padding_waste=ratio(padded - routed, padded),
+        padding_waste=padding_waste(routed, padded),
         # Checkpoints of earlier versions lack the oversized batches' padded tokens: never past 100%.
         budget_fill=None if fill is None else min(1.0, fill),
         cache_hit_rate=ratio(total(name, "cache_hits"), total(name, "cache_lookups")),
@@ -420,16 +419,12 @@ def _consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> C
 
 
 def _unserved(view: StatusView, consumers: list[ConsumerRow]) -> list[UnservedModel]:
-    models = {
-        key.split("@", 1)[1]
-        for cp in view.checkpoints.values()
-        for key in cp.counters
-        if key.startswith("queued_items@")
-    }
+    models = set(view.owners("model", "queued_items"))
     up = {row.model for row in consumers if row.state == "up"}
     out = []
     for model in sorted(models - up):
-        items, tokens = view.held(f"queued_items@{model}"), view.held(f"queued_tokens@{model}")
+        items = view.held(model_key("queued_items", model))
+        tokens = view.held(model_key("queued_tokens", model))
         if items > 0:
             names = sorted(row.consumer for row in consumers if row.model == model)
             out.append(UnservedModel(model, items, tokens, names))
@@ -452,7 +447,7 @@ def _jobs(view: StatusView) -> list[JobRow]:
                 total if total >= 0 else None,
                 capped,
                 tokens,
-                ratio(tokens["padded"] - tokens["routed"], tokens["padded"]),
+                padding_waste(tokens["routed"], tokens["padded"]),
             )
         )
     return rows
@@ -478,7 +473,7 @@ def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_
             )
         )
     live = list(_live(view, stale_s).values())
-    consumers = [_consumer_row(view, n, c, stale_s) for n, c in sorted(view.contracts.items())]
+    consumers = [consumer_row(view, n, c, stale_s) for n, c in sorted(view.contracts.items())]
     ledger = {
         stage: Tally(view.held(f"{stage}_items"), view.held(f"{stage}_tokens"))
         if stage in ("queued", "in_flight")
@@ -503,7 +498,7 @@ def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_
         dead_lettered_items=t("dead_lettered_items"),
         ingest=IngestState(ingest_state, view.ingest_lag, view.ingest_end),
         lanes=LaneFigures(in_use, ratio(in_use, capacity), sum(r.shape_switches for r in consumers)),
-        padding_waste=ratio(padded - real, padded),
+        padding_waste=padding_waste(real, padded),
         cache_hit_rate=ratio(
             sum(view.consumer_total(c, "cache_hits") for c in view.contracts),
             sum(view.consumer_total(c, "cache_lookups") for c in view.contracts),
@@ -527,72 +522,3 @@ def with_rates(current: StatusReport, previous: StatusReport | None) -> StatusRe
     eta = backlog / completed if completed > 0 else (0.0 if backlog == 0 else None)
     rates = Rates(seconds, max(0.0, received), max(0.0, completed), backlog, eta)
     return replace(current, rates=rates)
-
-
-# -- retiring -------------------------------------------------------------------------------------
-
-
-class StillAlive(ValueError):
-    """Refused: the instance or consumer to retire shows signs of life."""
-
-
-def forget_processor(
-    conf: Mapping[str, str], topics: TopicNames, instance: str, stale_s: float = DEFAULT_STALE_S
-) -> None:
-    """Mark a gone instance retired (see the module's docstring); refuses a live one."""
-    view = gather(conf, topics)
-    cp = view.checkpoints.get(instance)
-    if cp is None:
-        known = ", ".join(sorted(view.checkpoints)) or "none"
-        raise KeyError(f"no processor instance {instance!r} has checkpointed (known: {known})")
-    age = (view.read_ms - cp.taken_ms) / 1000
-    if age <= stale_s:
-        raise StillAlive(
-            f"processor {instance} checkpointed {age:.1f} s ago: stop it first "
-            f"(only an instance stale past --stale-s {stale_s:g} can be forgotten)"
-        )
-    retired = LedgerSnapshotRecord(
-        instance=instance,
-        taken_ms=cp.taken_ms,
-        sequence=cp.sequence + 1,
-        counters={**cp.counters, RETIRED: view.read_ms},
-        per_model=cp.per_model,
-        per_consumer={},
-    )
-    _write(conf, topics.accounting, instance.encode(), encode_ledger_snapshot(retired))
-
-
-def retire_consumer(
-    conf: Mapping[str, str], topics: TopicNames, consumer: str, stale_s: float = DEFAULT_STALE_S
-) -> None:
-    """Withdraw a consumer that is gone (its contract's tombstone); refuses one that is up or was
-    seen within ``stale_s``. The processor hands its in-flight batches back to the lanes."""
-    from processor.apps.consumer import retire
-
-    view = gather(conf, topics, groups=True)
-    contract = view.contracts.get(consumer)
-    if contract is None:
-        known = ", ".join(sorted(view.contracts)) or "none"
-        raise KeyError(f"no consumer {consumer!r} has a contract (announced: {known})")
-    row = _consumer_row(view, consumer, contract, stale_s)
-    if row.state != "stale":
-        raise StillAlive(
-            f"consumer {consumer} is {row.state} ({_life(row)}): stop it first "
-            f"(only a consumer stale past --stale-s {stale_s:g} can be retired here; "
-            f"`tokenfabric consumer --id {consumer} --retire` retires any)"
-        )
-    retire(conf, topics, consumer)
-
-
-def _life(row: ConsumerRow) -> str:
-    if row.state == "up":
-        return f"{row.members} member{'s' if row.members != 1 else ''} in its group"
-    return "seen " + ("never" if row.last_seen_age_s is None else f"{row.last_seen_age_s:.0f} s ago")
-
-
-def _write(conf: Mapping[str, str], topic: str, key: bytes, value: bytes, timeout_s: float = 30.0) -> None:
-    producer = Producer(with_kafka_logger({**conf, "enable.idempotence": "true", "acks": "all"}))
-    failed: list[str] = []
-    producer.produce(topic, value, key, on_delivery=lambda err, _m: failed.append(err.str()) if err else None)
-    if producer.flush(timeout_s) or failed:
-        raise KafkaException(f"writing to {topic}: {failed[0] if failed else 'not delivered in time'}")

@@ -2,5 +2,6 @@
 
 Drives the same core as the processor, without Kafka; imports the core alone.
 Public face: ``simulator`` (simulate), ``report`` (SimReport), ``baselines``, ``cardmodel``,
-``traces`` (read_shipped), ``tracegen``, ``templated`` (the main job's backlog), ``plots``.
+``traces`` (read_shipped, read_trace) with ``traceformats`` (the formats' parsers), ``tracegen``,
+``templated`` (the main job's backlog), ``plots``.
 """

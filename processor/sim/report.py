@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.core.item import Batch
+from processor.core.measures import padding_waste
 
 
 @dataclass(slots=True)
@@ -34,6 +35,11 @@ class ConsumerFigures:
     kv_bytes_peak: int = 0
     over_memory: int = 0
     """Batches whose KV bytes exceed memory_bytes, not counting the contract's own oversized ones."""
+
+    @property
+    def padding_waste(self) -> float:
+        """The consumer's padding waste (0 before its first batch)."""
+        return padding_waste(self.real_tokens, self.padded_tokens) or 0.0
 
     @property
     def kv_peak_fill(self) -> float:
@@ -119,7 +125,8 @@ class SimReport:
 
     @property
     def padding_waste(self) -> float:
-        return (self.padded_tokens - self.tokens_routed) / self.padded_tokens if self.padded_tokens else 0.0
+        """Over every consumer's batches (0 before the first)."""
+        return padding_waste(self.tokens_routed, self.padded_tokens) or 0.0
 
     @property
     def budget_fill(self) -> float:
@@ -192,9 +199,7 @@ class SimReport:
                     "items": f.items,
                     "real_tokens": f.real_tokens,
                     "padded_tokens": f.padded_tokens,
-                    "padding_waste": round((f.padded_tokens - f.real_tokens) / f.padded_tokens, 6)
-                    if f.padded_tokens
-                    else 0.0,
+                    "padding_waste": round(f.padding_waste, 6),
                     "budget_fill": round(f.fill_padded_tokens / f.budget_tokens, 6)
                     if f.budget_tokens
                     else 0.0,

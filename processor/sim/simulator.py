@@ -336,7 +336,12 @@ def _simulate(
 
 
 _RUN_TOTALS = (
-    "batches", "padded_tokens", "fill_padded_tokens", "budget_tokens", "cache_hits", "mixed_shape_batches"
+    "batches",
+    "padded_tokens",
+    "fill_padded_tokens",
+    "budget_tokens",
+    "cache_hits",
+    "mixed_shape_batches",
 )
 
 
@@ -416,4 +421,3 @@ def _sample(report: SimReport, pol: Policy, scheduler: Scheduler | None, now: in
         report.samples.append(
             Sample(now, getattr(pol, "waiting_items", 0), getattr(pol, "waiting_tokens", 0), 0)
         )
-

@@ -2,6 +2,7 @@
 
 What survives a crash or moves between instances, and the protocol that keeps it exact; imports the
 core, the wire format and the Kafka plumbing. Public face: ``ingest`` (IngestItem), ``commit``
-(the committers), ``restore``, ``handover`` (PartitionHandover), ``changelog``, ``seen`` (SeenBook:
+(the committers), ``restore``, ``handover`` (PartitionHandover, HandoverContext), ``results`` (ResultsCursor),
+``changelog``, ``seen`` (SeenBook:
 the dedupe window), ``credits``, ``offsets``.
 """

@@ -21,15 +21,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.core.item import Batch, Item
 from processor.kafka.exits import DeliveryFailed, age_s, now_stamp, purged
+from processor.kafka.factory import ConsumerClient, ProducerClient
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.state import changelog
+from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
 from processor.state.offsets import DeadMark, OffsetTracker
+from processor.state.results import ResultsCursor
 from processor.state.seen import SeenBook
 
 log = logging.getLogger("tokenfabric.processor")
@@ -46,8 +49,52 @@ class Placement:
     results_from: tuple[tuple[int, int], ...]
 
 
+TakeOver = Callable[["TransactionalCommitter", list[int]], None]
+"""Restores the lane state of some partitions through a committer that logs it (the handover's)."""
+
+
 class Committer(Protocol):
+    """One delivery mode: how progress becomes durable, and everything else that differs between
+    the modes, asked by the service and the handover instead of branching on the mode."""
+
     undelivered: KafkaError | None
+    watchdog: CallWatchdog | None
+    batches_delivered: int
+    """Batches known to have reached their topic: at their delivery report (at-least-once) or when
+    their transaction commits (exactly-once)."""
+
+    def on_start(self, resume: Callable[[], None]) -> None:
+        """Before the group assigns partitions: call ``resume`` (load the ledger checkpoint, read
+        results from the topic's end) when lane state moves with partitions, as in exactly-once."""
+        ...
+
+    def results_assignment(
+        self, topic: str, partitions: list[int], cursor: ResultsCursor
+    ) -> list[TopicPartition]:
+        """Where the results reader starts: the cursor's positions, or the group's committed ones."""
+        ...
+
+    def slot_share(self, credits: CreditBook, max_inflight: int) -> int | None:
+        """This instance's share of a consumer's in-flight slots (None: all of them)."""
+        ...
+
+    def place(
+        self, batch: Batch, credits: CreditBook, max_inflight: int, cursor: ResultsCursor
+    ) -> Placement | None:
+        """Take a slot for a new batch and say where its changelog record goes (None: no changelog)."""
+        ...
+
+    def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
+        """After the forced commit of a revocation: what letting go of ``partitions`` means here."""
+        ...
+
+    def assigned(self, partitions: list[int], take_over: TakeOver) -> None:
+        """An assignment: restore the partitions' lane state through ``take_over``, or nothing."""
+        ...
+
+    def transaction_age_s(self) -> float:
+        """How long the open transaction has been open (0 without transactions)."""
+        ...
 
     def check_delivered(self) -> None: ...
 
@@ -69,15 +116,15 @@ class Committer(Protocol):
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
     def due(self, now_ms: int) -> bool: ...
     def commit(self, snapshot: Callable[[], bytes]) -> float: ...
-    def revoked(self, partitions: list[int]) -> None: ...
+    def remembered_ids(self) -> int: ...
 
 
 class _Base:
     def __init__(
         self,
-        producer: Producer,
-        ingest: Consumer,
-        control: Consumer,
+        producer: ProducerClient,
+        ingest: ConsumerClient,
+        control: ConsumerClient,
         topics: TopicNames,
         instance: str,
         interval_ms: int,
@@ -89,7 +136,14 @@ class _Base:
         self.instance = instance
         self.interval_ms = interval_ms
         self.undelivered: KafkaError | None = None  # the first failed delivery
+        self.batches_delivered = 0
+        self.watchdog: CallWatchdog | None = None
+        """Guards a commit call that may block for ever (librdkafka#5456); the service sets it."""
         self._last_ms = -1 << 62
+
+    def remembered_ids(self) -> int:
+        """How many item ids the dedupe window holds (0: no dedupe)."""
+        return 0
 
     def due(self, now_ms: int) -> bool:
         if now_ms - self._last_ms >= self.interval_ms:
@@ -146,6 +200,35 @@ class AtLeastOnceCommitter(_Base):
     def start(self) -> None:
         return None
 
+    def on_start(self, resume: Callable[[], None]) -> None:
+        """Nothing to resume: without a changelog, lane state starts empty and the ledger from 0."""
+
+    def results_assignment(
+        self, topic: str, partitions: list[int], cursor: ResultsCursor
+    ) -> list[TopicPartition]:
+        """From the group's committed position: completions are applied at least once."""
+        return [TopicPartition(topic, p) for p in partitions]
+
+    def slot_share(self, credits: CreditBook, max_inflight: int) -> int | None:
+        return None  # one instance holds every slot: nothing moves between instances
+
+    def place(
+        self, batch: Batch, credits: CreditBook, max_inflight: int, cursor: ResultsCursor
+    ) -> Placement | None:
+        return None
+
+    def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
+        """Lane state stays (there is no changelog to hand it over by): the next owner reads the
+        revoked partitions again from their committed offsets, so only their offsets are forgotten."""
+        for p in partitions:
+            self.offsets.drop(p)
+
+    def assigned(self, partitions: list[int], take_over: TakeOver) -> None:
+        """Nothing to restore: the assigned partitions are read from their committed offsets."""
+
+    def transaction_age_s(self) -> float:
+        return 0.0
+
     def item_seen(self, item: IngestItem) -> None:
         self.offsets.seen(item.partition, item)
 
@@ -169,6 +252,7 @@ class AtLeastOnceCommitter(_Base):
         def delivered(err: Any, msg: Any) -> None:
             self._failed(err, msg)
             if err is None:
+                self.batches_delivered += 1
                 for item in items:
                     item.safe = True  # type: ignore[attr-defined]
 
@@ -197,10 +281,6 @@ class AtLeastOnceCommitter(_Base):
         self._commit_control()
         return time.monotonic() - started
 
-    def revoked(self, partitions: list[int]) -> None:
-        for p in partitions:
-            self.offsets.drop(p)
-
 
 @dataclass(slots=True)
 class _LoggedBatch:
@@ -219,9 +299,12 @@ class TransactionalCommitter(_Base):
         dedupe_window_ms: int = 0,
         dedupe_max_ids: int = 0,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        stamp: Callable[[], tuple[float, float]] = now_stamp,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._stamp = stamp
+        """Monotonic and wall-clock time now (processor.kafka.exits.now_stamp): a transaction's age."""
         self.seen = SeenBook(dedupe_window_ms, dedupe_max_ids) if dedupe_window_ms > 0 else None
         """The item ids each owned ingest partition took within the window (None: no dedupe)."""
         self._wall_ms = wall_ms
@@ -235,9 +318,8 @@ class TransactionalCommitter(_Base):
         self._logged_batches: dict[str, _LoggedBatch] = {}
         self._waiting = changelog.WaitingSets()
         self.in_transaction = False
+        self._uncommitted_batches = 0  # emitted in the open transaction: delivered when it commits
         self._began = (0.0, 0.0)  # monotonic and wall-clock time the open transaction began
-        self.watchdog: CallWatchdog | None = None
-        """Guards ``send_offsets_to_transaction`` (librdkafka#5456); the service sets it at start."""
 
     def start(self) -> None:
         self.producer.init_transactions(60)
@@ -246,12 +328,47 @@ class TransactionalCommitter(_Base):
     def _begin(self) -> None:
         self.producer.begin_transaction()
         self.in_transaction = True
-        self._began = now_stamp()
+        self._began = self._stamp()
+
+    def remembered_ids(self) -> int:
+        return 0 if self.seen is None else len(self.seen)
+
+    def on_start(self, resume: Callable[[], None]) -> None:
+        """Lane state moves with partitions: resume the ledger before any is assigned."""
+        resume()
+
+    def results_assignment(
+        self, topic: str, partitions: list[int], cursor: ResultsCursor
+    ) -> list[TopicPartition]:
+        """From the cursor: completions of batches restored later are found by rewinding it."""
+        return [TopicPartition(topic, p, o) for p, o in cursor.next.items()]
+
+    def slot_share(self, credits: CreditBook, max_inflight: int) -> int | None:
+        """Slots are split between instances by the ingest partitions each owns (state/credits.py)."""
+        return credits.share(max_inflight)
+
+    def place(
+        self, batch: Batch, credits: CreditBook, max_inflight: int, cursor: ResultsCursor
+    ) -> Placement | None:
+        """A batch holds one of its consumer's slots, which decides the changelog partition its
+        record goes to (the slot moves with that partition), and records where its completions can
+        first appear (the results cursor now)."""
+        slot, partition = credits.take(batch.consumer, max_inflight, batch.batch_id)
+        return Placement(partition, slot, cursor.positions())
+
+    def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
+        """The protocol is eager: every partition goes, so all lane state goes with it (committed just
+        before; the next owner restores it), and nothing tracked here belongs to this instance now."""
+        let_go()
+        self.reset()
+
+    def assigned(self, partitions: list[int], take_over: TakeOver) -> None:
+        take_over(self, partitions)
 
     def transaction_age_s(self) -> float:
         """How long the open transaction has been open (0 without one): past ``transaction.timeout.ms``
         the broker may have aborted it itself (processor.kafka.exits)."""
-        return age_s(self._began) if self.in_transaction else 0.0
+        return age_s(self._began, self._stamp()) if self.in_transaction else 0.0
 
     def check_delivered(self) -> None:
         """As :meth:`_Base.check_delivered`, except for a purged message: librdkafka purges only when
@@ -313,6 +430,7 @@ class TransactionalCommitter(_Base):
         if placement is None:
             raise ValueError(f"batch {batch.batch_id}: exactly-once needs its changelog placement")
         self._emitted.append((batch, placement))
+        self._uncommitted_batches += 1
         return self._failed
 
     def batch_finished(self, batch_id: str) -> None:
@@ -411,9 +529,8 @@ class TransactionalCommitter(_Base):
             self.check_delivered()  # the cause, classified (processor.kafka.exits), rather than its effect
             raise
         self.in_transaction = False
+        self.batches_delivered += self._uncommitted_batches
+        self._uncommitted_batches = 0
         self.check_delivered()
         self._begin()
         return time.monotonic() - started
-
-    def revoked(self, partitions: list[int]) -> None:
-        return None

@@ -15,7 +15,7 @@ partitions`` (``tests/state/test_handover.py`` checks the first by property). Ot
 own none (4 instances on 6 partitions with ``max_inflight`` 4: the slots sit on partitions 0, 2, 3
 and 5), and cannot send that consumer work; ``tokenfabric status`` shows each instance's share.
 
-No I/O: the processor service keeps one ``CreditBook`` and rebuilds it on each assignment.
+No I/O: the processor service keeps one ``CreditBook`` and re-fills it on each assignment.
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ class CreditBook:
         if entry is not None:
             consumer, slot = entry
             del self._held[consumer][slot]
+
+    def count_partitions(self, partitions: int) -> None:
+        """The ingest topic's partition count, learnt when the processor starts (before any
+        assignment: nothing is owned or held yet, and the slots' partitions follow the count)."""
+        self.partitions = partitions
+        self.reassign(frozenset())
 
     def reassign(self, owned_partitions: frozenset[int]) -> None:
         """A new assignment: nothing is held until restore adopts the batches of these partitions."""

@@ -1,14 +1,18 @@
 """Handing lane state between processor instances: what the processor does when the group revokes
-or assigns ingest partitions (exactly-once mode).
+or assigns ingest partitions.
 
 Lane state belongs to ingest partitions, not to instances (docs/reliability.md, "Scale-out and
-handover"). The rebalance protocol is eager: a revocation commits and then lets go of everything
-(the ledger moves it to ``released``); an assignment restores exactly the assigned partitions from
-the changelog (adopting it into the ledger), re-holds the consumer slots their batches hold, and
-rewinds the results reader to where those batches' completions can first appear.
+handover"). The rebalance protocol is eager: a revocation commits and then, in exactly-once mode,
+lets go of everything (the ledger moves it to ``released``); an assignment restores exactly the
+assigned partitions from the changelog (adopting it into the ledger), re-holds the consumer slots
+their batches hold, and rewinds the results reader to where those batches' completions can first
+appear. What differs between the delivery modes is the committer's to say
+(:meth:`~processor.state.commit.Committer.revoked`, :meth:`~processor.state.commit.Committer.assigned`):
+this component never asks which mode it runs in.
 
-A mixin of :class:`processor.apps.service.ProcessorService`, kept apart because it is the one part of the
-service that runs inside librdkafka's rebalance callbacks rather than the loop.
+:class:`PartitionHandover` is the one part of the processor that runs inside librdkafka's rebalance
+callbacks rather than the loop. It works only on what its :class:`HandoverContext` gives it, like
+Quix Streams' ``RecoveryManager`` called from its assign/revoke callbacks.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -27,58 +32,98 @@ from processor.core.scheduler import Scheduler
 from processor.state.commit import Committer, TransactionalCommitter
 from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
-from processor.state.restore import RestoredState, restore
-from processor.wire.heads import ItemHead
+from processor.state.restore import OnWaiting, RestoredState
+from processor.state.results import ResultsCursor
+from processor.wire.records import LedgerSnapshotRecord
 
 log = logging.getLogger("tokenfabric.processor")
 
+Restorer = Callable[[list[int], Callable[[dict[str, Contract]], None], OnWaiting], RestoredState]
+"""Reads the changelog of some ingest partitions (processor.state.restore.restore, bound to a
+pipeline's clients, topics and group)."""
 
-class PartitionHandover:
-    """Revoke and assign callbacks; the attributes below are the service's."""
 
-    conf: dict[str, str]
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What one assignment adopted, for the service's counters and log."""
+
+    partitions: list[int]
+    waiting_items: int
+    batches: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class HandoverContext:
+    """Everything the rebalance callbacks work on, passed in by the service that owns them."""
+
     core: Scheduler
     committer: Committer
     credits: CreditBook
-    owned: frozenset[int]
-    restoring_since_s: float | None
-    last_step_s: float
-    _clock: Callable[[], float]
-    _closing: bool
-    _results_pos: dict[int, int]
-    _handover_at_start: dict[str, tuple[int, int]] | None
-    _owned_at_checkpoint: int
+    results: ResultsCursor
+    restore: Restorer
+    commit: Callable[[], None]
+    """Make everything consumed so far durable, now (a forced commit)."""
+    set_contract: Callable[[Contract], None]
+    """Announce a restored contract to the core, with this instance's share of its slots."""
+    reassign_results: Callable[[], None]
+    """Re-assign the results reader at ``results.next`` (after a rewind)."""
+    now_ms: Callable[[], int]
+    clock: Callable[[], float]
+    """Monotonic seconds (when a restore began and ended)."""
+    on_restored: Callable[[Restored], None]
 
-    settings: Any
-    topics: Any
-    counters: Any
 
-    if TYPE_CHECKING:  # the service's methods these callbacks use
+class PartitionHandover:
+    """The revoke and assign callbacks, and the partitions they leave this instance owning.
 
-        def now_ms(self) -> int: ...
-        def _commit(self, force: bool = False) -> None: ...
-        def _assign_control(self) -> None: ...
-        def _set_contract(self, contract: Contract) -> None: ...
+    Read from other threads (health): ``owned``, ``restoring_since_s`` (set while a restore runs),
+    ``finished_s`` (when the last restore ended).
+    """
 
-    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Make everything consumed so far durable while the partitions are still ours; in
-        exactly-once mode then let go of all lane state (the rebalance protocol is eager: every
-        partition is revoked, and ``_on_assign`` restores whatever comes back)."""
-        if self._closing:
+    def __init__(self, context: HandoverContext) -> None:
+        self.ctx = context
+        self.owned: frozenset[int] = frozenset()
+        self.restoring_since_s: float | None = None
+        self.finished_s: float | None = None
+        self.closing = False
+        """Set when the service shuts down: a revocation then commits nothing more."""
+        self._counted_at_start: dict[str, tuple[int, int]] | None = None
+        self._owned_at_checkpoint = -1
+
+    def resume(self, checkpoint: LedgerSnapshotRecord | None) -> None:
+        """At start, in a mode whose lane state moves with partitions: resume the ledger from the
+        instance's last checkpoint, remember what it counted (for :meth:`_check_restart`), then let
+        go of it all: nothing is this instance's until the group assigns partitions."""
+        core = self.ctx.core
+        if checkpoint is not None:
+            core.resume_ledger(checkpoint.counters)
+            self._owned_at_checkpoint = checkpoint.counters.get("owned_partitions", -1)
+        self._counted_at_start = core.ledger.handover_delta()
+        core.release_all()
+
+    def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Make everything consumed so far durable while the partitions are still ours, then let the
+        committer say what a revocation means in its mode (exactly-once: let go of all lane state, as
+        the eager protocol revokes every partition and ``on_assign`` restores what comes back)."""
+        if self.closing:
             return
-        self._commit(force=True)
-        if isinstance(self.committer, TransactionalCommitter):
-            self._hand_over(self.committer)
-        else:
-            self.committer.revoked(sorted(tp.partition for tp in partitions))
+        self.ctx.commit()
+        self.ctx.committer.revoked(sorted(tp.partition for tp in partitions), self._let_go)
 
-    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        if isinstance(self.committer, TransactionalCommitter):
-            self._take_over(self.committer, sorted(tp.partition for tp in partitions))
+    def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self.ctx.committer.assigned(sorted(tp.partition for tp in partitions), self._take_over)
+
+    def _let_go(self) -> None:
+        """After the commit in ``on_revoke``: forget everything; the next owner restores it."""
+        self.ctx.core.release_all()
+        self.ctx.core.release_slots()
+        self.owned = frozenset()
+        self.ctx.credits.reassign(self.owned)
 
     def _take_over(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
         """Restore the lanes and in-flight batches of ``partitions``, now this instance's."""
-        self.restoring_since_s = self._clock()
+        self.restoring_since_s = self.ctx.clock()
         # Restore builds millions of objects and no reference cycles: a collection in the middle
         # walks everything restored so far and frees nothing (a tenth of restore time when it ran).
         collecting = gc.isenabled()
@@ -89,64 +134,55 @@ class PartitionHandover:
             if collecting:
                 gc.enable()
             self.restoring_since_s = None
-            self.last_step_s = self._clock()
+            self.finished_s = self.ctx.clock()
 
     def _restore_partitions(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
+        ctx = self.ctx
         self.owned = frozenset(partitions)
-        self.credits.reassign(self.owned)
-        now = self.now_ms()
+        ctx.credits.reassign(self.owned)
+        now = ctx.now_ms()
 
         def contracts(found: dict[str, Contract]) -> None:
             for contract in found.values():
-                self._set_contract(contract)
+                ctx.set_contract(contract)
 
         adopted: list[IngestItem] = []
 
-        def waiting(ref: tuple[int, int], home: int, head: ItemHead) -> None:
+        def waiting(ref: tuple[int, int], home: int, head: Any) -> None:
             item = IngestItem.from_head(head, now, *ref)
             committer.adopt(item, home)
             adopted.append(item)
 
-        state = restore(self.conf, self.topics, self.settings.group_id, partitions, contracts, waiting)
-        self.core.adopt_waiting_many(adopted, [now] * len(adopted))  # in one pass, in restore order
+        state = ctx.restore(partitions, contracts, waiting)
+        ctx.core.adopt_waiting_many(adopted, [now] * len(adopted))  # in one pass, in restore order
         committer.adopt_waiting(state.changelog)
         rewind: dict[int, int] = {}
         for batch_id, entry in state.changelog.batches.items():
-            batch = self._rebuilt_batch(state, batch_id)
+            batch = self._rebuilt_batch(state, batch_id, now)
             committer.adopt_batch(batch, state.changelog.homes[batch_id], entry)
             done = {batch.items[i].id for i in entry.done}
-            if self.core.adopt_in_flight(batch, now, done):
-                self.credits.adopt(entry.consumer, entry.slot, batch_id)
+            if ctx.core.adopt_in_flight(batch, now, done):
+                ctx.credits.adopt(entry.consumer, entry.slot, batch_id)
             else:
                 committer.requeued(batch_id, [it for it in batch.items if it.id not in done])
             for p, offset in entry.results_from:
                 rewind[p] = min(offset, rewind.get(p, offset))
-        self._rewind_results(rewind)
-        self.core.check(deep=True)
+        if ctx.results.rewind(rewind):
+            # ``item_done`` is idempotent: completions already applied count as replays only
+            ctx.reassign_results()
+        ctx.core.check(deep=True)
         self._check_restart(len(partitions))
         # What was just restored lives until it is dispatched: keep the cyclic collector from
         # walking it again and again (it took a quarter of restore time; docs/benchmarks.md).
         gc.freeze()
-        self.counters.assignments += 1
-        self.counters.restored_items += len(state.changelog.waiting)
-        self.counters.restored_batches += len(state.changelog.batches)
-        self.counters.restore_seconds += state.seconds
-        log.info(
-            "processor %s: assigned ingest partitions %s; adopted %d waiting items and %d batches in %.2f s",
-            self.settings.instance,
-            partitions,
-            len(state.changelog.waiting),
-            len(state.changelog.batches),
-            state.seconds,
+        ctx.on_restored(
+            Restored(partitions, len(state.changelog.waiting), len(state.changelog.batches), state.seconds)
         )
 
-    def _rebuilt_batch(self, state: RestoredState, batch_id: str) -> Batch:
+    @staticmethod
+    def _rebuilt_batch(state: RestoredState, batch_id: str, now: int) -> Batch:
         entry = state.changelog.batches[batch_id]
-        now = self.now_ms()
         items = [IngestItem.from_head(state.records[ref], now, *ref) for ref in entry.refs]
-        for item in items:
-            item.dispatched = True
-            item.lane = entry.lane
         first = items[0]
         return Batch(
             batch_id,
@@ -164,12 +200,12 @@ class PartitionHandover:
     def _check_restart(self, assigned: int) -> None:
         """After a restart that kept every partition, what the changelog holds must be exactly what
         the last checkpoint counted: the crash check that catches a leak or a phantom."""
-        before = self._handover_at_start
-        self._handover_at_start = None
-        n = self.credits.partitions
+        before = self._counted_at_start
+        self._counted_at_start = None
+        n = self.ctx.credits.partitions
         if before is None or assigned != n or self._owned_at_checkpoint != n:
             return
-        after = self.core.ledger.handover_delta()
+        after = self.ctx.core.ledger.handover_delta()
         for model in before.keys() | after.keys():
             if before.get(model, (0, 0)) != after.get(model, (0, 0)):
                 b, a = before.get(model, (0, 0)), after.get(model, (0, 0))
@@ -177,21 +213,3 @@ class PartitionHandover:
                     f"restore: model {model}: the checkpoint counted {a[0] - b[0]:+,} items / "
                     f"{a[1] - b[1]:+,} tokens different from what the changelog holds"
                 )
-
-    def _hand_over(self, committer: TransactionalCommitter) -> None:
-        """After the commit in ``_on_revoke``: forget everything; the next owner restores it."""
-        self.core.release_all()
-        committer.reset()
-        self.owned = frozenset()
-        self.credits.reassign(self.owned)
-        for state in self.core.consumers.values():
-            state.slots = 0
-
-    def _rewind_results(self, targets: dict[int, int]) -> None:
-        """Re-read completions from where an adopted batch's could first appear; ``item_done`` is
-        idempotent, so completions this instance already applied are counted as replays only."""
-        lower = {p: o for p, o in targets.items() if o < self._results_pos.get(p, o + 1)}
-        if not lower:
-            return
-        self._results_pos.update(lower)
-        self._assign_control()

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from processor.core.contract import Contract
 from processor.kafka.exits import WrongSettings
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.reader import partitions_of, read_topic, read_topic_chunks
 from processor.kafka.topics import TopicNames
 from processor.state.changelog import ChangelogState
@@ -43,9 +43,11 @@ class RestoredState:
     seconds: float = 0.0
 
 
-def latest_contracts(conf: Mapping[str, str], topics: TopicNames) -> dict[str, Contract]:
+def latest_contracts(
+    conf: Mapping[str, str], topics: TopicNames, clients: ClientFactory = KAFKA
+) -> dict[str, Contract]:
     out: dict[str, Contract] = {}
-    for msg in read_topic(conf, topics.contracts):
+    for msg in read_topic(conf, topics.contracts, clients=clients):
         key = (msg.key() or b"").decode("utf-8", "replace")
         if msg.value() is None:
             out.pop(key, None)
@@ -55,24 +57,24 @@ def latest_contracts(conf: Mapping[str, str], topics: TopicNames) -> dict[str, C
 
 
 def latest_checkpoint(
-    conf: Mapping[str, str], topics: TopicNames, instance: str
+    conf: Mapping[str, str], topics: TopicNames, instance: str, clients: ClientFactory = KAFKA
 ) -> LedgerSnapshotRecord | None:
     """The instance's last committed ledger checkpoint (with the gauges taken beside it)."""
     latest: LedgerSnapshotRecord | None = None
-    for msg in read_topic(conf, topics.accounting):
+    for msg in read_topic(conf, topics.accounting, clients=clients):
         if msg.key() != instance.encode():
             continue
         latest = decode_ledger_snapshot(msg.value())
     return latest
 
 
-def committed_offsets(conf: Mapping[str, str], topic: str, group: str) -> dict[int, int]:
+def committed_offsets(
+    conf: Mapping[str, str], topic: str, group: str, clients: ClientFactory = KAFKA
+) -> dict[int, int]:
     """The group's committed offsets, stable ones only (read_committed: KIP-447 waits out any open
     transaction that is committing offsets for them)."""
-    consumer = Consumer(
-        with_kafka_logger(
-            {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_committed"}
-        )
+    consumer = clients.consumer(
+        {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_committed"}
     )
     try:
         partitions = partitions_of(consumer, topic) or []
@@ -92,6 +94,7 @@ def restore(
     partitions: list[int] | None,
     on_contracts: Callable[[dict[str, Contract]], None],
     on_waiting: OnWaiting,
+    clients: ClientFactory = KAFKA,
 ) -> RestoredState:
     """The state of ``partitions`` (default: all) as their last committed transactions left it; the
     waiting items go to ``on_waiting``, the heads of in-flight batches' items to ``records``.
@@ -108,13 +111,13 @@ def restore(
     it was when first consumed: a topic recreated under the same name is refused, not adopted.
     """
     started = time.monotonic()
-    committed = committed_offsets(conf, topics.ingest, group)
-    contracts = latest_contracts(conf, topics)
+    committed = committed_offsets(conf, topics.ingest, group, clients)
+    contracts = latest_contracts(conf, topics, clients)
     on_contracts(contracts)
     state = ChangelogState()
     starts = None if partitions is None else dict.fromkeys(partitions, 0)
     if starts != {}:
-        for msg in read_topic(conf, topics.changelog, starts):
+        for msg in read_topic(conf, topics.changelog, starts, clients=clients):
             state.apply(msg.key(), msg.value(), msg.partition())
     changelog_read = time.monotonic()
     waiting = state.waiting
@@ -135,7 +138,7 @@ def restore(
         stops = {p: committed.get(p, 0) for p in first}
         adopted: list[tuple[int, int]] = []
         found = adopted.append
-        for chunk in read_topic_chunks(conf, topics.ingest, first, stops):
+        for chunk in read_topic_chunks(conf, topics.ingest, first, stops, clients=clients):
             for msg in chunk:
                 ref = (msg.partition(), msg.offset())  # both always set on a consumed message
                 home = waiting.get(ref)

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from processor.apps.consumer import ConsumerApp
-from processor.apps.observe import ProcessorSettings
 from processor.apps.producer import TokenProducer, synthetic_tokens
 from processor.apps.service import ProcessorService
+from processor.apps.settings import ProcessorSettings
 from processor.core.contract import Contract
 from processor.engines.sim import SimEngine
 from processor.kafka.reader import read_topic

@@ -31,7 +31,6 @@ pytestmark = pytest.mark.kafka
 log = logging.getLogger(__name__)
 
 
-
 @pytest.fixture
 def private_broker(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     state = tmp_path / "kafka"
@@ -86,7 +85,9 @@ def test_the_pipeline_rides_out_a_broker_restart(
         restarted, stall_s = supervise_until_done(rig, len(ids), timeout_s=400)
         log.warning(
             "broker away %.1f s; then no completion for %.1f s at most; restarted on exit 75: %s",
-            outage_s, stall_s, restarted or "none",
+            outage_s,
+            stall_s,
+            restarted or "none",
         )
         print(f"STALL kill={kill} outage={outage_s:.1f}s stall={stall_s:.1f}s restarted={restarted}")
         codes = rig.pipeline.stop()

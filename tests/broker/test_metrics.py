@@ -29,9 +29,9 @@ pytestmark = pytest.mark.kafka
 def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
     """The processor's and the consumer app's /metrics on a real pipeline: counters, histograms,
     librdkafka's statistics, OpenMetrics, and every metric the Grafana dashboard queries."""
-    from processor.apps.observe import ProcessorSettings
     from processor.apps.producer import TokenProducer, synthetic_tokens
     from processor.apps.service import ProcessorService
+    from processor.apps.settings import ProcessorSettings
 
     contract = Contract("gpu0", "default", budget_tokens=8192, max_items=32, pad_multiple=8, max_inflight=2)
     conf, topics = new_topics(kafka_bootstrap, "m", [contract.consumer])
@@ -160,8 +160,8 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
 
 @pytest.mark.kafka
 def test_a_processor_that_stops_stepping_fails_healthz(kafka_bootstrap: str) -> None:
-    from processor.apps.observe import ProcessorSettings
     from processor.apps.service import ProcessorService
+    from processor.apps.settings import ProcessorSettings
     from processor.kafka.topics import TopicNames
 
     topics = TopicNames(f"s{uuid.uuid4().hex[:8]}")

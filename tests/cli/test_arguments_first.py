@@ -71,8 +71,8 @@ def test_a_bad_argument_is_reported_before_the_missing_cluster(
 
 def test_every_command_with_arguments_of_its_own_is_covered() -> None:
     """audit and jobs take only Kafka options (checked before any connection by ``kafka_settings``);
-    simulate, demo and kafka need no cluster to be named."""
+    simulate, demo, kafka and llm need no cluster to be named."""
     from processor.cli.tokenfabric import COMMANDS
 
     covered = {argv[0] for argv, _ in CASES.values()}
-    assert covered == set(COMMANDS) - {"audit", "jobs", "simulate", "demo", "kafka"}
+    assert covered == set(COMMANDS) - {"audit", "jobs", "simulate", "demo", "kafka", "llm"}

@@ -198,3 +198,20 @@ def test_a_producer_repeat_is_counted_as_a_duplicate_beside_the_equations() -> N
     assert after["dead_lettered_items"] == before["dead_lettered_items"] + 2
     assert after["received_items"] == before["received_items"]
     assert Ledger.restore(after).snapshot() == after
+
+
+def test_each_equation_reports_its_gap_and_is_zero_while_it_holds() -> None:
+    """``RECEIVED`` and ``ROUTED`` are the equations ``check`` asks and the metrics publish the gap of."""
+    from processor.core.accounting import RECEIVED, ROUTED
+
+    ledger = busy_ledger()
+    for book in (*ledger.models.values(), *ledger.jobs.values()):
+        assert tally(RECEIVED.gap(book)) == (0, 0)
+        assert tally(ROUTED.gap(book)) == (0, 0)
+    for c in ledger.consumers.values():
+        assert tally(ROUTED.gap(c)) == (0, 0)
+    ledger.models["alpha"].queued.add(1, 25)  # a phantom waiting item
+    ledger.models["beta"].released_in_flight.add(0, 7)
+    assert tally(RECEIVED.gap(ledger.models["alpha"])) == (-1, -25)
+    assert tally(ROUTED.gap(ledger.models["beta"])) == (0, -7)
+    assert (RECEIVED.name, ROUTED.name) == ("received", "routed")

@@ -456,7 +456,11 @@ def test_leave_longer_finds_the_same_start_by_length_or_item_by_item(
         rule = BatchRule(max_items=8, pad_multiple=8, batching="tokens", budget_tokens=budget)
     else:  # one KV byte per token and no output: the memory limit is the tokens budget
         rule = BatchRule(
-            max_items=8, pad_multiple=8, batching="memory", memory_bytes=budget, kv_bytes_per_token=1,
+            max_items=8,
+            pad_multiple=8,
+            batching="memory",
+            memory_bytes=budget,
+            kv_bytes_per_token=1,
             default_output_tokens=0,
         )
     taken, _padded = t.take_batch(sl, sl.lanes[0], rule, 0, leave_longer=True)

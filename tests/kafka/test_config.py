@@ -163,7 +163,7 @@ def test_describe_is_one_safe_line() -> None:
     assert line == "bootstrap.servers=b:9092, sasl.password=***, sasl.username=alice"
 
 
-KAFKA_COMMANDS = sorted(set(COMMANDS) - {"simulate", "kafka", "demo"})
+KAFKA_COMMANDS = sorted(set(COMMANDS) - {"simulate", "kafka", "demo", "llm"})
 
 
 @pytest.mark.parametrize("command", KAFKA_COMMANDS)

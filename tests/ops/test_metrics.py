@@ -1,5 +1,5 @@
-"""Metrics (processor/ops/metrics.py, processor/ops/consumer_metrics.py): what /metrics says, checked
-against what was done.
+"""Metrics (processor/ops/metrics.py, processor/ops/histograms.py, processor/ops/consumer_metrics.py):
+what /metrics says, checked against what was done.
 
 The tests drive the real scheduling core behind a stand-in service (no Kafka) and read the exposition
 text back through prometheus_client's own parser. The scraped counters of a real ProcessorService and
@@ -18,8 +18,9 @@ from processor.apps.consumer import ConsumerApp
 from processor.core.contract import Contract
 from processor.core.item import Item
 from processor.ops.consumer_metrics import ConsumerMetrics
+from processor.ops.histograms import FastHistograms
 from processor.ops.kafka_stats import KafkaStats
-from processor.ops.metrics import FastHistograms, processor_registry
+from processor.ops.metrics import processor_registry
 from processor.sim.cardmodel import CardSpec
 from tests.common import ROOT
 from tests.ops.helpers import FakeService, read_registry, value

@@ -1,4 +1,5 @@
-"""Trace reading (processor/sim/traces.py): the shipped real traces and every error path."""
+"""Trace reading (processor/sim/traces.py, processor/sim/traceformats.py): the shipped real traces and
+every error path."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.core.signature import blocks_signature, shape_signature
-from processor.sim import traces
+from processor.sim import traceformats
+from processor.sim.traceformats import _iter_jsonl
 from processor.sim.traces import (
     SHIPPED,
     TraceError,
     TraceRecord,
-    _iter_jsonl,
     iter_trace,
     read_shipped,
     read_trace,
@@ -286,6 +287,8 @@ def test_the_native_format_reads_an_optional_job(tmp_path: Path) -> None:
     path.write_text('{"t_ms": 1, "model": "m", "shape": 7, "length": 3, "job": 5}\n')
     with pytest.raises(TraceError, match=r'jobs.jsonl:1: "job" must be a string, got 5'):
         read_trace(path, "jsonl")
+
+
 _VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.integers(1 << 63, (1 << 64) + 1), st.floats(0, 2),
     st.sampled_from(["", "m", "x"]), st.lists(st.sampled_from(["a", "b"]), max_size=2), st.just([1]),
@@ -343,6 +346,6 @@ def test_chunked_decoding_gives_the_records_of_the_line_by_line_reader(
     path = tmp_path_factory.mktemp("chunks") / "t.jsonl"
     text = "\n".join(lines) + ("\n" if last_newline else "")
     path.write_bytes(("\ufeff" if bom else "").encode() + text.encode())
-    with mock.patch.object(traces, "_CHUNK_BYTES", chunk):
+    with mock.patch.object(traceformats, "_CHUNK_BYTES", chunk):
         fast = list(iter_trace(path, "jsonl"))
     assert fast == list(_iter_jsonl(iter(text.splitlines()), str(path)))

@@ -1,12 +1,13 @@
 """Handing lane state between processor instances, without Kafka.
 
 The scheduler's release and adopt, with the ledger balancing throughout; then PartitionHandover
-(processor/state/handover.py) itself, on a stand-in service whose restore is a prepared changelog:
+(processor/state/handover.py) itself, with a context whose restore is a prepared changelog:
 what an assignment adopts, what a revocation lets go of, and the restart check."""
 
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,22 +15,21 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from processor.apps.observe import ProcessorSettings, ServiceCounters
 from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
 from processor.kafka.topics import TopicNames
 from processor.state import changelog
-from processor.state import handover as handover_module
 from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
 from processor.state.credits import CreditBook
-from processor.state.handover import PartitionHandover
+from processor.state.handover import HandoverContext, PartitionHandover, Restored
 from processor.state.ingest import IngestItem
 from processor.state.restore import RestoredState
+from processor.state.results import ResultsCursor
 from processor.wire.heads import ItemHead, decode_item_head
 from processor.wire.items import encode_token_item
-from processor.wire.records import new_token_item
+from processor.wire.records import LedgerSnapshotRecord, new_token_item
 from tests.core.helpers import MODEL, make_contract, make_items, make_scheduler, submit_all
 
 # -- release and adopt in the core -------------------------------------------------------------
@@ -106,40 +106,48 @@ def head(item_id: str, length: int) -> ItemHead:
     )
 
 
-class Service(PartitionHandover):
-    """The attributes and methods of ProcessorService that the callbacks use, around a real scheduler,
-    credit book and committer; commits and control-consumer assignments are counted, not made."""
+class Service:
+    """The handover with a context around a real scheduler, credit book, results cursor and
+    committer; commits and results-reader assignments are counted, not made."""
 
     def __init__(self, committer_kind: str = "transactional") -> None:
-        self.conf = {"bootstrap.servers": "127.0.0.1:1"}
         self.topics = TopicNames("handover")
-        self.settings = ProcessorSettings(instance="p0", group_id="handover-proc")
-        self.counters = ServiceCounters()
+        self.restored: list[Restored] = []
         self.core = Scheduler()
         self.credits = CreditBook(PARTITIONS)
-        self.owned = frozenset()
-        self.restoring_since_s = None
-        self.last_step_s = 0.0
-        self._clock = lambda: 123.0
-        self._closing = False
-        self._results_pos = {}
-        self._handover_at_start = None
-        self._owned_at_checkpoint = -1
+        self.results = ResultsCursor()
         self.commits: list[bool] = []
         self.control_assignments = 0
+        self.restores: list[list[int]] = []
         args: tuple[Any, ...] = (None, None, None, self.topics, "p0", 500)
+        self.committer: TransactionalCommitter | AtLeastOnceCommitter
         if committer_kind == "transactional":
             self.committer = TransactionalCommitter(
                 *args, is_in_flight=self.core.is_in_flight, done_items=self.core.done_items, eager_ms=50
             )
         else:
             self.committer = AtLeastOnceCommitter(*args)
+        self.handover = PartitionHandover(
+            HandoverContext(
+                core=self.core,
+                committer=self.committer,
+                credits=self.credits,
+                results=self.results,
+                restore=lambda partitions, on_contracts, on_waiting: RESTORE(
+                    partitions, on_contracts, on_waiting
+                ),
+                commit=lambda: self.commits.append(True),
+                set_contract=self._set_contract,
+                reassign_results=self._assign_control,
+                now_ms=lambda: 1_000,
+                clock=lambda: 123.0,
+                on_restored=self.restored.append,
+            )
+        )
 
-    def now_ms(self) -> int:
-        return 1_000
-
-    def _commit(self, force: bool = False) -> None:
-        self.commits.append(force)
+    @property
+    def owned(self) -> frozenset[int]:
+        return self.handover.owned
 
     def _assign_control(self) -> None:
         self.control_assignments += 1
@@ -158,9 +166,9 @@ class Changelog:
     contracts: dict[str, Contract] = field(default_factory=lambda: {CARD.consumer: CARD})
     asked: list[tuple[str, list[int] | None]] = field(default_factory=list)
 
-    def restore(self, conf, topics, group, partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
+    def restore(self, partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
         """Stands in for processor.state.restore.restore: the records go through a real fold."""
-        self.asked.append((group, partitions))
+        self.asked.append(("handover-proc", partitions))
         state = changelog.ChangelogState()
         sets = changelog.WaitingSets()
         sets.add_all(changelog.WaitingRef(home, *ref) for ref, (home, _h) in self.waiting.items())
@@ -190,22 +198,26 @@ def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Changelog]:
         ),
         (0, changelog.BatchEntry("b2", "retired", 0, 64, 8, 900, False, ((1, 6),), 0, (), ((1, 2),))),
     ]
-    monkeypatch.setattr(handover_module, "restore", log.restore)
+    monkeypatch.setattr(sys.modules[__name__], "RESTORE", log.restore)
     yield log
     gc.unfreeze()  # _take_over freezes what it restored; give this test process its collector back
 
 
 def assign(svc: Service, partitions: list[int]) -> None:
-    svc._on_assign(None, [TopicPartition("handover.ingest", p) for p in partitions])
+    svc.handover.on_assign(None, [TopicPartition("handover.ingest", p) for p in partitions])
 
 
 def revoke(svc: Service, partitions: list[int]) -> None:
-    svc._on_revoke(None, [TopicPartition("handover.ingest", p) for p in partitions])
+    svc.handover.on_revoke(None, [TopicPartition("handover.ingest", p) for p in partitions])
+
+
+def RESTORE(partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
+    raise AssertionError("the restored fixture replaces this")
 
 
 def test_an_assignment_adopts_exactly_what_the_changelog_of_its_partitions_holds(restored: Changelog) -> None:
     svc = Service()
-    svc._results_pos = {0: 50, 1: 1, 2: 20}
+    svc.results.next.update({0: 50, 1: 1, 2: 20})
     assign(svc, [1, 0])
     assert restored.asked == [("handover-proc", [0, 1])]  # only the assigned partitions, sorted
     assert svc.owned == frozenset({0, 1}) and svc.credits.owned_partitions == frozenset({0, 1})
@@ -225,9 +237,9 @@ def test_an_assignment_adopts_exactly_what_the_changelog_of_its_partitions_holds
         svc.credits.take("c", CARD.max_inflight, "one-too-many")
     assert core.consumers["c"].slots == 2  # the contract was set with this instance's share
     # completions are read again from where b1's could first appear, only where that is earlier
-    assert svc._results_pos == {0: 17, 1: 1, 2: 20} and svc.control_assignments == 1
-    assert (svc.counters.assignments, svc.counters.restored_items, svc.counters.restored_batches) == (1, 3, 2)
-    assert svc.restoring_since_s is None and svc.last_step_s == 123.0
+    assert svc.results.next == {0: 17, 1: 1, 2: 20} and svc.control_assignments == 1
+    assert svc.restored == [Restored([0, 1], 3, 2, 0.5)]
+    assert svc.handover.restoring_since_s is None and svc.handover.finished_s == 123.0
 
 
 def test_adopted_waiting_items_are_logged_where_their_records_live(restored: Changelog) -> None:
@@ -241,6 +253,9 @@ def test_adopted_waiting_items_are_logged_where_their_records_live(restored: Cha
     }
     # the retired consumer's item is back in a lane, homed in its batch's partition, to be logged anew
     assert (waiting["gone-a"].home, waiting["gone-a"].logged) == (0, False)
+    committer = svc.committer
+    assert isinstance(committer, TransactionalCommitter)
+    assert [it.id for it in committer._new_items] == ["gone-a"] and committer._finished == ["b2"]
 
 
 def test_a_revocation_commits_then_lets_go_of_everything(restored: Changelog) -> None:
@@ -263,7 +278,7 @@ def test_a_revocation_commits_then_lets_go_of_everything(restored: Changelog) ->
 def test_a_revocation_while_closing_does_nothing(restored: Changelog) -> None:
     svc = Service()
     assign(svc, [0, 1])
-    svc._closing = True
+    svc.handover.closing = True
     revoke(svc, [0, 1])
     assert svc.commits == [] and svc.core.table.waiting_items == 4 and svc.owned == frozenset({0, 1})
 
@@ -288,13 +303,18 @@ def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_c
     restored: Changelog,
 ) -> None:
     def restart(held: list[tuple[str, int]]) -> Service:
-        """A service that resumed a checkpoint counting ``held`` items as waiting, as start() does."""
-        svc = Service()
+        """A restarted service that resumes, as start() does, a checkpoint of a process that held
+        ``held`` waiting items over every partition."""
+        before = Service()
         for item_id, length in held:
-            svc.core.submit(IngestItem.from_head(head(item_id, length), 0, 0, 0), 0)
-        svc._handover_at_start = svc.core.ledger.handover_delta()
-        svc._owned_at_checkpoint = PARTITIONS
-        svc.core.release_all()
+            before.core.submit(IngestItem.from_head(head(item_id, length), 0, 0, 0), 0)
+        counters = {**before.core.ledger.snapshot(), "owned_partitions": PARTITIONS}
+        svc = Service()
+        svc.handover.resume(
+            LedgerSnapshotRecord(
+                instance="p0", taken_ms=0, sequence=1, counters=counters, per_model={}, per_consumer={}
+            )
+        )
         return svc
 
     restored.batches = []
@@ -302,7 +322,7 @@ def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_c
     counted = [("w1", 100), ("w2", 50), ("w3", 20), ("w4", 8)]
     svc = restart(counted)
     assign(svc, list(range(PARTITIONS)))  # the changelog holds exactly what was counted: fine
-    assert svc._handover_at_start is None and svc.core.table.waiting_items == 4
+    assert svc.handover._counted_at_start is None and svc.core.table.waiting_items == 4
 
     phantom = restart([*counted, ("w5", 30)])  # the checkpoint claims an item the changelog lacks
     with pytest.raises(

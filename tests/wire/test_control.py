@@ -236,7 +236,10 @@ def test_a_dead_letter_written_before_detail_still_decodes() -> None:
     )
     rec = decode_dead_letter(PREVIOUS_DEAD_LETTER_HEADER + body.getvalue())
     assert (rec.reason, rec.detail, rec.offset, rec.original) == (
-        "bad-magic: not an Avro single-object message", None, 7, b"junk"
+        "bad-magic: not an Avro single-object message",
+        None,
+        7,
+        b"junk",
     )
     assert schema_of(PREVIOUS_DEAD_LETTER_HEADER + body.getvalue()) == "DeadLetter"
 

@@ -1,0 +1,165 @@
+"""In-flight bookkeeping: the batches consumers hold, which of their items are still outstanding, and
+what an answer finishes.
+
+Apart from the dispatch rules (core/scheduler.py) because it is another idea: the rules decide what
+a consumer gets next; this module remembers what it holds until it answers. Nothing here writes the
+ledger: the scheduler books what these functions count, so it stays the ledger's only writer.
+
+Invariant (``Scheduler.check`` recounts it): a batch is in :class:`InFlightTable` exactly when it is
+in its holder's ``ConsumerState.in_flight``, and its outstanding items are what the ledger counts as
+in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Iterator, Sequence
+
+from processor.core.contract import Contract
+from processor.core.item import Batch, Item, Outcome
+from processor.core.lanes import ShapeKey
+
+Answers = list[tuple[bool, Item]]
+"""Items just answered, each with whether it succeeded, in the order the answers came."""
+
+
+class InFlight:
+    """A batch a consumer holds, and which of its items are still outstanding."""
+
+    __slots__ = ("batch", "job", "pending", "tokens")
+
+    def __init__(self, batch: Batch, job: str | None, tokens: int | None = None) -> None:
+        self.batch = batch
+        self.pending: dict[str, Item] | None = None  # built on the first per-item completion
+        self.job = job  # the job of all its items; None for a batch restored from before lanes had jobs
+        self.tokens = batch.real_tokens if tokens is None else tokens  # of all its items
+
+    def outstanding(self) -> Collection[Item]:
+        """The items not answered yet (all of them until a per-item completion arrives)."""
+        return self.pending.values() if self.pending is not None else self.batch.items
+
+    def done_ids(self) -> list[str]:
+        """Ids of the items answered already, in batch order."""
+        pending = self.pending
+        if pending is None:
+            return []
+        return [it.id for it in self.batch.items if it.id not in pending]
+
+    def finish(self, failed: Collection[str]) -> Answers | None:
+        """Every outstanding item is answered, those in ``failed`` as failed. Returns them, or None in
+        the common case (nothing failed and nothing answered before: the whole batch succeeded, and
+        its ``tokens`` are known without another pass over its items)."""
+        if not failed and self.pending is None:
+            return None
+        return [(it.id not in failed, it) for it in self.outstanding()]
+
+    def answer(self, results: Sequence[Outcome]) -> tuple[Answers, bool]:
+        """Apply one results message: the items of ``results`` still outstanding (the others are
+        duplicates) and whether nothing is outstanding after them. A message answering the whole
+        batch in order, the common case, builds no per-item index."""
+        items = self.batch.items
+        if (
+            self.pending is None
+            and len(results) == len(items)
+            and all(r[0] == it.id for r, it in zip(results, items, strict=True))
+        ):
+            return [(r[1], it) for r, it in zip(results, items, strict=True)], True
+        if self.pending is None:
+            self.pending = {it.id: it for it in items}
+        pending = self.pending
+        answered: Answers = []
+        for item_id, ok, _hit in results:
+            found = pending.get(item_id)
+            if found is not None:
+                del pending[item_id]
+                answered.append((ok, found))
+        return answered, not pending
+
+
+class ConsumerState:
+    """A consumer as the scheduler sees it: its contract, its share of slots, what it holds and the
+    shape it is on (the dispatch rules' stickiness)."""
+
+    __slots__ = ("contract", "in_flight", "last_shape", "shape", "shape_switches", "slots", "switched_ms")
+
+    def __init__(self, contract: Contract, slots: int | None = None) -> None:
+        self.contract = contract
+        self.slots = slots  # this instance's share of max_inflight (processor/state/credits.py); None: all
+        self.in_flight: dict[str, InFlight] = {}
+        self.shape: ShapeKey | None = None
+        self.last_shape: ShapeKey | None = None
+        self.switched_ms = 0
+        self.shape_switches = 0
+
+    @property
+    def slot_limit(self) -> int:
+        """The batches it may hold from this scheduler: its share, else its whole ``max_inflight``."""
+        return self.contract.max_inflight if self.slots is None else self.slots
+
+    @property
+    def free_slots(self) -> int:
+        return self.slot_limit - len(self.in_flight)
+
+
+class InFlightTable:
+    """Every batch in flight by id, with the consumer state that holds it (which lists it too)."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, tuple[ConsumerState, InFlight]] = {}
+
+    def hold(self, state: ConsumerState, flight: InFlight) -> None:
+        batch_id = flight.batch.batch_id
+        state.in_flight[batch_id] = flight
+        self._by_id[batch_id] = (state, flight)
+
+    def get(self, batch_id: str) -> tuple[ConsumerState, InFlight] | None:
+        return self._by_id.get(batch_id)
+
+    def pop(self, batch_id: str) -> tuple[ConsumerState, InFlight] | None:
+        """Forget the batch (answered, or handed back); None if it was not in flight."""
+        entry = self._by_id.pop(batch_id, None)
+        if entry is not None:
+            del entry[0].in_flight[batch_id]
+        return entry
+
+    def __contains__(self, batch_id: object) -> bool:
+        return batch_id in self._by_id
+
+    def batches(self) -> Iterator[Batch]:
+        return (flight.batch for _, flight in self._by_id.values())
+
+    def clear(self) -> None:
+        """Forget every batch (the holders' own lists are the caller's to clear)."""
+        self._by_id.clear()
+
+    def outstanding(self) -> tuple[int, int]:
+        """Items and tokens not answered yet, recounted item by item (for ``check``)."""
+        items = tokens = 0
+        for _, flight in self._by_id.values():
+            for it in flight.outstanding():
+                items += 1
+                tokens += it.length
+        return items, tokens
+
+
+def count_answers(answered: Answers) -> tuple[int, int, int, int]:
+    """(ok items, ok tokens, failed items, failed tokens) of ``answered``."""
+    ok_items = ok_tokens = bad_items = bad_tokens = 0
+    for ok, item in answered:
+        if ok:
+            ok_items += 1
+            ok_tokens += item.length
+        else:
+            bad_items += 1
+            bad_tokens += item.length
+    return ok_items, ok_tokens, bad_items, bad_tokens
+
+
+def per_job(items: Iterable[Item]) -> dict[str, tuple[int, int]]:
+    """Items and tokens per job."""
+    out: dict[str, tuple[int, int]] = {}
+    for it in items:
+        n, tokens = out.get(it.job, (0, 0))
+        out[it.job] = (n + 1, tokens + it.length)
+    return out

@@ -1,0 +1,165 @@
+"""A read-only view of a scheduler: the figures status, metrics, checkpoints and the partition
+handover show, without reaching into the lane table or the consumers' state.
+
+Every figure is copied into a frozen value when asked for, so what a caller keeps does not change
+under it and cannot change the scheduler (a consumer's batches are the ``Batch`` values dispatch
+returned, shared rather than copied). Cheap enough for every commit and every scrape: the totals
+and lane counters are O(1), per-consumer figures O(consumers + batches in flight), per model and per
+shape O(shapes holding lanes).
+
+Observers on other threads (the metrics endpoint) may call it: each figure is read from the owner
+thread's objects without locking (a dict copied with one C call cannot see the dict change size, and
+an ``int`` read is atomic), so two figures may be a step apart, never torn. ``check`` of the
+scheduler is what proves them consistent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from processor.core.contract import Contract
+from processor.core.item import Batch
+
+if TYPE_CHECKING:
+    from processor.core.inflight import ConsumerState
+    from processor.core.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Items waiting in lanes (not yet dispatched), and their prompt tokens."""
+
+    items: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSnapshot:
+    """The lane table: what exists now, and the counters of lane activity since the start (they
+    carry on over a partition handover, which only forgets the lanes)."""
+
+    lanes_in_use: int
+    lanes_in_use_peak: int
+    lane_budget: int
+    """Most lanes one (model, shape) may hold (``LaneSettings.lane_budget``)."""
+    shapes: int
+    """Shapes holding lanes now: (model, shape), and (model, shape, job) for a named job's items."""
+    reuses: int
+    """Items placed in an existing lane."""
+    new_lanes: int
+    id_reuses: int
+    """Lanes opened under the id of a reclaimed one."""
+    idle_reclaims: int
+    lane_pressure_peak: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSnapshot:
+    """One consumer as the scheduler sees it."""
+
+    contract: Contract
+    slots: int
+    """The batches it may hold from this scheduler: its share of ``max_inflight`` (several processor
+    instances share a consumer), or all of ``max_inflight`` when it has no share."""
+    batches: tuple[Batch, ...]
+    """The batches it holds, oldest first."""
+    shape_switches: int
+    """Times it was moved to another shape (each costs its prefix cache)."""
+
+    @property
+    def in_flight(self) -> int:
+        """How many batches it holds."""
+        return len(self.batches)
+
+    @property
+    def free_slots(self) -> int:
+        """Batches it may still be sent (negative after its share shrank under what it holds)."""
+        return self.slots - len(self.batches)
+
+
+class SchedulerView:
+    """Read-only figures of one :class:`~processor.core.scheduler.Scheduler` (``Scheduler.view``)."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Scheduler) -> None:
+        self._core = core
+
+    # -- waiting work ----------------------------------------------------------------------------
+
+    def waiting(self) -> Waiting:
+        """Everything waiting in lanes."""
+        table = self._core.table
+        return Waiting(table.waiting_items, table.waiting_tokens)
+
+    def waiting_by_model(self) -> dict[str, Waiting]:
+        """What waits per model; models with nothing waiting are left out."""
+        out: dict[str, tuple[int, int]] = {}
+        for (model, _shape), (items, tokens) in self._by_shape().items():
+            had_items, had_tokens = out.get(model, (0, 0))
+            out[model] = (had_items + items, had_tokens + tokens)
+        return {model: Waiting(*n) for model, n in out.items()}
+
+    def waiting_by_shape(self) -> dict[tuple[str, int], Waiting]:
+        """What waits per (model, shape), a shape's jobs together; shapes with nothing waiting left out."""
+        return {key: Waiting(*n) for key, n in self._by_shape().items()}
+
+    def _by_shape(self) -> dict[tuple[str, int], tuple[int, int]]:
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for sl in list(self._core.table.shapes.values()):
+            if sl.waiting_items:
+                key = (sl.model, sl.shape)
+                items, tokens = out.get(key, (0, 0))
+                out[key] = (items + sl.waiting_items, tokens + sl.waiting_tokens)
+        return out
+
+    # -- lanes and dispatch ----------------------------------------------------------------------
+
+    def lanes(self) -> LaneSnapshot:
+        table = self._core.table
+        st = table.stats
+        return LaneSnapshot(
+            lanes_in_use=st.lanes_in_use,
+            lanes_in_use_peak=st.lanes_in_use_peak,
+            lane_budget=table.settings.lane_budget,
+            shapes=len(table.shapes),
+            reuses=st.reuses,
+            new_lanes=st.new_lanes,
+            id_reuses=st.id_reuses,
+            idle_reclaims=st.idle_reclaims,
+            lane_pressure_peak=st.lane_pressure_peak,
+        )
+
+    def shape_switches(self) -> int:
+        """Shape switches of every consumer known now (a retired consumer's go with it)."""
+        return self._core.shape_switches
+
+    def oversized(self) -> int:
+        """Single-item batches sent although they exceed their consumer's batching rule."""
+        return self._core.oversized
+
+    # -- consumers -------------------------------------------------------------------------------
+
+    def consumers(self) -> dict[str, ConsumerSnapshot]:
+        """Every consumer with a contract, in the order they announced."""
+        return {name: _snapshot(state) for name, state in list(self._core.consumers.items())}
+
+    def consumer(self, name: str) -> ConsumerSnapshot | None:
+        """One consumer's figures; None when it has no contract."""
+        state = self._core.consumers.get(name)
+        return None if state is None else _snapshot(state)
+
+    def contract(self, name: str) -> Contract | None:
+        """A consumer's contract (cheaper than :meth:`consumer`); None when it has none."""
+        state = self._core.consumers.get(name)
+        return None if state is None else state.contract
+
+
+def _snapshot(state: ConsumerState) -> ConsumerSnapshot:
+    return ConsumerSnapshot(
+        contract=state.contract,
+        slots=state.slot_limit,
+        batches=tuple(flight.batch for flight in list(state.in_flight.values())),
+        shape_switches=state.shape_switches,
+    )

@@ -1,0 +1,424 @@
+"""Golden messages (schemas/golden/): one encoded message of every record, held to the code.
+
+A team writing a producer or a consumer app in another language checks its Avro library against
+these bytes: encode the listed field values and compare the hex, decode the hex and compare the
+values, compare its fingerprints with the listed ones. So this test holds the file to the codec both
+ways (the fixed records below encode to the file's hex, the hex decodes to the fixed records), and
+holds the listed field values to the schemas with fastavro's generic reader and writer, which know
+nothing of the codec: what any Avro library reads from the hex is what the file lists, and what it
+writes from the listed values is the hex. ``Batch.canonical.avsc`` is Batch's self-contained Parsing
+Canonical Form (TokenItem inlined under its full name); it must give the codec's fingerprint.
+
+The fixed values are chosen so that any library writes the same bytes: every map has one entry
+(Avro leaves the order of a map's entries to the writer), and a shape signature of 2^63 or more
+shows the signed long on the wire.
+
+Regenerate the files (only when a schema changed on purpose, then review the diff):
+
+    .venv/bin/python tests/wire/test_golden.py --write
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]  # not tests.common: this file also runs as a script
+GOLDEN = ROOT / "schemas" / "golden"
+MESSAGES = GOLDEN / "messages.json"
+BATCH_CANONICAL = GOLDEN / "Batch.canonical.avsc"
+
+if __name__ == "__main__":  # run as a script: make the repo importable without an install
+    sys.path.insert(0, str(ROOT))
+
+import fastavro  # noqa: E402
+import pytest  # noqa: E402
+from fastavro.schema import parse_schema, to_parsing_canonical_form  # noqa: E402
+
+from processor.core.contract import Contract, contract_violation  # noqa: E402
+from processor.core.shares import JobPolicy  # noqa: E402
+from processor.jobs import codec as jobs_codec  # noqa: E402
+from processor.jobs.model import BadRow, JobRecord  # noqa: E402
+from processor.wire.completions import (  # noqa: E402
+    decode_completion,
+    decode_completion_batch,
+    encode_completion,
+    encode_completion_batch,
+)
+from processor.wire.control import (  # noqa: E402
+    decode_contract,
+    decode_dead_letter,
+    decode_ledger_snapshot,
+    encode_contract,
+    encode_dead_letter,
+    encode_ledger_snapshot,
+)
+from processor.wire.items import decode_batch, decode_token_item, encode_batch_record, encode_token_item  # noqa: E402
+from processor.wire.records import (  # noqa: E402
+    BatchRecord,
+    CompletionBatchRecord,
+    CompletionRecord,
+    ContractRecord,
+    DeadLetterRecord,
+    LedgerSnapshotRecord,
+    TokenItemRecord,
+    new_token_item,
+)
+from processor.wire.schemas import (  # noqa: E402
+    CANONICAL_FORMS,
+    FINGERPRINTS,
+    HEADER_SIZE,
+    HEADERS,
+    RECORD_NAMES,
+    rabin_fingerprint,
+    schema_dir,
+)
+
+# ------------------------------------------------------------------------------------------------
+# the fixed values
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, epoch ms
+MODEL = "llama-3-8b"
+SYSTEM_PROMPT = "You are a helpful assistant."  # signature 0xd59c19d1bab8f5d5 (docs/signatures.md)
+
+ITEM = new_token_item(
+    "golden-1",
+    MODEL,
+    [128000, 9906, 1917],
+    T0,
+    job_id="golden-job",
+    shape_components=[SYSTEM_PROMPT],
+    output_budget=256,
+    metadata={"tenant": "acme"},
+)
+"""An item with every optional field set."""
+
+PLAIN_ITEM = new_token_item("golden-2", MODEL, [128000, 40, 1097, 264, 2872], T0 + 5, shape=ITEM.shape)
+"""The same shape sent without its components, no output budget, no metadata: every union null."""
+
+CONTRACT = Contract("card-a", MODEL, budget_tokens=4096, max_items=32, pad_multiple=8, max_inflight=2)
+
+BATCH = BatchRecord(
+    batch_id="processor-0-1767225599000-42",
+    consumer=CONTRACT.consumer,
+    model=MODEL,
+    shape=ITEM.shape,
+    lane=2,
+    padded_length=CONTRACT.padded_length(max(ITEM.token_count, PLAIN_ITEM.token_count)),
+    pad_multiple=CONTRACT.pad_multiple,
+    created_ms=T0 + 250,
+    items=[ITEM, PLAIN_ITEM],
+)
+
+ENGINE_MS = 60
+COMPLETED_MS = BATCH.created_ms + ENGINE_MS + 4
+
+
+def completion_of(item: TokenItemRecord, **outcome: Any) -> CompletionRecord:
+    """``item``'s completion in :data:`BATCH`: the fields docs/consumers.md says a consumer copies
+    from the item and the batch, ``queued_ms`` as ``created_ms - produced_ms``, and ``outcome``."""
+    return CompletionRecord(
+        item_id=item.item_id,
+        job_id=item.job_id,
+        batch_id=BATCH.batch_id,
+        consumer=BATCH.consumer,
+        model=BATCH.model,
+        input_tokens=item.token_count,
+        padded_tokens=BATCH.padded_length,
+        queued_ms=BATCH.created_ms - item.produced_ms,
+        engine_ms=ENGINE_MS,
+        completed_ms=COMPLETED_MS,
+        **outcome,
+    )
+
+
+OK = completion_of(ITEM, status="ok", output_tokens=2, output=b"Hi!", cache_hit=True)
+
+FAILED = completion_of(PLAIN_ITEM, status="failed", reason="engine error: RuntimeError: out of memory")
+
+JOB = JobRecord(
+    name="golden-job",
+    state="submitted",
+    dataset="/data/prompts.jsonl",
+    dataset_sha256="0" * 64,
+    template="/data/template.txt",
+    shape=ITEM.shape,
+    model=MODEL,
+    tokenizer="/data/tokenizer.json",
+    rows=3,
+    items=2,
+    input_tokens=ITEM.token_count + PLAIN_ITEM.token_count,
+    bad_rows=(BadRow(2, "empty prompt"),),
+    started_ms=T0 - 1000,
+    submitted_ms=T0 + 10,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Golden:
+    """One record's fixed value and the codec functions that write and read it."""
+
+    name: str
+    value: object
+    encode: Callable[[Any], bytes]
+    decode: Callable[[bytes], object]
+
+
+GOLDEN_RECORDS = [
+    Golden("TokenItem", ITEM, encode_token_item, decode_token_item),
+    Golden("Batch", BATCH, encode_batch_record, decode_batch),
+    Golden("Completion", OK, encode_completion, decode_completion),
+    Golden(
+        "CompletionBatch",
+        CompletionBatchRecord.of([OK, FAILED]),
+        encode_completion_batch,
+        decode_completion_batch,
+    ),
+    Golden("ConsumerContract", ContractRecord(CONTRACT, T0 - 2000), encode_contract, decode_contract),
+    Golden(
+        "LedgerSnapshot",
+        LedgerSnapshotRecord(
+            instance="processor-0",
+            taken_ms=T0 + 500,
+            sequence=7,
+            counters={"received_tokens": ITEM.token_count + PLAIN_ITEM.token_count},
+            per_model={MODEL: {"received_items": 2}},
+            per_consumer={CONTRACT.consumer: {"routed_items": 2}},
+        ),
+        encode_ledger_snapshot,
+        decode_ledger_snapshot,
+    ),
+    Golden(
+        "DeadLetter",
+        DeadLetterRecord(
+            reason="bad-magic",
+            detail="not an Avro single-object message (expected Batch, no C3 01 header)",
+            source_topic="tokenfabric.batches.card-a",
+            partition=0,
+            offset=17,
+            original=b"not a batch",
+            original_key=b"processor-0-1767225599000-41",
+            dead_ms=T0 + 300,
+        ),
+        encode_dead_letter,
+        decode_dead_letter,
+    ),
+    Golden("Job", JOB, jobs_codec.encode_job, jobs_codec.decode_job),
+    Golden(
+        "JobShare",
+        (JOB.name, JobPolicy(weight=2.0, max_tokens=1_000_000), T0 - 500),
+        lambda share: jobs_codec.encode_job_share(*share),
+        jobs_codec.decode_job_share,
+    ),
+]
+
+GOLDEN_BY_NAME = {g.name: g for g in GOLDEN_RECORDS}
+
+JOB_RECORDS = ("Job", "JobShare")
+
+# ------------------------------------------------------------------------------------------------
+# the schemas as any Avro library reads them, and the codec's headers
+
+
+def _generic_schemas() -> dict[str, Any]:
+    """Every record's schema parsed straight from its .avsc file (TokenItem first: Batch names it)."""
+    named: dict[str, Any] = {}
+    return {
+        name: parse_schema(
+            json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8")), named, expand=True
+        )
+        for name in (*RECORD_NAMES, *JOB_RECORDS)
+    }
+
+
+GENERIC = _generic_schemas()
+
+CODEC_CANONICAL_FORMS = {
+    **CANONICAL_FORMS,
+    "Job": jobs_codec.CANONICAL_FORM,
+    "JobShare": jobs_codec.SHARE_CANONICAL_FORM,
+}
+CODEC_HEADERS = {**HEADERS, "Job": jobs_codec.HEADER, "JobShare": jobs_codec.SHARE_HEADER}
+
+_PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
+
+
+def to_json(schema: Any, value: Any) -> Any:
+    """An Avro value as the file lists it: ``bytes`` as hex, a union's value without its branch."""
+    return _convert_bytes(schema, value, bytes.hex)
+
+
+def from_json(schema: Any, value: Any) -> Any:
+    """The inverse of :func:`to_json`: what fastavro's writer takes."""
+    return _convert_bytes(schema, value, bytes.fromhex)
+
+
+def _convert_bytes(schema: Any, value: Any, convert: Callable[[Any], Any]) -> Any:
+    """``value`` of ``schema`` with every ``bytes`` value passed through ``convert``, the rest as is."""
+    if isinstance(schema, list):
+        return None if value is None else _convert_bytes(_branch(schema), value, convert)
+    if isinstance(schema, dict) and schema["type"] not in _PRIMITIVES:
+        kind = schema["type"]
+        if kind == "record":
+            return {f["name"]: _convert_bytes(f["type"], value[f["name"]], convert) for f in schema["fields"]}
+        if kind == "array":
+            return [_convert_bytes(schema["items"], v, convert) for v in value]
+        if kind == "map":
+            return {k: _convert_bytes(schema["values"], v, convert) for k, v in value.items()}
+        return value  # an enum's symbol
+    kind = schema["type"] if isinstance(schema, dict) else schema
+    return convert(value) if kind == "bytes" else value
+
+
+def _branch(union: list[Any]) -> Any:
+    """The one non-null branch of a ``[null, X]`` union (every union of these schemas is one)."""
+    (branch,) = [b for b in union if b != "null"]
+    return branch
+
+
+def generic_read(schema: Any, message: bytes) -> Any:
+    """The record after the 10-byte header, read by fastavro's generic reader, as the file lists it."""
+    body = io.BytesIO(message[HEADER_SIZE:])
+    record = fastavro.schemaless_reader(body, schema, None)
+    assert body.tell() == len(message) - HEADER_SIZE, "bytes left after the record"
+    return to_json(schema, record)
+
+
+def generic_write(schema: Any, fields: Any) -> bytes:
+    """The Avro body fastavro's generic writer makes of the listed field values."""
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, schema, from_json(schema, fields))
+    return body.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------
+# the files
+
+
+def golden_document() -> dict[str, Any]:
+    """What schemas/golden/messages.json holds, computed from the fixed values and the codec."""
+    records = []
+    for g in GOLDEN_RECORDS:
+        message = g.encode(g.value)
+        fingerprint = int.from_bytes(CODEC_HEADERS[g.name][2:], "little")
+        records.append(
+            {
+                "record": g.name,
+                "schema": f"schemas/{g.name}.avsc",
+                "fingerprint": fingerprint,
+                "header_hex": CODEC_HEADERS[g.name].hex(),
+                "canonical_form": CODEC_CANONICAL_FORMS[g.name],
+                "fields": generic_read(GENERIC[g.name], message),
+                "message_hex": message.hex(),
+            }
+        )
+    return {
+        "description": (
+            "One Avro single-object message of every tokenfabric record, built from fixed values "
+            "(schemas/golden/README.md; tests/wire/test_golden.py holds it to the code). message_hex: "
+            "the whole Kafka message value (C3 01, the 8-byte little-endian CRC-64-AVRO fingerprint of "
+            "canonical_form, the Avro body). fields: the record's values in schema order: bytes as "
+            "hex, a union's value without its branch name (or null), longs as exact JSON integers "
+            "(shape is the signed long with the signature's bits), enums as their symbol."
+        ),
+        "records": records,
+    }
+
+
+def write() -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    document = json.dumps(golden_document(), indent=2, ensure_ascii=False) + "\n"
+    MESSAGES.write_text(document, encoding="utf-8")
+    # No newline: the file's bytes are exactly the canonical form the fingerprint is computed over.
+    BATCH_CANONICAL.write_text(CANONICAL_FORMS["Batch"], encoding="utf-8")
+    print(f"wrote {MESSAGES} and {BATCH_CANONICAL}")
+
+
+def shipped() -> dict[str, dict[str, Any]]:
+    document = json.loads(MESSAGES.read_text(encoding="utf-8"))
+    return {r["record"]: r for r in document["records"]}
+
+
+# ------------------------------------------------------------------------------------------------
+# the tests
+
+NAMES = [g.name for g in GOLDEN_RECORDS]
+
+
+def test_the_file_holds_one_message_of_every_record_the_code_writes() -> None:
+    assert list(shipped()) == [*RECORD_NAMES, *JOB_RECORDS]
+
+
+def test_the_file_is_what_the_generator_writes() -> None:
+    assert json.loads(MESSAGES.read_text(encoding="utf-8")) == golden_document()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encoding_the_fixed_values_gives_the_golden_bytes(name: str) -> None:
+    g = GOLDEN_BY_NAME[name]
+    assert g.encode(g.value).hex() == shipped()[name]["message_hex"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decoding_the_golden_bytes_gives_the_fixed_values(name: str) -> None:
+    g = GOLDEN_BY_NAME[name]
+    assert g.decode(bytes.fromhex(shipped()[name]["message_hex"])) == g.value
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_any_avro_library_reads_the_listed_fields_from_the_golden_bytes(name: str) -> None:
+    golden = shipped()[name]
+    message = bytes.fromhex(golden["message_hex"])
+    assert message[:HEADER_SIZE].hex() == golden["header_hex"] == CODEC_HEADERS[name].hex()
+    assert generic_read(GENERIC[name], message) == golden["fields"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_any_avro_library_writes_the_golden_bytes_from_the_listed_fields(name: str) -> None:
+    golden = shipped()[name]
+    body = generic_write(GENERIC[name], golden["fields"])
+    assert (bytes.fromhex(golden["header_hex"]) + body).hex() == golden["message_hex"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_listed_fingerprint_is_the_crc64_of_the_listed_canonical_form(name: str) -> None:
+    golden = shipped()[name]
+    assert golden["canonical_form"] == CODEC_CANONICAL_FORMS[name]
+    assert golden["canonical_form"] == to_parsing_canonical_form(GENERIC[name])
+    assert rabin_fingerprint(golden["canonical_form"].encode()) == golden["fingerprint"]
+    assert golden["fingerprint"].to_bytes(8, "little") == bytes.fromhex(golden["header_hex"])[2:]
+
+
+def test_the_batch_canonical_form_stands_alone_and_gives_the_codecs_fingerprint() -> None:
+    """Parsed with no TokenItem known (as goavro's ``NewCodec`` takes one schema), it reads the
+    golden Batch, and it is its own canonical form, so a library that canonicalises it again
+    computes the same fingerprint."""
+    text = BATCH_CANONICAL.read_bytes()
+    assert text == CANONICAL_FORMS["Batch"].encode()
+    assert rabin_fingerprint(text) == FINGERPRINTS["Batch"]
+    alone = parse_schema(json.loads(text), {}, expand=True)
+    assert to_parsing_canonical_form(alone) == text.decode()
+    golden = shipped()["Batch"]
+    assert generic_read(alone, bytes.fromhex(golden["message_hex"])) == golden["fields"]
+
+
+def test_the_golden_batch_is_one_its_consumer_would_run() -> None:
+    """The fixed values obey the rules docs/consumers.md states, so they can serve as its example:
+    the batch fits the golden contract (the consumer app's own check), all of one shape, and its
+    completions answer its items in order, a failed one with a reason and no output."""
+    assert contract_violation(CONTRACT, BATCH) is None
+    assert {item.shape for item in BATCH.items} == {BATCH.shape}
+    assert [c.item_id for c in (OK, FAILED)] == [item.item_id for item in BATCH.items]
+    assert all(c.queued_ms > 0 for c in (OK, FAILED))
+    assert FAILED.output == b"" and FAILED.output_tokens == 0 and FAILED.reason
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit(__doc__)
+    write()
