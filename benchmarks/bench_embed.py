@@ -44,6 +44,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 
 from processor.core.contract import Contract
+from processor.core.measures import padding_waste
 from processor.engines.embed import EmbedEngine, from_options
 from processor.sim.cardmodel import CardSpec
 from processor.sim.simulator import ConsumerSpec, simulate
@@ -86,7 +87,7 @@ class PolicyResult:
 
     @property
     def padding_waste(self) -> float:
-        return 1 - self.real_tokens / self.padded_tokens
+        return padding_waste(self.real_tokens, self.padded_tokens) or 0.0
 
     def median_real_per_s(self) -> float:
         return statistics.median(r.real_per_s for r in self.runs)

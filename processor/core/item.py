@@ -81,8 +81,9 @@ class ItemOutcome(NamedTuple):
     A named tuple, so it is interchangeable with the plain ``(item_id, ok, cache_hit)`` tuples the
     wire heads build (processor/wire/heads.py builds plain ones: cheaper per item, measured):
     :meth:`~processor.core.scheduler.Scheduler.items_done` takes either. The core does not read
-    ``cache_hit``: the engine reports it per batch, and the adapter passes a finished batch's to
-    :meth:`~processor.core.scheduler.Scheduler.cache_reported` (docs/consumers.md).
+    ``cache_hit``: the consumer writes it per item, the processor counts one per batch (its first
+    answered item's) and passes it to :meth:`~processor.core.scheduler.Scheduler.cache_reported`
+    when the batch finishes (docs/consumers.md).
     """
 
     item_id: str

@@ -13,9 +13,11 @@ from typing import Any
 class DecodeError(ValueError):
     """A message that is not a valid record of the expected schema.
 
-    ``reason`` is short and stable (``bad-magic``, ``unknown-schema``, ``avro-decode``,
-    ``trailing-bytes``, ``negative-token-count``, ``token-count-mismatch``, ``empty-model``,
-    ``empty-item-id``, ``invalid-contract``); the message says what exactly was wrong.
+    ``reason`` is short and stable: for the frame, in the order they are checked, ``bad-magic``,
+    ``unknown-schema``, ``avro-decode``, ``trailing-bytes``; for an item, in the order of
+    ``processor.wire.records.item_problem`` (a message breaking several rules gets the first one's),
+    ``empty-item-id``, ``empty-model``, ``negative-token-count``, ``token-count-mismatch``; for a
+    contract, ``invalid-contract``. The message says what exactly was wrong.
     """
 
     def __init__(self, reason: str, message: str) -> None:

@@ -153,7 +153,7 @@ def _xxhsum(files: list[Path]) -> list[str]:
 # generator (python tests/core/test_signature.py --write)
 
 _LONG = "".join(f"{i:04d} " for i in range(300))  # 1500 bytes: XXH3's >240-byte path
-_MID = "Answer in JSON with keys 'answer' and 'confidence'. " * 4  # 204 bytes: the 129-240 path
+_MID = "Answer in JSON with keys 'answer' and 'confidence'. " * 4  # 208 bytes: the 129-240 path
 
 _CASES: list[tuple[str, str, list[str] | list[int]]] = [
     ("empty-list", "No components: the signature of the empty string.", []),
@@ -180,7 +180,7 @@ _CASES: list[tuple[str, str, list[str] | list[int]]] = [
         "Components of 1, 3, 8 and 16 bytes (XXH3's short-input paths).",
         ["a", "abc", "abcdefgh", "0123456789abcdef"],
     ),
-    ("long-strings", "A 204-byte and a 1500-byte component.", [_MID, _LONG]),
+    ("long-strings", "A 208-byte and a 1500-byte component.", [_MID, _LONG]),
     (
         "mooncake-blocks",
         "blocks_signature(range(40)): each block id as its decimal string; 320 digest bytes.",
