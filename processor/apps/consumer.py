@@ -155,16 +155,12 @@ class ConsumerApp:
         self.topics = topics
         self.contract = contract
         self.engine = engine
-        self.max_batches = max_batches
-        self.idle_exit_s = idle_exit_s
         self.poll_timeout_s = poll_timeout_s
         self.on_batch = on_batch
         self.on_engine = on_engine
         self.on_completed = on_completed
         self.exactly_once = exactly_once
         self.watchdog = watchdog
-        self.completions = completions
-        self.max_completion_bytes = max_completion_bytes
         self.batch_topic = topics.batches(contract.consumer)
         self.stats = ConsumerStats()
         self._producer: ProducerClient | None = None
@@ -295,12 +291,13 @@ class ConsumerApp:
         return f"consumer {self.contract.consumer} of pipeline {self.topics.prefix}"
 
     def _loop(self, consumer: ConsumerClient, stop: threading.Event) -> None:
+        settings = self.settings
         last_batch = time.monotonic()
         while not stop.is_set():
-            if self.max_batches is not None and self.stats.batches >= self.max_batches:
+            if settings.max_batches is not None and self.stats.batches >= settings.max_batches:
                 return
-            if self.idle_exit_s is not None and time.monotonic() - last_batch >= self.idle_exit_s:
-                log.info("no batch for %.1f s: exiting", self.idle_exit_s)
+            if settings.idle_exit_s is not None and time.monotonic() - last_batch >= settings.idle_exit_s:
+                log.info("no batch for %.1f s: exiting", settings.idle_exit_s)
                 return
             msg = consumer.poll(self.poll_timeout_s)
             if msg is None:
@@ -410,12 +407,14 @@ class ConsumerApp:
         """One batch's completions, in the app's form: a CompletionBatch (key ``batch_id``) or one
         Completion per item (key ``item_id``). Either way they are produced, not yet flushed."""
         results = self.topics.results
-        if self.completions == "item":
+        if self.settings.completions == "item":
             for rec in records:
                 self._produce(results, rec.item_id.encode("utf-8"), encode_completion(rec))
             return
         key = batch_id.encode("utf-8")
-        for value in encode_completion_batches(CompletionBatchRecord.of(records), self.max_completion_bytes):
+        for value in encode_completion_batches(
+            CompletionBatchRecord.of(records), self.settings.max_completion_bytes
+        ):
             self._produce(results, key, value)
 
     def _run_engine(self, batch: BatchRecord) -> list[ItemResult]:

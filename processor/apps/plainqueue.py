@@ -84,8 +84,6 @@ class PlainQueueApp:
         self.contract = contract
         self.engine = engine
         self.rule: BatchRule = contract.rule
-        self.linger_s = linger_ms / 1000.0
-        self.idle_exit_s = idle_exit_s
         self.poll_timeout_s = poll_timeout_s
         self.on_batch = on_batch
         self.stats = ConsumerStats()
@@ -135,15 +133,16 @@ class PlainQueueApp:
         return self.stats
 
     def _loop(self, consumer: ConsumerClient, stop: threading.Event) -> None:
+        linger_s, idle_exit_s = self.settings.linger_ms / 1000.0, self.settings.idle_exit_s
         last_item = time.monotonic()
         while not stop.is_set():
-            wait = self.linger_s if self._pending else self.poll_timeout_s
+            wait = linger_s if self._pending else self.poll_timeout_s
             msg = consumer.poll(wait)
             if msg is None:
                 if self._pending:
                     self._flush(consumer)
-                elif self.idle_exit_s is not None and time.monotonic() - last_item >= self.idle_exit_s:
-                    log.info("no item for %.1f s: exiting", self.idle_exit_s)
+                elif idle_exit_s is not None and time.monotonic() - last_item >= idle_exit_s:
+                    log.info("no item for %.1f s: exiting", idle_exit_s)
                     return
                 continue
             error = msg.error()

@@ -132,28 +132,26 @@ class ProcessorService:
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
 
-        member = transactional_id(s.instance, s.group_id)  # also its group.instance.id: one identity
+        self.identity = transactional_id(s.instance, s.group_id)
+        """Its transactional id and its group.instance.id: one identity, fenced as one by a twin."""
         self.ingest: ConsumerClient = clients.consumer(
-            ingest_settings(self.conf, s.group_id, s.session_timeout_ms, member)
+            ingest_settings(self.conf, s.group_id, s.session_timeout_ms, self.identity)
         )
         self.control: ConsumerClient = clients.consumer(
             control_settings(self.conf, f"{s.group_id}-control-{s.instance}")
         )
         self.committer = self._committer(s)
+        self.producer = self.committer.producer
         self.handover = PartitionHandover(self._handover_context())
 
     def _committer(self, s: ProcessorSettings) -> Committer:
         """The delivery mode, chosen once: everything else asks the committer what the mode means."""
         args = (self.ingest, self.control, self.topics, s.instance, s.commit_interval_ms)
         if not s.exactly_once:
-            self.producer = self.clients.producer(batch_producer_settings(self.conf))
-            return AtLeastOnceCommitter(self.producer, *args)
-        txn = transactional_id(s.instance, s.group_id)
-        self.producer = self.clients.producer(
-            batch_producer_settings(self.conf, txn, s.transaction_timeout_ms)
-        )
+            return AtLeastOnceCommitter(self.clients.producer(batch_producer_settings(self.conf)), *args)
+        producer_settings = batch_producer_settings(self.conf, self.identity, s.transaction_timeout_ms)
         return TransactionalCommitter(
-            self.producer,
+            self.clients.producer(producer_settings),
             *args,
             is_in_flight=self.core.is_in_flight,
             done_items=self.core.done_items,
@@ -229,7 +227,7 @@ class ProcessorService:
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         self.committer.watchdog = self.watchdog
-        member = transactional_id(self.settings.instance, self.settings.group_id)
+        member = self.identity
         if static_member_present(self.conf, self.settings.group_id, member, clients=self.clients):
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
         self.committer.start()

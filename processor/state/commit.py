@@ -57,6 +57,7 @@ class Committer(Protocol):
     """One delivery mode: how progress becomes durable, and everything else that differs between
     the modes, asked by the service and the handover instead of branching on the mode."""
 
+    producer: ProducerClient
     undelivered: KafkaError | None
     watchdog: CallWatchdog | None
     batches_delivered: int
