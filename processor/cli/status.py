@@ -14,10 +14,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import textwrap
-import time
+import threading
 from collections.abc import Iterable
+from types import FrameType
 
 from processor.cli.options import add_kafka_arguments, kafka_settings
 from processor.ops.status import (
@@ -239,6 +241,20 @@ def _emit(rep: StatusReport, as_json: bool, clear: bool) -> None:
     print(text, flush=True)
 
 
+def _stop_on_signal(stop: threading.Event) -> None:
+    """SIGINT/SIGTERM end ``--watch`` after the refresh under way, not inside it.
+
+    Why not KeyboardInterrupt: raised while librdkafka is calling back into Python, it surfaces as
+    a SystemError from whatever C function runs next, and the watch exits 1 with a traceback.
+    """
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
@@ -271,7 +287,10 @@ def run(args: argparse.Namespace) -> int:
             return 0
         previous = None
         clear = args.watch and not args.json and sys.stdout.isatty()
-        while True:
+        stop = threading.Event()
+        if args.watch:
+            _stop_on_signal(stop)
+        while not stop.is_set():
             view = gather(conf, topics, args.group, groups=True)
             rep = with_rates(report(view, topics, args.stale_s), previous)
             _emit(rep, args.json, clear)
@@ -280,7 +299,8 @@ def run(args: argparse.Namespace) -> int:
             previous = rep
             if not clear and not args.json:
                 print(flush=True)  # one blank line between refreshes in a pipe or a log
-            time.sleep(args.interval_s)
+            stop.wait(args.interval_s)
+        return 0
     except KafkaException as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 1
