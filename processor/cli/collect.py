@@ -13,17 +13,20 @@ the results again, while the topic still holds them).
 
 Exit status: 0 every row has a result; 3 some rows are still missing (run again, or use ``--wait``);
 2 bad arguments, unknown job, changed dataset, the output in use by another collect; 1 Kafka failed;
-130 interrupted (the output is written with what was collected).
+130 or 143 stopped by SIGINT or SIGTERM: both end the same way, the output written with what was
+collected and the journal kept (a second signal aborts at once).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
 
 if TYPE_CHECKING:
     from processor.jobs.collect import Collection, JobCollector
@@ -86,11 +89,13 @@ def run(args: argparse.Namespace) -> int:
         collection = Collection(conf, topics)
         collection.add(collector)
         writer = JobWriter(conf, topics)
-        interrupted = False
+        stopped_by: list[signal.Signals] = []
+        stop = threading.Event()
+        install_stop_handlers(stop, announce=stopped_by.append)
         try:
-            _collect(collection, collector, topics, conf, args)
-        except KeyboardInterrupt:
-            interrupted = True
+            _collect(collection, collector, topics, conf, args, stop)
+        except KeyboardInterrupt:  # a second signal, or SIGINT from an embedding caller
+            stopped_by.append(signal.SIGINT)
         written = collector.materialize()
         _record_progress(writer, collector)
     except (CollectError, JobsTopicError, KafkaException) as exc:
@@ -105,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
     for line in summary.lines():
         print(line)
     print(f"wrote {written:,} rows to {args.out}")
-    if interrupted:
-        return 130
+    if stopped_by:
+        return 128 + stopped_by[0].value
     return 0 if summary.complete else 3
 
 
@@ -116,8 +121,9 @@ def _collect(
     topics: TopicNames,
     conf: dict[str, str],
     args: argparse.Namespace,
+    stop: threading.Event,
 ) -> None:
-    """Read until the job is complete, or once (without ``--wait``), or until the timeout."""
+    """Read until the job is complete, or once (without ``--wait``), or until the timeout or ``stop``."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -141,7 +147,7 @@ def _collect(
             s = collector.summary()
             total = collector.job.items if collector.job.is_submitted else None
             progress.update(task, completed=s.ok + s.failed, total=total, ok=s.ok, failed=s.failed)
-            if collector.complete or not args.wait:
+            if collector.complete or not args.wait or stop.is_set():
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 return
@@ -150,7 +156,7 @@ def _collect(
                 if latest is not None:
                     collector.update(latest)
                 next_refresh = time.monotonic() + JOB_REFRESH_S
-            time.sleep(args.poll_s)
+            stop.wait(args.poll_s)
 
 
 def _record_progress(writer: JobWriter, collector: JobCollector) -> None:

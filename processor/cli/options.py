@@ -8,6 +8,7 @@ import logging
 import re
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -320,22 +321,38 @@ def engine_options(args: argparse.Namespace) -> dict[str, str]:
             raise ValueError(f"--{flag.replace('_', '-')} applies to --engine sim only")
         options[key] = value
     for pair in args.engine_opt:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--engine-opt {pair!r}: expected KEY=VALUE")
+        key, value = engine_opt(pair)
         options[key] = value
     return options
 
 
-def install_stop_handlers(stop: threading.Event) -> None:
-    """First SIGINT/SIGTERM: finish the batch, commit, exit 0. Second: abort now."""
+def engine_opt(pair: str) -> tuple[str, str]:
+    """One ``--engine-opt KEY=VALUE``, split; ValueError saying what is wrong otherwise."""
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--engine-opt {pair!r}: expected KEY=VALUE")
+    return key, value
+
+
+def _announce_batch_finish(sig: signal.Signals) -> None:
+    logging.getLogger("tokenfabric.consumer").info("%s: finishing the current batch, then exiting", sig.name)
+
+
+def install_stop_handlers(
+    stop: threading.Event, announce: Callable[[signal.Signals], None] = _announce_batch_finish
+) -> None:
+    """First SIGINT/SIGTERM: ``announce`` it and set ``stop``; the caller finishes what it is doing
+    and exits cleanly. Second: abort now (KeyboardInterrupt).
+
+    Why an event and not KeyboardInterrupt first: raised while librdkafka is calling back into
+    Python, the interrupt surfaces as a SystemError from whatever C function runs next, and the
+    command dies with a traceback instead of ending its work.
+    """
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
-        logging.getLogger("tokenfabric.consumer").info(
-            "%s: finishing the current batch, then exiting", signal.Signals(signum).name
-        )
+        announce(signal.Signals(signum))
         stop.set()
 
     if threading.current_thread() is not threading.main_thread():

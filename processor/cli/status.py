@@ -19,9 +19,8 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterable
-from types import FrameType
 
-from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
 from processor.ops.status import (
     DEFAULT_STALE_S,
     SCHEMA_PATH,
@@ -241,18 +240,8 @@ def _emit(rep: StatusReport, as_json: bool, clear: bool) -> None:
     print(text, flush=True)
 
 
-def _stop_on_signal(stop: threading.Event) -> None:
-    """SIGINT/SIGTERM end ``--watch`` after the refresh under way, not inside it.
-
-    Why not KeyboardInterrupt: raised while librdkafka is calling back into Python, it surfaces as
-    a SystemError from whatever C function runs next, and the watch exits 1 with a traceback.
-    """
-
-    def handler(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+def _quietly(_sig: signal.Signals) -> None:
+    """``--watch`` needs no word on a stop: the refresh under way is its last."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -289,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         clear = args.watch and not args.json and sys.stdout.isatty()
         stop = threading.Event()
         if args.watch:
-            _stop_on_signal(stop)
+            install_stop_handlers(stop, announce=_quietly)
         while not stop.is_set():
             view = gather(conf, topics, args.group, groups=True)
             rep = with_rates(report(view, topics, args.stale_s), previous)

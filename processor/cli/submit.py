@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from processor.jobs.datasets import Dataset, DatasetRow
     from processor.jobs.textprep import TextTokenizer
     from processor.jobs.topic import JobWriter
+    from processor.kafka.topics import TopicNames
 
 PROG = "tokenfabric submit"
 CHUNK_ROWS = 512
@@ -271,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        _warn_if_unserved(plan.model, conf, topics)
         if policy is not None:  # before the first item, so the processors weigh it from the start
             writer.write_share(plan.job, policy, time.time_ns() // 1_000_000)
         with _progress(not args.no_progress) as on_rows:
@@ -297,6 +299,19 @@ def run(args: argparse.Namespace) -> int:
     if final.bad_rows and not args.allow_bad_rows:
         return 3
     return 0
+
+
+def _warn_if_unserved(model: str, conf: dict[str, str], topics: TopicNames) -> None:
+    """One line when no consumer has announced ``model``: the job's items would wait, parked, until
+    one does, and ``collect --wait`` would count them missing without saying why."""
+    from processor.ops.contracts import consumers_of, read_announcements
+
+    if not consumers_of(model, read_announcements(conf, topics)):
+        print(
+            f"{PROG}: warning: no consumer serves model {model!r} on {topics.contracts}; the job's items "
+            "wait until one announces it ('tokenfabric status' lists them as UNSERVED)",
+            file=sys.stderr,
+        )
 
 
 class _progress:

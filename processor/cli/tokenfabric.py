@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("processor.cli.simulate", "replay a trace through the scheduler in virtual time"),
     "kafka": ("processor.cli.kafka", "start, stop, restart or inspect a local single-node Kafka broker"),
     "llm": ("processor.cli.llm", "build, start, stop or inspect local llama-server generation servers"),
+    "local": ("processor.cli.local", "start, stop or list a whole local stack: broker, processor, consumers"),
     "topics": ("processor.cli.topics", "create tokenfabric's topics"),
     "produce": ("processor.cli.produce", "replay a trace onto the ingest topic"),
     "processor": ("processor.cli.processor", "run the stream processor"),
@@ -91,6 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     except BrokerUnreachable as exc:
         print(f"tokenfabric {args.command}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (``tokenfabric jobs | head``): nothing more to say to it.
+
+    stdout is pointed at /dev/null so that the interpreter's final flush does not raise again, and
+    the exit status is the shell's for a command ended by SIGPIPE (128 + 13), without a traceback.
+    """
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 if __name__ == "__main__":

@@ -1,0 +1,112 @@
+"""``tokenfabric local up|down|status``: a whole local stack for trying jobs, in one command.
+
+``up`` starts (or reuses) the local broker, creates one pipeline's topics, and runs a processor and
+``--consumers N`` consumers in the background, their logs in one folder; it returns once every
+consumer has announced its contract, so a ``submit`` right after it is served. ``down`` stops exactly
+what ``up`` started (processor/local/stack.py says how), ``status`` lists it.
+
+Exit status: 0 done; 1 a part failed to start (everything started is stopped again) or to stop;
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from processor.cli.options import engine_opt
+
+PROG = "tokenfabric local"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["up", "down", "status"], help="start, stop or list the local stack")
+    p.add_argument("--consumers", type=int, default=2, help="with up: consumers to run (default: 2)")
+    p.add_argument(
+        "--engine",
+        choices=["sim", "embed", "openai"],
+        default="sim",
+        help="with up: the consumers' engine (default: sim, a modelled card that needs nothing else)",
+    )
+    p.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with up: an engine option for every consumer (repeatable), e.g. url=http://127.0.0.1:8080",
+    )
+    p.add_argument(
+        "--model", default="default", help="with up: the model the consumers serve (default: default)"
+    )
+    p.add_argument("--topic-prefix", default="tokenfabric", help="with up: the pipeline's topic prefix")
+    p.add_argument("--ingest-partitions", type=int, default=3, help="with up: ingest partitions (default: 3)")
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        metavar="HOST:PORT",
+        help="with up: use this cluster instead of the local broker (then never started or stopped here)",
+    )
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help="the stack's folder (default: beside the broker's)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from processor.local.broker import default_state_dir
+    from processor.local.jars import KafkaLocalError
+    from processor.local.stack import Stack, StackSettings, default_stack_dir, stack_down, stack_up
+
+    state_dir = (args.state_dir or default_stack_dir()).resolve()
+    broker_dir = default_state_dir()
+    if args.action == "down":
+        try:
+            stopped = stack_down(state_dir, broker_dir)
+        except KafkaLocalError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 1
+        print(f"stopped: {', '.join(stopped)}" if stopped else "no local stack was up")
+        return 0
+    if args.action == "status":
+        try:
+            stack = Stack.load(state_dir)
+        except KafkaLocalError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 1
+        if stack is None:
+            print("no local stack is up ('tokenfabric local up' starts one)")
+            return 0
+        print(
+            f"prefix {stack.prefix}  model {stack.model}  bootstrap {stack.bootstrap}  logs {stack.log_dir}"
+        )
+        for p in stack.processes:
+            print(f"  {p.name:<10} {'up  ' if p.alive() else 'DOWN'}  pid {p.pid}")
+        return 0
+    try:
+        for pair in args.engine_opt:
+            engine_opt(pair)
+        settings = StackSettings(
+            consumers=args.consumers,
+            engine=args.engine,
+            engine_opts=tuple(args.engine_opt),
+            model=args.model,
+            prefix=args.topic_prefix,
+            ingest_partitions=args.ingest_partitions,
+        )
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        stack = stack_up(settings, state_dir, broker_dir, args.bootstrap, on_step=print)
+    except (KafkaLocalError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted: everything started was stopped again", file=sys.stderr)
+        return 130
+    kafka = f"--bootstrap {stack.bootstrap} --topic-prefix {stack.prefix}"
+    print(f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}")
+    print(f"next: tokenfabric submit DATASET --job NAME --template FILE {kafka}")
+    print(f"      tokenfabric collect --job NAME --out OUT.jsonl --wait {kafka}")
+    print("      tokenfabric local down")
+    return 0

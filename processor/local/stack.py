@@ -1,0 +1,218 @@
+"""A whole local stack in the background: the broker, one pipeline's topics, a processor, N consumers.
+
+``tokenfabric local up`` is what a newcomer runs before ``submit`` and ``collect``: every part is the
+production command (``tokenfabric processor``, ``tokenfabric consumer``) as its own detached
+process, its output in one log folder. ``local down`` stops exactly what ``up`` started, nothing else:
+
+- the stack file (``stack.json`` in the stack's state folder) records each process's pid and its
+  full command line; a pid is signalled only while ``/proc`` shows that same command line, so a pid
+  the system has since given to another program is never touched;
+- the broker is stopped only if ``up`` started it; one that was already running stays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from processor.kafka.topics import TopicNames, create_topics, topic_specs
+from processor.local.broker import broker_status, start_broker, stop_broker
+from processor.local.jars import KafkaLocalError
+from processor.local.pipeline import child_env
+from processor.local.processes import process_argv, terminate
+from processor.ops.contracts import consumers_of, read_announcements
+
+STACK_FILE = "stack.json"
+#: A consumer's contract in the local stack: small enough for a laptop, the sim engine's defaults.
+CONSUMER_BUDGET_TOKENS = 4096
+CONSUMER_MAX_ITEMS = 32
+
+
+class StackError(KafkaLocalError):
+    """The local stack cannot be brought up, or its file is unreadable: one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class StackSettings:
+    """What ``local up`` starts. ``engine_opts`` are ``KEY=VALUE`` pairs for every consumer."""
+
+    consumers: int = 2
+    engine: str = "sim"
+    engine_opts: tuple[str, ...] = ()
+    model: str = "default"
+    prefix: str = "tokenfabric"
+    ingest_partitions: int = 3
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.consumers <= 16:
+            raise ValueError(f"--consumers must be 1 to 16, got {self.consumers}")
+        if self.ingest_partitions < 1:
+            raise ValueError(f"--ingest-partitions must be >= 1, got {self.ingest_partitions}")
+
+    def consumer_names(self) -> list[str]:
+        return [f"card{n}" for n in range(1, self.consumers + 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class StackProcess:
+    """One process ``up`` started: its name (the log file's stem), pid and exact command line."""
+
+    name: str
+    pid: int
+    argv: list[str]
+    log: str
+
+    def alive(self) -> bool:
+        """True while the pid runs this very command line (not a later program given the same pid)."""
+        return process_argv(self.pid) == self.argv
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """What ``up`` started and where: read back by ``down`` and ``status`` from the stack file."""
+
+    bootstrap: str
+    prefix: str
+    model: str
+    log_dir: str
+    started_broker: bool
+    processes: list[StackProcess] = field(default_factory=list)
+
+    def save(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = state_dir / (STACK_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(state_dir / STACK_FILE)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> Stack | None:
+        path = state_dir / STACK_FILE
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StackError(f"{path} is unreadable ({exc}); remove it once no stack process runs") from None
+        procs = [StackProcess(**p) for p in raw.pop("processes")]
+        return cls(**raw, processes=procs)
+
+
+def default_stack_dir() -> Path:
+    """``$TOKENFABRIC_HOME/local`` or ``~/.cache/tokenfabric/run/local``, beside the local broker's."""
+    env = os.environ.get("TOKENFABRIC_HOME")
+    if env:
+        return Path(env).expanduser() / "local"
+    return Path.home() / ".cache" / "tokenfabric" / "run" / "local"
+
+
+def stack_up(
+    settings: StackSettings,
+    state_dir: Path,
+    broker_dir: Path,
+    bootstrap: str | None = None,
+    on_step: Callable[[str], None] = lambda _line: None,
+    ready_timeout_s: float = 120.0,
+) -> Stack:
+    """Start the stack and wait until every consumer has announced its contract.
+
+    ``bootstrap`` names a cluster to use instead of the local broker (which is then neither started
+    nor stopped). Refuses while a stack of this state folder still has a live process. If a part
+    fails to start, everything started so far is stopped again before the error is raised.
+    """
+    running = Stack.load(state_dir)
+    if running is not None and any(p.alive() for p in running.processes):
+        raise StackError(
+            f"a local stack is already up (prefix {running.prefix}): 'tokenfabric local down' first"
+        )
+    started_broker = False
+    if bootstrap is None:
+        info = broker_status(broker_dir)
+        if info is None:
+            on_step("starting the local Kafka broker")
+            info = start_broker(broker_dir)
+            started_broker = True
+        bootstrap = info.bootstrap
+    log_dir = state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(bootstrap, settings.prefix, settings.model, str(log_dir), started_broker)
+    stack.save(state_dir)  # before any process starts: down can always undo what up began
+    try:
+        conf = {"bootstrap.servers": bootstrap}
+        topics = TopicNames(settings.prefix)
+        specs = topic_specs(
+            topics, ingest_partitions=settings.ingest_partitions, consumers=settings.consumer_names()
+        )
+        create_topics(conf, specs)
+        on_step(f"topics of prefix {settings.prefix} ready")
+        kafka = ["--bootstrap", bootstrap, "--topic-prefix", settings.prefix, "--metrics-port", "0"]
+        _spawn(stack, state_dir, "processor", ["processor", *kafka, "--instance", "local-p0"])
+        for name in settings.consumer_names():
+            engine = ["--engine", settings.engine, *(f"--engine-opt={o}" for o in settings.engine_opts)]
+            contract = ["--id", name, "--model", settings.model]
+            contract += ["--budget", str(CONSUMER_BUDGET_TOKENS), "--items", str(CONSUMER_MAX_ITEMS)]
+            _spawn(stack, state_dir, name, ["consumer", *kafka, *contract, *engine])
+        on_step(f"processor and {settings.consumers} consumers started; waiting for their contracts")
+        _wait_announced(stack, settings, conf, topics, ready_timeout_s)
+    except BaseException:
+        stack_down(state_dir, broker_dir)
+        raise
+    return stack
+
+
+def _spawn(stack: Stack, state_dir: Path, name: str, args: Sequence[str]) -> None:
+    """Start ``tokenfabric ARGS`` detached (its own session: a Ctrl-C in this terminal does not reach
+    it), output to ``logs/NAME.log``, and record it in the stack file at once."""
+    log = Path(stack.log_dir) / f"{name}.log"
+    argv = [sys.executable, "-m", "processor", *args]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env(stack.bootstrap),
+            start_new_session=True,
+        )
+    stack.processes.append(StackProcess(name, proc.pid, argv, str(log)))
+    stack.save(state_dir)
+
+
+def _wait_announced(
+    stack: Stack, settings: StackSettings, conf: dict[str, str], topics: TopicNames, timeout_s: float
+) -> None:
+    wanted = set(settings.consumer_names())
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for p in stack.processes:
+            if not p.alive():
+                raise StackError(f"{p.name} exited during start; its log: {p.log}")
+        if wanted <= set(consumers_of(settings.model, read_announcements(conf, topics))):
+            return
+        if time.monotonic() > deadline:
+            raise StackError(
+                f"the consumers did not announce within {timeout_s:.0f} s; logs in {stack.log_dir}"
+            )
+        time.sleep(0.5)
+
+
+def stack_down(state_dir: Path, broker_dir: Path, timeout_s: float = 30.0) -> list[str]:
+    """Stop what the stack file records (consumers first, then the processor, then a broker ``up``
+    started) and remove the file. Returns the names of what was running and is now stopped."""
+    stack = Stack.load(state_dir)
+    if stack is None:
+        return []
+    stopped = []
+    for p in reversed(stack.processes):  # consumers first: the processor sees them leave
+        if p.alive():
+            terminate(p.pid, timeout_s, what=p.name, failure=StackError)
+            stopped.append(p.name)
+    if stack.started_broker and stop_broker(broker_dir):
+        stopped.append("kafka")
+    (state_dir / STACK_FILE).unlink(missing_ok=True)
+    return stopped
