@@ -25,6 +25,19 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="also create the batch topic of consumer ID (repeatable)",
     )
+    p.add_argument(
+        "--replication-factor",
+        type=int,
+        default=-1,
+        help="replicas of every topic (default: the broker's default.replication.factor; production: 3)",
+    )
+    p.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        default=None,
+        help="replicas that must hold a write before it is acknowledged "
+        "(default: the broker's; production: 2)",
+    )
     add_kafka_arguments(p)
 
 
@@ -41,11 +54,18 @@ def run(args: argparse.Namespace) -> int:
         for consumer in args.consumer:
             if not CONSUMER_ID.match(consumer):
                 raise ConfigError(f"--consumer {consumer!r}: a consumer id is 1-200 of A-Z a-z 0-9 . _ -")
+        _check_durability(args.replication_factor, args.min_insync_replicas)
         conf, names = kafka_settings(args, reach=True)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    specs = topic_specs(names, ingest_partitions=args.ingest_partitions, consumers=args.consumer)
+    specs = topic_specs(
+        names,
+        ingest_partitions=args.ingest_partitions,
+        consumers=args.consumer,
+        replication_factor=args.replication_factor,
+        min_insync_replicas=args.min_insync_replicas,
+    )
     try:
         created = set(create_topics(with_kafka_logger(conf), specs))
     except (KafkaException, TimeoutError) as exc:
@@ -56,3 +76,17 @@ def run(args: argparse.Namespace) -> int:
         state = "created" if spec.name in created else "exists "
         print(f"{state} {spec.name} ({spec.partitions} partition{'s' if spec.partitions != 1 else ''})")
     return 0
+
+
+def _check_durability(replication_factor: int, min_insync_replicas: int | None) -> None:
+    if replication_factor != -1 and replication_factor < 1:
+        raise ConfigError(f"--replication-factor must be >= 1, got {replication_factor}")
+    if min_insync_replicas is None:
+        return
+    if min_insync_replicas < 1:
+        raise ConfigError(f"--min-insync-replicas must be >= 1, got {min_insync_replicas}")
+    if replication_factor != -1 and min_insync_replicas > replication_factor:
+        raise ConfigError(
+            f"--min-insync-replicas {min_insync_replicas} exceeds --replication-factor {replication_factor}: "
+            "no write could ever be acknowledged"
+        )

@@ -79,6 +79,8 @@ class TopicSpec:
     name: str
     partitions: int
     config: Mapping[str, str]
+    replication_factor: int = -1
+    """-1: the broker's ``default.replication.factor``."""
 
 
 # Small segments so compaction keeps up with a checkpoint or changelog record per transaction.
@@ -95,8 +97,16 @@ RETAINED = {"retention.ms": str(RETENTION_MS), "max.message.bytes": str(64 * 102
 
 
 def topic_specs(
-    names: TopicNames, *, ingest_partitions: int = 6, consumers: Iterable[str] = ()
+    names: TopicNames,
+    *,
+    ingest_partitions: int = 6,
+    consumers: Iterable[str] = (),
+    replication_factor: int = -1,
+    min_insync_replicas: int | None = None,
 ) -> list[TopicSpec]:
+    """Every topic of one pipeline. ``replication_factor`` -1 and ``min_insync_replicas`` None keep
+    the broker's defaults; a production cluster wants 3 and 2, so that an acknowledged write (the
+    processor's and consumers' transactions use ``acks=all``) survives the loss of one broker."""
     specs = [
         TopicSpec(names.ingest, ingest_partitions, RETAINED),
         TopicSpec(names.results, 3, RETAINED),
@@ -109,7 +119,8 @@ def topic_specs(
         TopicSpec(names.job_shares, 1, COMPACTED),
     ]
     specs.extend(TopicSpec(names.batches(c), 1, RETAINED) for c in consumers)
-    return specs
+    durable = {} if min_insync_replicas is None else {"min.insync.replicas": str(min_insync_replicas)}
+    return [TopicSpec(s.name, s.partitions, {**s.config, **durable}, replication_factor) for s in specs]
 
 
 def create_topics(
@@ -126,7 +137,12 @@ def create_topics(
 
     admin = (clients or KAFKA).admin(conf)
     new = [
-        NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
+        NewTopic(
+            s.name,
+            num_partitions=s.partitions,
+            replication_factor=s.replication_factor,
+            config=dict(s.config),
+        )
         for s in specs
     ]
     created: list[str] = []

@@ -32,6 +32,13 @@ CASES = {
     "produce-no-trace": (["produce", "--trace", "/nope"], "/nope"),
     "status-interval": (["status", "--interval-s", "-1"], "--interval-s"),
     "topics-partitions": (["topics", "create", "--ingest-partitions", "0"], "--ingest-partitions"),
+    "topics-replication": (["topics", "create", "--replication-factor", "0"], "--replication-factor"),
+    "topics-min-insync": (
+        ["topics", "create", "--replication-factor", "2", "--min-insync-replicas", "3"],
+        "--min-insync-replicas 3 exceeds --replication-factor 2",
+    ),
+    "local-consumers": (["local", "up", "--consumers", "0"], "--consumers"),
+    "local-engine-opt": (["local", "up", "--engine-opt", "url"], "--engine-opt"),
     "collect-poll": (["collect", "--job", "j", "--out", "r.jsonl", "--poll-s", "0"], "--poll-s"),
     "collector-poll": (["collector", "--out-dir", "{tmp}/out", "--poll-s", "0"], "--poll-s"),
     "plain-queue-budget-0": (
