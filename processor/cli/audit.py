@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.ops.audit import audit
 
     try:
-        conf, topics = kafka_settings(args, reach=True)
+        conf, topics = kafka_settings(args, pipeline=True)
     except ConfigError as exc:
         print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
         return 2

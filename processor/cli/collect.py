@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--poll-s must be > 0, got {args.poll_s}")
         if output_format(args.out) == "parquet":
             need_pyarrow()
-        conf, topics = kafka_settings(args, reach=True)
+        conf, topics = kafka_settings(args, pipeline=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

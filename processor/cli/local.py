@@ -39,7 +39,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", default="default", help="with up: the model the consumers serve (default: default)"
     )
-    p.add_argument("--topic-prefix", default="tokenfabric", help="with up: the pipeline's topic prefix")
+    p.add_argument(
+        "--topic-prefix",
+        default="tokenfabric",
+        help="with up: the pipeline's topic prefix (default: tokenfabric)",
+    )
     p.add_argument("--ingest-partitions", type=int, default=3, help="with up: ingest partitions (default: 3)")
     p.add_argument(
         "--bootstrap",

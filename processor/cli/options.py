@@ -42,13 +42,20 @@ def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def kafka_settings(args: argparse.Namespace, *, reach: bool = False) -> tuple[dict[str, str], TopicNames]:
+def kafka_settings(
+    args: argparse.Namespace, *, reach: bool = False, pipeline: bool = False
+) -> tuple[dict[str, str], TopicNames]:
     """The client config and topic names the Kafka options ask for; raises ``ConfigError``.
 
     ``reach``: a short command first checks that the cluster answers, and raises
     :class:`~processor.kafka.reach.BrokerUnreachable` (one line, exit 69, from :func:`main`) if not.
+    ``pipeline`` (implies ``reach``): a command that reads or feeds an existing pipeline also checks
+    that ``--topic-prefix`` names one, and raises
+    :class:`~processor.kafka.pipelines.NoSuchPipeline` (a ``ConfigError``: exit 2) naming the
+    prefixes that do exist if not.
     """
     from processor.kafka.config import client_config
+    from processor.kafka.pipelines import check_pipeline
     from processor.kafka.reach import probe
     from processor.local.broker import local_bootstrap
 
@@ -57,9 +64,12 @@ def kafka_settings(args: argparse.Namespace, *, reach: bool = False) -> tuple[di
             f"--topic-prefix {args.topic_prefix!r}: 1-100 of A-Z a-z 0-9 . _ - (it starts each topic name)"
         )
     conf = client_config(args.bootstrap, args.kafka_config, fallback=local_bootstrap)
-    if reach:
+    topics = TopicNames(args.topic_prefix)
+    if reach or pipeline:
         probe(conf)
-    return conf, TopicNames(args.topic_prefix)
+    if pipeline:
+        check_pipeline(conf, topics)
+    return conf, topics
 
 
 def add_trace_reading_arguments(p: argparse.ArgumentParser) -> None:

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         records = read_trace(
             path, fmt, shape_blocks=args.shape_blocks, default_model=args.model, limit=args.limit
         )
-        conf, topics = kafka_settings(args, reach=True)  # local mistakes first, then the network
+        conf, topics = kafka_settings(args, pipeline=True)  # local mistakes first, then the network
     except (TraceError, ConfigError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         policy = job_policy_from(args)
         if policy is not None and args.clear:
             raise ValueError("--clear takes no --weight or quota")
-        conf, topics = kafka_settings(args, reach=True)
+        conf, topics = kafka_settings(args, pipeline=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

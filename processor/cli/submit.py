@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = plan_from(args)
         policy = job_policy_from(args)
-        conf, topics = kafka_settings(args, reach=True)
+        conf, topics = kafka_settings(args, pipeline=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

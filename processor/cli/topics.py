@@ -28,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replication-factor",
         type=int,
-        default=-1,
+        default=None,
         help="replicas of every topic (default: the broker's default.replication.factor; production: 3)",
     )
     p.add_argument(
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         names,
         ingest_partitions=args.ingest_partitions,
         consumers=args.consumer,
-        replication_factor=args.replication_factor,
+        replication_factor=-1 if args.replication_factor is None else args.replication_factor,
         min_insync_replicas=args.min_insync_replicas,
     )
     try:
@@ -78,14 +78,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_durability(replication_factor: int, min_insync_replicas: int | None) -> None:
-    if replication_factor != -1 and replication_factor < 1:
+def _check_durability(replication_factor: int | None, min_insync_replicas: int | None) -> None:
+    if replication_factor is not None and replication_factor < 1:
         raise ConfigError(f"--replication-factor must be >= 1, got {replication_factor}")
     if min_insync_replicas is None:
         return
     if min_insync_replicas < 1:
         raise ConfigError(f"--min-insync-replicas must be >= 1, got {min_insync_replicas}")
-    if replication_factor != -1 and min_insync_replicas > replication_factor:
+    if replication_factor is not None and min_insync_replicas > replication_factor:
         raise ConfigError(
             f"--min-insync-replicas {min_insync_replicas} exceeds --replication-factor {replication_factor}: "
             "no write could ever be acknowledged"

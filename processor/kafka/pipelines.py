@@ -1,0 +1,61 @@
+"""Which pipelines a cluster holds, and a clear refusal for a ``--topic-prefix`` that names none.
+
+Why: a typo in ``--topic-prefix`` used to look like success (``jobs`` and ``status`` printed empty
+tables and exited 0 on topics that do not exist). A pipeline exists when its ingest topic does
+(``<prefix>.ingest``: ``topics create`` makes it first, and nothing else creates it), so the check
+is one metadata request, and the refusal can name the prefixes that do exist.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+
+from processor.kafka.config import ConfigError
+from processor.kafka.factory import KAFKA, ClientFactory
+from processor.kafka.topics import TopicNames
+
+INGEST_SUFFIX = ".ingest"
+
+
+class NoSuchPipeline(ConfigError):
+    """The cluster has no topics under the given prefix: a wrong ``--topic-prefix`` (exit 2)."""
+
+
+def pipeline_prefixes(topic_names: Iterable[str]) -> list[str]:
+    """The prefixes whose ingest topic is among ``topic_names``, sorted."""
+    return sorted(
+        t[: -len(INGEST_SUFFIX)]
+        for t in topic_names
+        if t.endswith(INGEST_SUFFIX) and len(t) > len(INGEST_SUFFIX)
+    )
+
+
+def check_pipeline(
+    conf: Mapping[str, str], topics: TopicNames, clients: ClientFactory = KAFKA, timeout_s: float = 10.0
+) -> None:
+    """Return if ``topics``' ingest topic exists; raise :class:`NoSuchPipeline` naming the prefixes
+    that do exist (and how to create this one) if not."""
+    names = clients.admin(conf).list_topics(timeout=timeout_s).topics
+    if topics.ingest in names:
+        return
+    there = _named(topics.prefix, pipeline_prefixes(names))
+    raise NoSuchPipeline(
+        f"--topic-prefix {topics.prefix!r}: no pipeline on {conf.get('bootstrap.servers', '?')} "
+        f"(no topic {topics.ingest}; {there}); create it with "
+        f"'tokenfabric topics create --topic-prefix {topics.prefix}'"
+    )
+
+
+#: At most this many existing prefixes are named in a refusal: the nearest to the one given.
+NAMED_PREFIXES = 5
+
+
+def _named(prefix: str, found: list[str]) -> str:
+    """The existing prefixes, or on a busy cluster the few nearest to ``prefix`` (a typo's fix)."""
+    if not found:
+        return "it holds no pipeline yet"
+    if len(found) <= NAMED_PREFIXES:
+        return f"prefixes there: {', '.join(found)}"
+    nearest = difflib.get_close_matches(prefix, found, n=NAMED_PREFIXES, cutoff=0.0)
+    return f"{len(found)} prefixes there, the nearest: {', '.join(nearest)}"

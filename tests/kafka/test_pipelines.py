@@ -1,0 +1,44 @@
+"""``check_pipeline``: which prefixes a cluster holds, and the refusal for one it does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from processor.kafka.memory import MemoryClients, MemoryKafka
+from processor.kafka.pipelines import NAMED_PREFIXES, NoSuchPipeline, check_pipeline, pipeline_prefixes
+from processor.kafka.topics import TopicNames, topic_specs
+
+CONF = {"bootstrap.servers": "memory:9092"}
+
+
+def test_a_prefix_is_a_pipeline_when_its_ingest_topic_exists() -> None:
+    assert pipeline_prefixes(["a.ingest", "a.results", "b.results", ".ingest", "c.d.ingest"]) == ["a", "c.d"]
+
+
+def test_an_existing_pipeline_passes_and_a_typo_names_the_prefixes_there() -> None:
+    kafka = MemoryKafka()
+    kafka.create_topics(topic_specs(TopicNames("orders")))
+    kafka.create_topics(topic_specs(TopicNames("reviews")))
+    clients = MemoryClients(kafka)
+    check_pipeline(CONF, TopicNames("orders"), clients)
+    with pytest.raises(NoSuchPipeline) as refused:
+        check_pipeline(CONF, TopicNames("order"), clients)
+    assert str(refused.value) == (
+        "--topic-prefix 'order': no pipeline on memory:9092 (no topic order.ingest; prefixes there: "
+        "orders, reviews); create it with 'tokenfabric topics create --topic-prefix order'"
+    )
+
+
+def test_on_a_busy_cluster_only_the_nearest_prefixes_are_named() -> None:
+    kafka = MemoryKafka()
+    for n in range(NAMED_PREFIXES * 3):
+        kafka.create_topics(topic_specs(TopicNames(f"team{n:02d}")))
+    kafka.create_topics(topic_specs(TopicNames("reviews-prod")))
+    with pytest.raises(NoSuchPipeline) as refused:
+        check_pipeline(CONF, TopicNames("reviews-prd"), MemoryClients(kafka))
+    assert f"{NAMED_PREFIXES * 3 + 1} prefixes there, the nearest: reviews-prod, " in str(refused.value)
+
+
+def test_a_cluster_with_no_pipeline_says_so() -> None:
+    with pytest.raises(NoSuchPipeline, match=r"no topic x\.ingest; it holds no pipeline yet\)"):
+        check_pipeline(CONF, TopicNames("x"), MemoryClients(MemoryKafka()))
