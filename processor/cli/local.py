@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from processor.cli.options import engine_opt
+from processor.kafka.topics import DEFAULT_PREFIX
 
 PROG = "tokenfabric local"
 
@@ -108,9 +109,16 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted: everything started was stopped again", file=sys.stderr)
         return 130
-    kafka = f"--bootstrap {stack.bootstrap} --topic-prefix {stack.prefix}"
+    # only the flags the other commands need: with neither, they find the local broker and the
+    # default prefix by themselves
+    kafka = "".join(
+        [
+            f" --bootstrap {stack.bootstrap}" if args.bootstrap else "",
+            f" --topic-prefix {stack.prefix}" if stack.prefix != DEFAULT_PREFIX else "",
+        ]
+    )
     print(f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}")
-    print(f"next: tokenfabric submit DATASET --job NAME --template FILE {kafka}")
-    print(f"      tokenfabric collect --job NAME --out OUT.jsonl --wait {kafka}")
+    print(f"next: tokenfabric submit DATASET --job NAME --template FILE{kafka}")
+    print(f"      tokenfabric collect --job NAME --out OUT.jsonl --wait{kafka}")
     print("      tokenfabric local down")
     return 0

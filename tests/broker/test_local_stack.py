@@ -58,7 +58,7 @@ def test_local_up_runs_a_job_and_down_stops_exactly_what_up_started(tmp_path: Pa
         assert stack is not None and stack.started_broker
         assert [p.name for p in stack.processes] == ["processor", "card1", "card2"]
         assert all(p.alive() for p in stack.processes)
-        assert f"--bootstrap {stack.bootstrap} --topic-prefix trial" in up.stdout
+        assert "--template FILE --topic-prefix trial\n" in up.stdout and "--bootstrap" not in up.stdout
 
         # a second up is refused while this one runs
         again = _tokenfabric(env, "local", "up")
