@@ -32,11 +32,20 @@ from rich.console import Console
 from rich.table import Table
 
 from processor.cli.options import check_plot
-from processor.local.pipeline import DEFAULT_CARDS, MAIN_CARDS, Card, child_env, log_dir, unique_prefix
+from processor.local.pipeline import (
+    DEFAULT_CARDS,
+    LLM_CARDS,
+    MAIN_CARDS,
+    Card,
+    child_env,
+    log_dir,
+    unique_prefix,
+)
 from processor.sim.traces import SHIPPED, TraceError, TraceRecord, read_trace, shipped_trace
 
 if TYPE_CHECKING:  # Kafka loads only when the command runs
     from processor.kafka.topics import TopicNames
+    from processor.local.card_servers import CardServers
     from processor.local.compare import ResultsWatcher, RunFigures
     from processor.local.pipeline import Pipeline
 
@@ -45,6 +54,11 @@ DEFAULT_ITEMS = 500
 #: Longest item the embed engine takes (MiniLM's positions).
 EMBED_MAX_TOKENS = 512
 RUNS = ("tokenfabric", "plain-queue")
+ENGINES = ("embed", "llm", "sim")
+#: ``--engine llm``: slots per llama-server (4,096 positions each), and the output tokens asked per item
+#: (the random-weight model's text means nothing; prefill is what the prefix cache saves).
+LLM_SLOTS = 4
+LLM_MAX_TOKENS = 8
 #: The processor's lane settings for cards that pad to 1 token: padding is measured in single tokens and
 #: an item shares a lane that pads it by at most one token (``simulate --trace templated --policy lanes``
 #: with these flags: 250 batches for 1,000 items, 0.29% waste; the defaults give 368 batches, 0.01%).
@@ -68,8 +82,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine",
         default="embed",
-        choices=("embed", "sim"),
-        help="embed: MiniLM for real on the CPU (default); sim: the modelled cards, quick",
+        choices=ENGINES,
+        help="embed: MiniLM for real on the CPU (default); llm: the generative backlog on local "
+        "llama-servers, prefix caches measured (the first run builds llama-server, about 14 min); "
+        "sim: the modelled cards, quick",
+    )
+    p.add_argument(
+        "--llm-slots",
+        type=int,
+        default=LLM_SLOTS,
+        help=f"--engine llm: each server's slots, its concurrent sequences (default: {LLM_SLOTS})",
     )
     p.add_argument(
         "--time-scale",
@@ -122,6 +144,8 @@ def _load(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
         raise ValueError(f"--limit must be >= 0, got {args.limit}")
     if not args.time_scale >= 0:
         raise ValueError(f"--time-scale must be >= 0, got {args.time_scale}")
+    if args.engine == "llm":
+        return _generative(args)
     if args.trace in SHIPPED:
         path, fmt = shipped_trace(args.trace), SHIPPED[args.trace][1]
     else:
@@ -138,8 +162,24 @@ def _load(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
     return records, args.trace if args.trace in SHIPPED else path.name
 
 
-def cards_for(records: list[TraceRecord]) -> tuple[Card, ...]:
-    """The main job's cards, or the 16k/32k modelled cards for a trace of longer prompts."""
+def _generative(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
+    """``--engine llm``'s backlog: the generative one (processor/sim/generative.py), no other."""
+    from processor.sim.generative import generative_rows
+
+    if args.trace != "templated" or args.format is not None:
+        raise ValueError(
+            "--engine llm runs the generative backlog (docs/demo.md); leave out --trace and --format"
+        )
+    if not 1 <= args.llm_slots <= 16:
+        raise ValueError(f"--llm-slots must be 1 to 16, got {args.llm_slots}")
+    return [row.record for row in generative_rows(args.limit or None)], "generative"
+
+
+def cards_for(records: list[TraceRecord], engine: str = "embed") -> tuple[Card, ...]:
+    """The generation servers' cards, the main job's cards, or the 16k/32k modelled cards for a trace
+    of longer prompts."""
+    if engine == "llm":
+        return LLM_CARDS
     if max(r.length for r in records) <= EMBED_MAX_TOKENS:
         return MAIN_CARDS
     return DEFAULT_CARDS
@@ -183,7 +223,7 @@ def _main_job(
     from processor.kafka.config import client_config
 
     conf = client_config(bootstrap)
-    cards = cards_for(records)
+    cards = cards_for(records, args.engine)
     line.done(
         f"setup: broker {bootstrap} ready in {time.monotonic() - started:.0f} s; {len(records):,} items "
         f"from {trace_name}, cards {', '.join(f'{c.name} ({c.budget:,}/{c.items}/{c.pad})' for c in cards)}, "
@@ -217,10 +257,16 @@ def _main_job(
 
 
 def _payloads(records: list[TraceRecord], engine: str, line: PhaseLine) -> list[bytes]:
-    """Token ids per item: MiniLM word pieces for the embed engine, the producer's synthetic ids else."""
+    """Token ids per item: MiniLM word pieces for the embed engine, the generative backlog's (rows of a
+    template share its prefix ids) for llm, the producer's synthetic ids else."""
     from processor.apps.producer import synthetic_tokens
+    from processor.sim.generative import generative_rows, generative_tokens
     from processor.sim.templated import wordpiece_tokens
 
+    if engine == "llm":
+        out = [generative_tokens(row) for row in generative_rows(len(records))]
+        line.done(f"setup: {len(out):,} prompts tokenised ({sum(r.length for r in records):,} tokens)")
+        return out
     make = wordpiece_tokens if engine == "embed" else synthetic_tokens
     out = [make(r.id, r.length) for r in records]
     line.done(f"setup: {len(out):,} prompts tokenised ({sum(r.length for r in records):,} tokens)")
@@ -238,11 +284,9 @@ def _one_run(
     logs: Path,
     line: PhaseLine,
 ) -> tuple[RunFigures, dict[str, int | None]]:
-    from processor.apps.plainqueue import plain_group
-    from processor.apps.producer import TokenProducer
     from processor.kafka.topics import TopicNames, create_topics, topic_specs
-    from processor.local.compare import ResultsWatcher, measure
-    from processor.local.pipeline import Pipeline, group_members
+    from processor.local.card_servers import CardServers
+    from processor.local.pipeline import Pipeline
 
     topics = TopicNames(f"{unique_prefix()}-{'tf' if name == 'tokenfabric' else 'pq'}")
     create_topics(conf, topic_specs(topics, consumers=[c.name for c in cards]))
@@ -250,20 +294,59 @@ def _one_run(
     env["OPENBLAS_NUM_THREADS"] = "1"  # one core per card: the cards run side by side
     (logs / name).mkdir(exist_ok=True)
     pipeline = Pipeline(logs / name)
+    model = records[0].model
+    servers = CardServers(name, cards, args.llm_slots, line.done) if args.engine == "llm" else None
+    if servers is not None:
+        servers.start()
+    try:
+        return _run_pipeline(
+            name, args, conf, topics, records, payloads, cards, pipeline, line, servers, model, env
+        )
+    finally:
+        if servers is not None:
+            servers.stop()
+
+
+def _run_pipeline(
+    name: str,
+    args: argparse.Namespace,
+    conf: dict[str, str],
+    topics: TopicNames,
+    records: list[TraceRecord],
+    payloads: list[bytes],
+    cards: tuple[Card, ...],
+    pipeline: Pipeline,
+    line: PhaseLine,
+    servers: CardServers | None,
+    model: str,
+    env: dict[str, str],
+) -> tuple[RunFigures, dict[str, int | None]]:
+    from processor.apps.plainqueue import plain_group
+    from processor.apps.producer import TokenProducer
+    from processor.local.compare import ResultsWatcher, measure
+    from processor.local.pipeline import group_members
+
     prefix = ["--topic-prefix", topics.prefix]
     quiet = ["--metrics-port", "0"]
-    model = records[0].model
     tf = name == "tokenfabric"
+
+    def engine(card: Card) -> list[str]:
+        if servers is None:
+            return card.engine_args(args.engine, args.time_scale)
+        return servers.engine_args(card)
+
     if tf:
         lanes = EXACT_LANES if all(c.pad == 1 for c in cards) else []
         pipeline.spawn("processor", ["processor", *prefix, *quiet, *lanes], env)
         for card in cards:
-            card_args = card.args(model, args.time_scale, args.engine)
+            card_args = [*card.contract_args(model), "--inflight", str(card.inflight), *engine(card)]
             pipeline.spawn(card.name, ["consumer", *prefix, *quiet, *card_args], env)
     else:
         for card in cards:
-            card_args = [*card.contract_args(model), *card.engine_args(args.engine, args.time_scale)]
-            pipeline.spawn(card.name, ["plain-queue", *prefix, *card_args], env)
+            pipeline.spawn(
+                card.name, ["plain-queue", *prefix, *card.contract_args(model), *engine(card)], env
+            )
+    budget = (lambda r: min(r.output_length, LLM_MAX_TOKENS)) if servers else (lambda r: r.output_length)
     watcher: ResultsWatcher | None = None
     try:
         group = topics.processor_group if tf else plain_group(topics)
@@ -272,7 +355,7 @@ def _one_run(
         t0 = time.monotonic()
         with TokenProducer(conf, topics, key_of=key_of) as producer:
             for i, (r, tokens) in enumerate(zip(records, payloads, strict=True)):
-                producer.send(r.id, r.model, tokens, shape=r.shape, output_budget=r.output_length)
+                producer.send(r.id, r.model, tokens, shape=r.shape, output_budget=budget(r))
                 if i % 100 == 0:
                     line.update(f"{name}: produce {i:,}/{len(records):,} items")
         line.done(f"{name}: produced {len(records):,} items in {time.monotonic() - t0:.1f} s")
@@ -383,11 +466,12 @@ def _report(
     console = Console(record=True, width=132, file=io.StringIO())
     tf, pq = (figures[n] for n in RUNS)
     tokens = sum(r.length for r in records)
-    what = (
-        "embed (all-MiniLM-L6-v2 on the CPU, real compute)"
-        if engine == "embed"
-        else "sim (modelled cards, not real compute)"
-    )
+    what = {
+        "embed": "embed (all-MiniLM-L6-v2 on the CPU, real compute)",
+        "llm": "llm (local llama-servers, a random-weight model: real prefill, KV caches and continuous "
+        "batching, meaningless text)",
+        "sim": "sim (modelled cards, not real compute)",
+    }[engine]
     console.print(
         f"[bold]tokenfabric demo[/bold]: {len(records):,} items, {tokens:,} tokens from {trace_name}; "
         f"engine {what}; figures read back from each run's topics"

@@ -101,6 +101,15 @@ MAIN_CARDS = (
     Card("card-l", budget=8192, items=64, tps=2_900, pad=1, overhead_ms=2.0),
 )
 
+#: ``demo --engine llm``'s cards: each a local llama-server (docs/llm-local.md) of the same settings,
+#: so the runs differ only in which items each server gets in what order. Generation servers batch
+#: continuously and do not pad (pad multiple 1); the budget bounds a batch's prompt tokens, the item
+#: count the concurrent requests a batch opens. ``tps`` is unused (no sim engine here).
+LLM_CARDS = (
+    Card("gen-a", budget=16384, items=16, tps=0, pad=1, overhead_ms=0.0),
+    Card("gen-b", budget=16384, items=16, tps=0, pad=1, overhead_ms=0.0),
+)
+
 
 def group_members(conf: Mapping[str, str], group: str) -> list[int]:
     """Partitions assigned to each member of a consumer group (empty: no stable group yet)."""

@@ -1,0 +1,60 @@
+"""One local llama-server per card for a run of ``demo --engine llm``, started cold and stopped after.
+
+Each run (tokenfabric, then the plain queue) gets fresh servers of identical settings, so neither
+inherits the other's prompt caches: what each run's cards find in their caches is what its own
+routing put there. The servers are named ``demo-<run>-<card>`` (``tokenfabric llm status`` lists
+them while they run) and take one CPU thread each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from processor.local.llm.build import build_server
+from processor.local.llm.model import ensure_model
+from processor.local.llm.server import ServerInfo, ServerSettings, start_server, stop_server
+from processor.local.pipeline import Card
+
+#: KV-cache positions per slot: the generative backlog's longest prompt and its output fit.
+SLOT_TOKENS = 4096
+
+
+class CardServers:
+    """The servers of one run's cards: :meth:`start` them all, give each card its engine flags,
+    :meth:`stop` them all (also those of a start that failed half-way)."""
+
+    def __init__(self, run: str, cards: Sequence[Card], slots: int, say: Callable[[str], None]) -> None:
+        self.run = run
+        self.cards = tuple(cards)
+        self.settings = ServerSettings(slots=slots, ctx_tokens=slots * SLOT_TOKENS, threads=1)
+        self.say = say
+        self.started: dict[str, ServerInfo] = {}
+
+    def name(self, card: Card) -> str:
+        return f"demo-{self.run}-{card.name}"
+
+    def start(self) -> None:
+        binary = build_server(progress=self.say).binary  # at once when built; the first time ~14 min
+        model = ensure_model()
+        for card in self.cards:
+            stop_server(self.name(card))  # one left over by a killed demo: this run starts cold
+            self.started[card.name] = start_server(
+                binary, model, name=self.name(card), settings=self.settings
+            )
+        self.say(f"{self.run}: {len(self.cards)} llama-servers started cold ({self.describe()})")
+
+    def describe(self) -> str:
+        s = self.settings
+        return (
+            f"{s.slots} slots of {s.ctx_tokens_per_slot:,} positions, {s.threads} thread, prompt cache on, "
+            f"no host-memory cache, slot similarity {s.slot_similarity}"
+        )
+
+    def engine_args(self, card: Card) -> list[str]:
+        """The ``consumer`` / ``plain-queue`` flags that send ``card``'s batches to its server."""
+        return ["--engine", "openai", "--engine-opt", f"url={self.started[card.name].url}"]
+
+    def stop(self) -> None:
+        for card in self.cards:
+            stop_server(self.name(card))
+        self.started.clear()
