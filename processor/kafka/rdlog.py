@@ -73,9 +73,32 @@ class RateLimit(logging.Filter):
         return True
 
 
+#: librdkafka warnings that a healthy start gives and that clear by themselves: a fresh broker's
+#: transaction coordinator still loading its state when the first ``init_transactions`` asks for a
+#: producer id (librdkafka retries until it is loaded). Logged at INFO, not WARNING.
+TRANSIENT = (re.compile(r"Failed to acquire transactional PID .*(load in progress|not available).*retrying"),)
+
+
+class DemoteTransient(logging.Filter):
+    """Lower :data:`TRANSIENT` warnings to INFO, and drop them where the logger does not log INFO.
+
+    Why a filter and not a level: the same facility (``GETPID``) also reports failures that do not
+    clear (a refused transactional id), which must stay warnings.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or not any(p.search(record.getMessage()) for p in TRANSIENT):
+            return True
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.INFO)
+
+
 def kafka_logger() -> logging.Logger:
-    """The Python logger librdkafka's own logs go to (``tokenfabric.kafka``), repeats rate-limited."""
+    """The Python logger librdkafka's own logs go to (``tokenfabric.kafka``), repeats rate-limited,
+    warnings of a healthy start demoted (:class:`DemoteTransient`)."""
     logger = logging.getLogger(KAFKA_LOGGER)
+    if not any(isinstance(f, DemoteTransient) for f in logger.filters):
+        logger.addFilter(DemoteTransient())
     if not any(isinstance(f, RateLimit) for f in logger.filters):
         logger.addFilter(RateLimit())
     return logger
