@@ -98,6 +98,7 @@ class ProcessorService:
         settings: ProcessorSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         clients: ClientFactory = KAFKA,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.conf = dict(conf)
         self.clients = clients
@@ -108,6 +109,7 @@ class ProcessorService:
         self.settings = s
         self._clock = clock
         self._t0 = clock()
+        self._wall_at_t0 = wall_ms()
         self.core = Scheduler(
             s.lanes,
             s.dispatch,
@@ -214,7 +216,15 @@ class ProcessorService:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def now_ms(self) -> int:
-        return int((self._clock() - self._t0) * 1000)
+        """The core's clock: epoch milliseconds, advancing with the monotonic ``clock``.
+
+        Epoch, because its readings leave the process: a batch's ``created_ms`` is on the wire
+        (the consumer's ``queued_ms`` subtracts the item's ``produced_ms`` from it) and in the
+        changelog (a restarted or succeeding instance adopts it, so both must count from the same
+        origin). Anchored once at start and advanced by the monotonic clock, so that a wall-clock
+        step (NTP) never moves the core's time backwards.
+        """
+        return self._wall_at_t0 + int((self._clock() - self._t0) * 1000)
 
     def start(self) -> None:
         """Fence older instances and load the last checkpoint (exactly-once), then subscribe; lane

@@ -30,6 +30,8 @@ from processor.wire.records import (
 
 MODEL = "m"
 CARD = "card"
+#: What a service's wall clock reads at its start, unless a test says otherwise (2023-11-14).
+EPOCH_MS = 1_700_000_000_000
 
 
 def contract(consumer: str = CARD, *, items: int = 2, inflight: int = 4, budget: int = 4096) -> Contract:
@@ -60,12 +62,16 @@ class Pipeline:
         )
         self._producer = self.mk.clients().producer({})
 
-    def service(self, instance: str = "p0", **settings: object) -> ProcessorService:
+    def service(self, instance: str = "p0", wall_ms: int = EPOCH_MS, **settings: object) -> ProcessorService:
+        """A service whose wall clock read ``wall_ms`` when it started (its core's clock then moves
+        with the rig's monotonic clock)."""
         s = ProcessorSettings(instance=instance, group_id=self.topics.processor_group, **settings)  # type: ignore[arg-type]
-        return ProcessorService({}, self.topics, s, clock=self.clock, clients=self.mk.clients())
+        return ProcessorService(
+            {}, self.topics, s, clock=self.clock, clients=self.mk.clients(), wall_ms=lambda: wall_ms
+        )
 
-    def started(self, instance: str = "p0", **settings: object) -> ProcessorService:
-        svc = self.service(instance, **settings)
+    def started(self, instance: str = "p0", wall_ms: int = EPOCH_MS, **settings: object) -> ProcessorService:
+        svc = self.service(instance, wall_ms, **settings)
         svc.start()
         return svc
 

@@ -19,7 +19,7 @@ from processor.kafka.exits import DeliveryFailed, MissingTopics, Superseded, Tra
 from processor.kafka.memory import MemoryKafka, error
 from processor.kafka.topics import TopicNames
 from processor.wire.control import DUPLICATE_ITEM_ID
-from tests.apps.service_rig import CARD, MODEL, Pipeline, contract
+from tests.apps.service_rig import CARD, EPOCH_MS, MODEL, Pipeline, contract
 
 
 @pytest.fixture
@@ -88,6 +88,22 @@ def test_items_become_batches_that_reach_their_consumer_when_the_transaction_com
     p.steps(svc, 1)
     assert sorted(it.item_id for b in p.batches() for it in b.items) == ["a", "b", "c"]
     assert svc.counters.batches_delivered == 2
+
+
+def test_batches_are_stamped_in_epoch_milliseconds_and_a_successor_keeps_the_same_origin(p: Pipeline) -> None:
+    """``created_ms`` is epoch ms on the wire (the consumer subtracts ``produced_ms`` from it) and in
+    the changelog: an instance restarted 60 s later adopts the batch with its original stamp."""
+    first = p.started(wall_ms=EPOCH_MS)
+    p.announce(contract(items=2, inflight=1))
+    p.produce(["a", "b", "c"])
+    p.steps(first, 2, ms=1_000)  # dispatched in the first step, 1 s after the start
+    (batch,) = p.batches()
+    assert batch.created_ms == EPOCH_MS + 1_000
+    second = p.started(wall_ms=EPOCH_MS + 60_000)  # the same instance id: fences the first
+    p.steps(second, 2)
+    adopted = {b.batch_id: b for b in second.core.in_flight_batches()}
+    assert adopted[batch.batch_id].created_ms == EPOCH_MS + 1_000
+    assert second.now_ms() >= EPOCH_MS + 60_000
 
 
 def test_completions_finish_batches_free_slots_and_balance_the_ledger(p: Pipeline) -> None:
