@@ -7,7 +7,7 @@
 # and no source tree that could hide a file the wheel lacks.
 FROM python:3.11-slim AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY processor ./processor
 RUN pip wheel --no-cache-dir --no-deps -w /wheels .
 

@@ -3,6 +3,7 @@
     python benchmarks/bench_core.py             # 1,000,000 synthetic items
     python benchmarks/bench_core.py --smoke     # 20,000 items, for CI
     python benchmarks/bench_core.py --items N
+    python benchmarks/bench_core.py --per-call --items 50000   # one-item submit, streaming per batch
 
 Three measurements on the same deterministic synthetic trace (64 Zipf shapes, log-normal lengths of
 16..32,000 tokens, two consumers shaped like the simulator's default 16 GB and 32 GB cards):
@@ -13,6 +14,13 @@ Three measurements on the same deterministic synthetic trace (64 Zipf shapes, lo
   poll's items and the simulator the arrivals between two dispatches;
 * memory: the Python heap held by N waiting items, measured with ``tracemalloc`` (allocations traced
   by the interpreter; it excludes the interpreter itself and allocator slack, so RSS is higher).
+
+``--per-call`` measures only the two per-call figures a library user pays (issue 25, part 3): CPU
+microseconds per ``Scheduler.submit`` of one item (a fresh scheduler, every item at t=0), and per
+batch of the streaming path (1,000 items submitted one at a time, untimed, then dispatch + complete
+until nothing waits; CPU seconds of those calls over the batches they made). It uses only
+``Scheduler.submit``, ``dispatch``, ``complete`` and ``tick``, so the same file runs unchanged in an
+older tree (the first generation's, 96c9a12) for a side-by-side.
 
 Rates are ``time.process_time()`` CPU seconds of this process, so other load on the machine inflates
 them less than wall time would. Item objects are built before each timed phase and not counted;
@@ -82,6 +90,32 @@ def drain(sched: Scheduler, now_ms: int) -> tuple[int, int]:
         now_ms += 1
         if now_ms % TICK_MS == 0:
             sched.tick(now_ms)
+
+
+def per_call(records: Sequence[TraceRecord]) -> tuple[float, float, int]:
+    """(CPU us per one-item ``submit``, CPU us per streaming batch dispatched and completed, batches)."""
+    items = make_items(records)
+    sched = new_scheduler()
+    submit = sched.submit
+    t0 = time.process_time()
+    for it in items:
+        submit(it, 0)
+    submit_us = (time.process_time() - t0) / len(items) * 1e6
+    items = make_items(records)
+    sched = new_scheduler()
+    drain_s = 0.0
+    now = batches = 0
+    for start in range(0, len(items), CHUNK):
+        for it in items[start : start + CHUNK]:
+            it.arrival_ms = now
+            sched.submit(it, now)
+        t0 = time.process_time()
+        now, b = drain(sched, now)
+        drain_s += time.process_time() - t0
+        batches += b
+        now += 1
+    verify(sched, len(items))
+    return submit_us, drain_s / batches * 1e6, batches
 
 
 def verify(sched: Scheduler, n: int) -> None:
@@ -174,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=1_000_000, help="synthetic items (default: 1,000,000)")
     p.add_argument("--smoke", action="store_true", help="20,000 items: a quick run for CI")
     p.add_argument("--seed", type=int, default=1, help="trace seed (default: 1)")
+    p.add_argument("--per-call", action="store_true", help="only one-item submit and streaming per batch")
     args = p.parse_args(argv)
     n = 20_000 if args.smoke else args.items
     if n < 1:
@@ -183,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     records = synthetic_records(n, seed=args.seed, shapes=64, min_len=16, max_len=32_000, rate_per_s=None)
     gen_s = time.perf_counter() - t
     tokens = sum(r.length for r in records)
+    if args.per_call:
+        submit_us, batch_us, batches = per_call(records)
+        print(
+            f"submit one item: {submit_us:.2f} us; streaming dispatch + complete: {batch_us:.2f} us per batch"
+        )
+        print(f"({n:,} items, {batches:,} streaming batches, CPU time)")
+        return 0
 
     backlog, backlog_batches = bench_backlog(records)
     streaming, streaming_batches = bench_streaming(records)

@@ -42,11 +42,13 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
+from processor.core.accounting import prompt_split
 from processor.core.contract import Contract, contract_violation
 from processor.engines.base import Engine, ItemResult
 from processor.kafka.clients import static_member, static_member_present
 from processor.kafka.exits import (
     DeliveryFailed,
+    TransientFailure,
     age_s,
     ended_by,
     fatal,
@@ -56,6 +58,7 @@ from processor.kafka.exits import (
     taking_over,
 )
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
+from processor.kafka.pipelines import missing_pipeline
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.wire.completions import encode_completion, encode_completion_batches
@@ -104,6 +107,8 @@ class ConsumerStats:
     padded_tokens: int = 0
     cache_hits: int = 0
     cache_lookups: int = 0
+    cached_prompt_tokens: int = 0
+    """Prompt tokens of ok items the engine served from its prefix cache (``Completion.cached_tokens``)."""
 
     def summary(self) -> str:
         return (
@@ -174,6 +179,8 @@ class ConsumerApp:
 
         Looks first, so a consumer whose credentials may not create topics still starts when an
         operator created its topic, and an unreachable cluster fails in ``timeout_s`` with one line.
+        Creates nothing while the pipeline's ingest topic is missing (a typo in ``--topic-prefix``, or
+        the topics Job still running): :class:`TransientFailure` naming the prefixes that exist.
         """
         where = self.conf.get("bootstrap.servers", "?")
         try:
@@ -182,6 +189,9 @@ class ConsumerApp:
             raise ConsumerAppError(f"cannot reach Kafka at {where} within {timeout_s:g} s: {exc}") from None
         if self.batch_topic in existing:
             return False
+        refusal = missing_pipeline(self.topics, existing, self.conf)
+        if refusal is not None:  # a typo in --topic-prefix, or the topics Job still running: create nothing
+            raise TransientFailure(f"{refusal} (the consumer creates its own batch topic only)")
         all_specs = topic_specs(self.topics, consumers=[self.contract.consumer])
         specs = [s for s in all_specs if s.name == self.batch_topic]
         try:
@@ -285,7 +295,10 @@ class ConsumerApp:
         (this app was paused past ``transaction.timeout.ms``), or itself (processor.kafka.exits)."""
         age = 0.0 if self._txn_began is None else age_s(self._txn_began)
         timeout_s = int(self.conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)) / 1000
-        return ended_by(exc, self._who(), age, timeout_s)
+        group = self.topics.consumer_group(self.contract.consumer)  # also its transactional id
+        return ended_by(
+            exc, self._who(), age, timeout_s, {**self.conf, "group.id": group, "transactional.id": group}
+        )
 
     def _who(self) -> str:
         return f"consumer {self.contract.consumer} of pipeline {self.topics.prefix}"
@@ -449,6 +462,9 @@ class ConsumerApp:
         st.padded_tokens += batch.padded_length * len(batch.items)
         st.cache_lookups += 1
         st.cache_hits += any(r.cache_hit for r in results)
+        for item, r in zip(batch.items, results, strict=True):
+            if r.status == "ok":
+                st.cached_prompt_tokens += prompt_split(item.token_count, r.cached_tokens)[0]
         if self.on_engine is not None:
             self.on_engine(engine_s)
 
@@ -523,9 +539,13 @@ def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:
 def item_completion(
     batch: BatchRecord, item: TokenItemRecord, result: ItemResult, engine_ms: int, completed_ms: int
 ) -> CompletionRecord:
+    """``item``'s completion from its engine result. ``cached_tokens`` is the engine's count held to
+    the prompt (``prompt_split``; 0 unless ok); ``cache_hit`` is ``cached_tokens > 0``, or the engine's
+    own flag when it counts no tokens."""
     ok = result.status == "ok"
     produced_ms = item.produced_ms
     queued = batch.created_ms - produced_ms if 0 < produced_ms <= batch.created_ms else 0
+    cached = prompt_split(item.token_count, result.cached_tokens)[0] if ok else 0
     return CompletionRecord(
         item_id=item.item_id,
         job_id=item.job_id,
@@ -541,7 +561,8 @@ def item_completion(
         queued_ms=queued,
         engine_ms=engine_ms,
         completed_ms=completed_ms,
-        cache_hit=result.cache_hit,
+        cached_tokens=cached,
+        cache_hit=result.cache_hit or cached > 0,
     )
 
 

@@ -20,6 +20,11 @@ class ServiceCounters:
     batches_delivered: int = 0
     completions: int = 0
     unknown_completions: int = 0
+    """Completions of batches of this instance id that it does not hold (not replays): a consumer
+    ran a batch again after its completion counted, or a batch of an earlier incarnation."""
+    foreign_completions: int = 0
+    """Completions of other instances' batches that this one does not hold: normal with several
+    instances, since each reads the whole results topic."""
     contracts: int = 0
     commits: int = 0
     checkpoints: int = 0

@@ -295,7 +295,8 @@ class ProcessorService:
         """``exc`` classified for the exit code: a twin, the broker's timeout abort, or itself
         (processor.kafka.exits.ended_by)."""
         age = self.committer.transaction_age_s()
-        return ended_by(exc, self._who(), age, self.settings.transaction_timeout_ms / 1000)
+        named = {**self.conf, "group.id": self.settings.group_id, "transactional.id": self.identity}
+        return ended_by(exc, self._who(), age, self.settings.transaction_timeout_ms / 1000, named)
 
     def _who(self) -> str:
         return f"processor {self.settings.instance} of pipeline {self.topics.prefix}"
@@ -507,6 +508,12 @@ class ProcessorService:
         self.counters.contracts += 1
         log.info("contract %s", rec.contract)
 
+    def _made_here(self, batch_id: str) -> bool:
+        """True for a batch id of this instance id (``<instance>-<start ms>-<n>``, any incarnation):
+        the only completions whose batch this instance should know. Every instance reads the whole
+        results topic, so the other instances' batches are foreign, not unknown."""
+        return batch_id.rsplit("-", 2)[0] == self.settings.instance
+
     def _completion(self, msg: Any, now: int) -> None:
         """Apply a results message: one item's completion, or several items of one batch."""
         try:
@@ -520,14 +527,17 @@ class ProcessorService:
         last[head.consumer] = max(last.get(head.consumer, 0), msg.timestamp()[1])  # replays are older
         counters.completions += len(items)  # items, not messages: a message may hold a whole batch
         answered = self.core.in_flight_batch(batch_id)
-        applied, finished = self.core.items_done(batch_id, items, now)
+        applied, finished = self.core.items_done(batch_id, items, now, head.cached_tokens)
         if applied and answered is not None:
             self.observer.answered(answered, applied, now)
         if applied < len(items):
+            missed = len(items) - applied
             if replay:
-                counters.replayed_completions += len(items) - applied
+                counters.replayed_completions += missed
+            elif self._made_here(batch_id):
+                counters.unknown_completions += missed
             else:
-                counters.unknown_completions += len(items) - applied
+                counters.foreign_completions += missed
         if not applied:
             return
         hit = self._cache_hit.setdefault(batch_id, items[0][2])  # the batch's first answer says

@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     summary = collector.summary()
     for line in summary.lines():
         print(line)
+    if summary.missing:
+        for line in _why_missing(conf, topics, collector.job.name, collector.job.model):
+            print(f"missing: {line}")
     print(f"wrote {written:,} rows to {args.out}")
     if stopped_by:
         return 128 + stopped_by[0].value
@@ -157,6 +160,19 @@ def _collect(
                     collector.update(latest)
                 next_refresh = time.monotonic() + JOB_REFRESH_S
             stop.wait(args.poll_s)
+
+
+def _why_missing(conf: dict[str, str], topics: TopicNames, job: str, model: str) -> list[str]:
+    """Why rows have no result yet (processor/ops/missing.py), read now from the pipeline's topics."""
+    from confluent_kafka import KafkaException
+
+    from processor.ops.missing import why_missing
+    from processor.ops.status import gather
+
+    try:
+        return why_missing(gather(conf, topics), job, model)
+    except KafkaException as exc:
+        return [f"the pipeline's state could not be read to say why: {exc}"]
 
 
 def _record_progress(writer: JobWriter, collector: JobCollector) -> None:

@@ -22,12 +22,14 @@ import argparse
 import io
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -45,7 +47,7 @@ from processor.sim.traces import SHIPPED, TraceError, TraceRecord, read_trace, s
 
 if TYPE_CHECKING:  # Kafka loads only when the command runs
     from processor.kafka.topics import TopicNames
-    from processor.local.card_servers import CardServers
+    from processor.local.card_servers import CardServers, GivenEndpoints
     from processor.local.compare import ResultsWatcher, RunFigures
     from processor.local.pipeline import Pipeline
 
@@ -87,6 +89,15 @@ def configure(p: argparse.ArgumentParser) -> None:
         "llama-servers, prefix caches measured (the first run builds llama-server, about 14 min); "
         "sim: the modelled cards, quick",
     )
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="--engine llm: an OpenAI-compatible server to use instead of a local llama-server, one per "
+        "card in order (vLLM, SGLang: docs/engine-openai.md); the runs' token ids are salted apart",
+    )
+    p.add_argument("--endpoint-model", default=None, help="--endpoint: the model name the servers serve")
     p.add_argument(
         "--llm-slots",
         type=int,
@@ -146,6 +157,8 @@ def _load(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
         raise ValueError(f"--time-scale must be >= 0, got {args.time_scale}")
     if args.engine == "llm":
         return _generative(args)
+    if args.endpoint or args.endpoint_model:
+        raise ValueError("--endpoint and --endpoint-model apply to --engine llm only")
     if args.trace in SHIPPED:
         path, fmt = shipped_trace(args.trace), SHIPPED[args.trace][1]
     else:
@@ -169,6 +182,10 @@ def _generative(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
     if args.trace != "templated" or args.format is not None:
         raise ValueError(
             "--engine llm runs the generative backlog (docs/demo.md); leave out --trace and --format"
+        )
+    if args.endpoint and len(args.endpoint) != len(LLM_CARDS):
+        raise ValueError(
+            f"--endpoint: give one per card ({len(LLM_CARDS)}: {', '.join(c.name for c in LLM_CARDS)})"
         )
     if not 1 <= args.llm_slots <= 16:
         raise ValueError(f"--llm-slots must be 1 to 16, got {args.llm_slots}")
@@ -237,7 +254,14 @@ def _main_job(
         figures[name], codes[name] = _one_run(
             name, args, conf, bootstrap, records, payloads, cards, logs, line
         )
-    report = _report(trace_name, records, figures, codes, args.engine, cards)
+    if args.engine == "llm":
+        from processor.sim.generative import cacheable_tokens, generative_rows
+
+        cacheable = cacheable_tokens(generative_rows(len(records)))
+        for f in figures.values():
+            f.prefix_tokens = cacheable
+    width = shutil.get_terminal_size((100, 24)).columns
+    report = _report(trace_name, records, figures, codes, args.engine, cards, width)
     print(report)
     print(f"logs in {logs}; total {time.monotonic() - started:.0f} s")
     if args.json:
@@ -256,7 +280,7 @@ def _main_job(
     return 0 if ok else 1
 
 
-def _payloads(records: list[TraceRecord], engine: str, line: PhaseLine) -> list[bytes]:
+def _payloads(records: list[TraceRecord], engine: str, line: PhaseLine, salt: int = 0) -> list[bytes]:
     """Token ids per item: MiniLM word pieces for the embed engine, the generative backlog's (rows of a
     template share its prefix ids) for llm, the producer's synthetic ids else."""
     from processor.apps.producer import synthetic_tokens
@@ -264,7 +288,7 @@ def _payloads(records: list[TraceRecord], engine: str, line: PhaseLine) -> list[
     from processor.sim.templated import wordpiece_tokens
 
     if engine == "llm":
-        out = [generative_tokens(row) for row in generative_rows(len(records))]
+        out = [generative_tokens(row, salt) for row in generative_rows(len(records))]
         line.done(f"setup: {len(out):,} prompts tokenised ({sum(r.length for r in records):,} tokens)")
         return out
     make = wordpiece_tokens if engine == "embed" else synthetic_tokens
@@ -285,7 +309,7 @@ def _one_run(
     line: PhaseLine,
 ) -> tuple[RunFigures, dict[str, int | None]]:
     from processor.kafka.topics import TopicNames, create_topics, topic_specs
-    from processor.local.card_servers import CardServers
+    from processor.local.card_servers import CardServers, GivenEndpoints
     from processor.local.pipeline import Pipeline
 
     topics = TopicNames(f"{unique_prefix()}-{'tf' if name == 'tokenfabric' else 'pq'}")
@@ -295,7 +319,12 @@ def _one_run(
     (logs / name).mkdir(exist_ok=True)
     pipeline = Pipeline(logs / name)
     model = records[0].model
-    servers = CardServers(name, cards, args.llm_slots, line.done) if args.engine == "llm" else None
+    servers: CardServers | GivenEndpoints | None = None
+    if args.engine == "llm" and args.endpoint:
+        servers = GivenEndpoints(cards, args.endpoint, args.endpoint_model)
+        payloads = _payloads(records, args.engine, line, salt=RUNS.index(name) + 1)
+    elif args.engine == "llm":
+        servers = CardServers(name, cards, args.llm_slots, line.done)
     if servers is not None:
         servers.start()
     try:
@@ -317,7 +346,7 @@ def _run_pipeline(
     cards: tuple[Card, ...],
     pipeline: Pipeline,
     line: PhaseLine,
-    servers: CardServers | None,
+    servers: CardServers | GivenEndpoints | None,
     model: str,
     env: dict[str, str],
 ) -> tuple[RunFigures, dict[str, int | None]]:
@@ -462,8 +491,15 @@ def _report(
     codes: Mapping[str, Mapping[str, int | None]],
     engine: str,
     cards: tuple[Card, ...],
+    width: int = 100,
 ) -> str:
-    console = Console(record=True, width=132, file=io.StringIO())
+    """Both runs side by side, no line wider than ``width`` (rich folds the cells that must).
+
+    A ratio stands beside a figure only where dividing the two means something (times, rates,
+    counts), never beside a percentage. For ``llm`` the servers batch continuously and pad nothing,
+    so padding and fill give way to the prefix cache's measured figures.
+    """
+    console = Console(record=True, width=width, file=io.StringIO())
     tf, pq = (figures[n] for n in RUNS)
     tokens = sum(r.length for r in records)
     what = {
@@ -476,51 +512,115 @@ def _report(
         f"[bold]tokenfabric demo[/bold]: {len(records):,} items, {tokens:,} tokens from {trace_name}; "
         f"engine {what}; figures read back from each run's topics"
     )
-    table = Table(title="the same items, the same two cards: tokenfabric against a plain Kafka queue")
+    table = Table(
+        title="the same items, the same two cards: tokenfabric against a plain Kafka queue",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+    )
     for col in ("", "tokenfabric", "plain queue", "tokenfabric / plain"):
-        table.add_column(col, justify="left" if not col else "right")
-    rows: list[tuple[str, Callable[[RunFigures], str], str]] = [
-        ("items completed once", lambda f: f"{f.items_completed_once:,} / {f.items:,}", ""),
-        ("audit clean", lambda f: "yes" if f.audit_clean else "NO", ""),
-        ("makespan (s)", lambda f: f"{f.makespan_s:,.1f}", _ratio(tf.makespan_s, pq.makespan_s)),
-        (
-            "real tokens/s",
-            lambda f: f"{f.real_tokens_per_s:,.0f}",
-            _ratio(tf.real_tokens_per_s, pq.real_tokens_per_s),
-        ),
-        ("padding waste", lambda f: _pct(f.padding_waste), _ratio(tf.padding_waste, pq.padding_waste)),
-        ("budget fill", lambda f: f"{f.budget_fill:.1%}", _ratio(tf.budget_fill, pq.budget_fill)),
-        ("batches", lambda f: f"{f.batches:,}", _ratio(tf.batches, pq.batches)),
-        ("shape switches", lambda f: f"{f.shape_switches:,}", _ratio(tf.shape_switches, pq.shape_switches)),
-        (
-            "cache hit rate (modelled)",
-            lambda f: f"{f.cache_hit_rate:.1%}",
-            _ratio(tf.cache_hit_rate, pq.cache_hit_rate),
-        ),
-    ]
-    for label, fmt, ratio in rows:
+        table.add_column(col, justify="left" if not col else "right", no_wrap=bool(col))
+    for label, fmt, ratio_of in _rows(engine):
+        ratio = "" if ratio_of is None else _ratio(ratio_of(tf), ratio_of(pq))
         table.add_row(label, fmt(tf), fmt(pq), ratio)
     console.print(table)
-    per = Table(title="where each card's batches went (read back from the results topic)")
-    columns = ("run", "card", "budget", "batches", "items", "real tokens", "padded", "waste", "fill")
-    for col in (*columns, "shapes", "switches", "exit"):
-        per.add_column(col, justify="left" if col in ("run", "card") else "right")
     for name in RUNS:
-        f = figures[name]
-        for card in cards:
-            c = f.cards[card.name]
-            per.add_row(
-                name, card.name, f"{c.budget:,}", f"{c.batches:,}", f"{c.items:,}", f"{c.real_tokens:,}",
-                f"{c.padded_tokens:,}", _pct(c.padding_waste), f"{c.budget_fill:.1%}", f"{c.shapes}",
-                f"{c.shape_switches:,}", str(codes[name].get(card.name)),
-            )  # fmt: skip
-    console.print(per)
-    console.print(
-        "budget fill: padded tokens / (batches x budget). Lanes keep a batch to one shape and one length, "
-        "so a backlog of many lengths gives many small, unpadded batches: they trade fill for waste. "
-        "Cache hits are modelled (LRU of 4 shapes per card); MiniLM keeps no prefix cache."
-    )
+        console.print(_per_card(name, figures[name], codes[name], cards, engine))
+    if engine == "llm":
+        console.print(
+            "cached: prompt tokens each server reported served from its prefix cache; cacheable: the "
+            "items' shared prefixes, what a perfect cache could serve; computed: the rest of the "
+            "prompts, which the servers ran. Dispatch: when the processor (or a plain-queue card) "
+            "made the item's batch."
+        )
+    else:
+        console.print(
+            "budget fill: padded tokens / (batches x budget). Lanes keep a batch to one shape and one "
+            "length, so a backlog of many lengths gives many small, unpadded batches: they trade fill for "
+            "waste. Cache hits are modelled (LRU of 4 shapes per card); MiniLM keeps no prefix cache."
+        )
     return console.export_text()
+
+
+if TYPE_CHECKING:
+    #: A summary row: its label, how a run's figure prints, and what a ratio divides (None: no ratio).
+    Row = tuple[str, Callable[[RunFigures], str], Callable[[RunFigures], float] | None]
+
+
+def _rows(engine: str) -> list[Row]:
+    """The summary's rows: label, how a run's figure prints, and what a ratio divides (None: none)."""
+
+    def ms(q: float) -> Callable[[RunFigures], float]:
+        return lambda f: f.latency_ms(q) or 0.0
+
+    common: list[Row] = [
+        ("items completed once", lambda f: f"{f.items_completed_once:,} / {f.items:,}", None),
+        ("audit clean", lambda f: "yes" if f.audit_clean else "NO", None),
+        ("makespan (s)", lambda f: f"{f.makespan_s:,.1f}", lambda f: f.makespan_s),
+        (
+            "prompt tokens/s" if engine == "llm" else "real tokens/s",
+            lambda f: f"{f.real_tokens_per_s:,.0f}",
+            lambda f: f.real_tokens_per_s,
+        ),
+    ]
+    if engine == "llm":
+        return [
+            *common,
+            ("output tokens/s", lambda f: f"{f.output_tokens_per_s:,.0f}", lambda f: f.output_tokens_per_s),
+            ("prompt tokens", lambda f: f"{f.tokens:,}", None),
+            ("cacheable (shared prefixes)", lambda f: f"{f.prefix_tokens:,}", None),
+            ("cached prompt tokens", lambda f: f"{f.cards_sum('cached_prompt_tokens'):,}", None),
+            ("cached / cacheable", lambda f: _share(f.cached_share_of_prefix), None),
+            (
+                "prefill tokens computed",
+                lambda f: f"{f.cards_sum('prefill_tokens'):,}",
+                lambda f: f.cards_sum("prefill_tokens"),
+            ),
+            ("dispatch to completion p50 (ms)", lambda f: f"{ms(0.5)(f):,.0f}", ms(0.5)),
+            ("dispatch to completion p99 (ms)", lambda f: f"{ms(0.99)(f):,.0f}", ms(0.99)),
+            ("batches", lambda f: f"{f.batches:,}", lambda f: f.batches),
+            ("shape switches", lambda f: f"{f.shape_switches:,}", None),
+        ]
+    return [
+        *common,
+        ("padding waste", lambda f: _pct(f.padding_waste), None),
+        ("budget fill", lambda f: f"{f.budget_fill:.1%}", None),
+        ("batches", lambda f: f"{f.batches:,}", lambda f: f.batches),
+        ("shape switches", lambda f: f"{f.shape_switches:,}", None),
+        ("cache hit rate (modelled)", lambda f: f"{f.cache_hit_rate:.1%}", None),
+    ]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _per_card(
+    name: str, figures: RunFigures, codes: Mapping[str, int | None], cards: tuple[Card, ...], engine: str
+) -> Table:
+    """One run's cards: a table per run, so that it fits 80 columns without cutting a number short
+    (each card's budget is in the setup line; padded tokens are waste and real tokens' sum)."""
+    per = Table(title=f"{name}: where each card's batches went", box=box.SIMPLE_HEAD, collapse_padding=True)
+    gen = engine == "llm"
+    measured = ("prompt tokens", "cached", "computed") if gen else ("real tokens", "waste", "fill")
+    for col in ("card", "batches", "items", *measured, "shapes", "switches", "exit"):
+        per.add_column(col, justify="left" if col == "card" else "right", no_wrap=" " not in col)
+    for card in cards:
+        c = figures.cards[card.name]
+        cells = (
+            (c.real_tokens, c.cached_prompt_tokens, c.prefill_tokens)
+            if gen
+            else (c.real_tokens, _pct(c.padding_waste), f"{c.budget_fill:.1%}")
+        )
+        per.add_row(
+            card.name,
+            f"{c.batches:,}",
+            f"{c.items:,}",
+            *(f"{v:,}" if isinstance(v, int) else v for v in cells),
+            f"{c.shapes}",
+            f"{c.shape_switches:,}",
+            str(codes.get(card.name)),
+        )
+    return per
 
 
 def _plot_measured(figures: Mapping[str, RunFigures], trace_name: str, path: str) -> None:

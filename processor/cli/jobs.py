@@ -10,12 +10,15 @@ With a NAME it prints that job in full, every bad row included.
 
 Each job's token share and cost (docs/shares.md) come beside it: its weight and quotas from the
 job-shares topic, and the tokens the processors routed and padded for it from their latest
-checkpoints on the accounting topic (its tail, as ``tokenfabric status`` reads it).
+checkpoints on the accounting topic (its tail, as ``tokenfabric status`` reads it), with the share
+of its completed prompt tokens the engines served from their prefix caches (``cached``; ``-`` until
+a processor counts them).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.ops.status import gather
 
     try:
-        conf, topics = kafka_settings(args, reach=True)
+        conf, topics = kafka_settings(args, pipeline=True)
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -87,16 +90,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     if args.name is not None:
-        _detail(jobs[args.name])
+        job = jobs[args.name]
+        _detail(job)
         print(f"{'share':<10} {costs.share(args.name)}")
         print(f"{'cost':<10} {costs.cost(args.name)}")
+        if job.is_submitted and job.items > job.results_ok + job.results_failed:
+            from processor.ops.missing import why_missing
+
+            for line in why_missing(costs.view, job.name, job.model):
+                print(f"{'missing':<10} {line}")
         return 0
     if not jobs:
         print(f"no jobs on {topics.jobs}")
         return 0
+    ordered = sorted(jobs.values(), key=lambda j: j.started_ms)
     header = (
         "job", "state", "rows", "bad", "ok", "failed", "missing", "tokens in", "counted",
-        "share", "routed", "padded",
+        "share", "routed", "padded", "cached",
     )  # fmt: skip
     lines = [
         (
@@ -112,12 +122,34 @@ def run(args: argparse.Namespace) -> int:
             costs.share(job.name),
             f"{costs.view.job_total(job.name, 'routed_tokens'):,}",
             f"{costs.view.job_total(job.name, 'padded_tokens'):,}",
+            costs.cached_share(job.name),
         )
-        for job in sorted(jobs.values(), key=lambda j: j.started_ms)
+        for job in ordered
     ]
-    for line in _aligned([header, *lines], left=(0, 1, 8, 9)):
+    for line in _fitted([header, *lines], shutil.get_terminal_size((120, 24)).columns, left=(0, 1, 8, 9)):
         print(line)
     return 0
+
+
+def _fitted(rows: list[tuple[str, ...]], width: int, left: tuple[int, ...]) -> list[str]:
+    """The table in as few parts as fit ``width``: each part the job column and the next columns that
+    fit beside it, parts separated by a blank line. Names stay whole (a pipe or a script gets them),
+    so a name wider than the terminal makes its lines wider, never cut."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    parts: list[list[int]] = [[0]]
+    for col in range(1, len(widths)):
+        used = sum(widths[c] + 2 for c in parts[-1])
+        if len(parts[-1]) > 1 and used + widths[col] > width:
+            parts.append([0])
+        parts[-1].append(col)
+    out: list[str] = []
+    for part in parts:
+        if out:
+            out.append("")
+        out += _aligned(
+            [tuple(r[c] for c in part) for r in rows], left=tuple(part.index(c) for c in part if c in left)
+        )
+    return out
 
 
 def _aligned(rows: list[tuple[str, ...]], left: tuple[int, ...]) -> list[str]:
@@ -174,5 +206,15 @@ class _Costs:
         return (
             f"{t(job, 'received_tokens'):,} tokens received, {t(job, 'routed_tokens'):,} routed, "
             f"{t(job, 'completed_tokens'):,} completed, {t(job, 'padded_tokens'):,} padded "
-            f"in {t(job, 'batches'):,} batches"
+            f"in {t(job, 'batches'):,} batches; completed prompts: "
+            f"{t(job, 'cached_prompt_tokens'):,} tokens from the prefix cache, "
+            f"{t(job, 'prefill_tokens'):,} computed ({self.cached_share(job)} cached)"
         )
+
+    def cached_share(self, job: str) -> str:
+        """The share of the job's completed prompt tokens served from the prefix cache, or ``-``."""
+        from processor.core.accounting import cached_prompt_share
+
+        t = self.view.job_total
+        share = cached_prompt_share(t(job, "cached_prompt_tokens"), t(job, "prefill_tokens"))
+        return "-" if share is None else f"{share:.1%}"

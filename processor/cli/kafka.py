@@ -1,7 +1,12 @@
-"""``tokenfabric kafka start|stop|status|jars``: the local broker of :mod:`processor.local.broker`.
+"""``tokenfabric kafka start|stop|status|jars``: the local broker of :mod:`processor.local.broker`;
+``tokenfabric kafka consumer-groups|transactions ...``: Kafka's own tools, from the same jars.
 
 Everything after ``kafka`` goes to :func:`main` untouched (its ``--help`` included); ``main`` is also
-what tests and ``python -m processor kafka`` call.
+what tests and ``python -m processor kafka`` call. The tools are a thin pass-through: every argument
+after the tool's name goes to Kafka's ``ConsumerGroupCommand`` / ``TransactionsCommand`` as
+``kafka-consumer-groups.sh`` / ``kafka-transactions.sh`` would pass it (``--bootstrap-server``,
+``--command-config`` with Java client properties: a secured local broker writes them,
+docs/kafka-local.md), and its exit code is the command's.
 """
 
 from __future__ import annotations
@@ -19,16 +24,18 @@ from processor.local.broker import (
     BrokerInfo,
     broker_status,
     default_state_dir,
+    java_executable,
     restart_broker,
     start_broker,
     stop_broker,
 )
-from processor.local.jars import KAFKA_VERSION, KafkaLocalError, jars_dir
+from processor.local.jars import KAFKA_VERSION, TOOLS, KafkaLocalError, jars_dir, tool_command
+from processor.local.secure import LISTENERS
 
 log = logging.getLogger(__name__)
 
 
-ACTIONS = ("start", "stop", "restart", "status", "jars")
+ACTIONS = ("start", "stop", "restart", "status", "jars", *TOOLS)
 
 
 def _port(text: str) -> int:
@@ -77,6 +84,10 @@ def _print_info(info: BrokerInfo) -> None:
     print(f"pid={info.pid}")
     print(f"data_dir={info.data_dir}")
     print(f"log_dir={info.log_dir}")
+    for listener, bootstrap in info.listeners.items():
+        print(f"listener.{listener}={bootstrap}")
+    if info.listeners:
+        print(f"security_dir={info.data_dir.parent / 'security'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: 120)"
     )
+    start.add_argument(
+        "--secure",
+        action="store_true",
+        help=f"TLS, mutual TLS and SCRAM-SHA-512 listeners ({', '.join(LISTENERS)}), a throwaway CA, "
+        "and an authorizer that denies what no ACL allows (docs/kafka-local.md)",
+    )
+    start.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --secure: a user with a SCRAM password and a client certificate (repeatable); "
+        "their client settings are written under the state dir's security/",
+    )
+    for tool, main_class in TOOLS.items():
+        sub.add_parser(
+            tool, help=f"run Kafka's {main_class.rsplit('.', 1)[1]} with the arguments that follow"
+        )
     sub.add_parser("stop", help="stop the broker (exit 0 also when none runs)")
     restart = sub.add_parser(
         "restart", help="stop the broker and start it again on the same port, its topics and data kept"
@@ -113,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``start|stop|status`` a local broker; ``start`` prints ``bootstrap=HOST:PORT`` first."""
+    argv = sys.argv[1:] if argv is None else argv
+    tool = _tool_call(argv)
+    if tool is not None:
+        return _run_tool(*tool)
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:  # called directly, not through tokenfabric.main
         setup_logging("INFO", "text")
@@ -133,6 +166,35 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _tool_call(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(tool, its arguments) when ``argv`` names one of Kafka's tools (after an optional
+    ``--state-dir``, which the tools do not use), else None."""
+    rest = argv[2:] if argv[:1] == ["--state-dir"] else argv
+    if rest and rest[0] in TOOLS:
+        return rest[0], rest[1:]
+    return None
+
+
+def _run_tool(tool: str, args: list[str]) -> int:
+    """Run Kafka's ``tool`` in the foreground, stdin and output shared; its exit code is ours."""
+    import subprocess
+
+    try:
+        command = tool_command(java_executable(), tool, args)
+    except KafkaLocalError as exc:
+        print(f"tokenfabric kafka {tool}: error: {exc}", file=sys.stderr)
+        return 1
+    asked_help = args in (["--help"], ["-h"])
+    if asked_help:
+        print(
+            f"usage: tokenfabric kafka {tool} [ARGS...]: Kafka's own tool, from the local broker's jars; "
+            "its options:"
+        )
+        sys.stdout.flush()
+    code = subprocess.run(command, check=False).returncode
+    return 0 if asked_help and code == 1 else code  # Kafka's tools exit 1 after the usage asked for
+
+
 def _check_state_dir(state_dir: Path, *, create: bool) -> None:
     """Raise OSError, naming the path, when the state dir is not a usable folder; ``create`` makes it
     (``start``), so an unwritable place fails here in one line rather than deep inside the start-up."""
@@ -148,8 +210,17 @@ def _check_state_dir(state_dir: Path, *, create: bool) -> None:
 def _run_command(args: argparse.Namespace, state_dir: Path) -> int:
     if args.command == "start":
         info = broker_status(state_dir)
+        if args.user and not args.secure:
+            print("tokenfabric kafka start: error: --user needs --secure", file=sys.stderr)
+            return 2
         if info is None:
-            info = start_broker(state_dir, port=args.port, heap_mb=args.heap_mb, timeout_s=args.timeout)
+            info = start_broker(
+                state_dir,
+                port=args.port,
+                heap_mb=args.heap_mb,
+                timeout_s=args.timeout,
+                secure_users=args.user if args.secure else None,
+            )
         else:
             log.info("already running (pid %d)", info.pid)
         _print_info(info)

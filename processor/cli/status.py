@@ -21,10 +21,12 @@ import threading
 from collections.abc import Iterable
 
 from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
+from processor.core.accounting import cached_prompt_share
 from processor.ops.status import (
     DEFAULT_STALE_S,
     SCHEMA_PATH,
     ConsumerRow,
+    PromptFigures,
     StatusReport,
     gather,
     report,
@@ -127,6 +129,9 @@ def _consumer_lines(row: ConsumerRow, stale_s: float) -> list[str]:
     c = row.contract
     if row.state == "up":
         life = f"up: {row.members} member{'s' if row.members != 1 else ''} in its group"
+    elif row.state == "silent":
+        quiet = "-" if row.last_seen_age_s is None else _age(row.last_seen_age_s)
+        life = f"SILENT: in its group, batches wait for it, no answer for {quiet}"
     else:
         seen = "never" if row.last_seen_age_s is None else f"{_age(row.last_seen_age_s)} ago"
         not_in = "not in its group" if row.members is not None else "group not readable"
@@ -148,7 +153,18 @@ def _consumer_lines(row: ConsumerRow, stale_s: float) -> list[str]:
         f"    fill      {_pct(row.budget_fill)} of budget{oversized}, "
         f"padding waste {_pct(row.padding_waste)}",
         f"    cache     {_pct(row.cache_hit_rate)} hits, {row.shape_switches:,} shape switches",
+        f"    prompts   {_prompts(row.prompts)}",
     ]
+
+
+def _prompts(p: PromptFigures) -> str:
+    """Completed prompt tokens by how the engines served them (measured, as the consumers reported)."""
+    if not p.counted:
+        return "not counted (a checkpoint without prompt counters: docs/engine-openai.md)"
+    return (
+        f"{p.cached_tokens:,} tokens from the prefix cache, {p.prefill_tokens:,} computed "
+        f"({_pct(p.cached_share)} cached)"
+    )
 
 
 def render_text(rep: StatusReport, width: int = 80) -> str:
@@ -173,7 +189,10 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
     state = {
         "flowing": "flowing",
         "paused": "PAUSED by backpressure (--max-waiting-tokens)",
-        "stalled": "STALLED: no live processor",
+        "stalled": "STALLED: no live processor"
+        if not any(p.state == "live" for p in rep.processors)
+        else f"STALLED: {ing.stalled_partitions} of {ing.partitions} partitions have no live owner "
+        "(owner STALE)",
     }[ing.state]
     lag = "-" if ing.uncommitted_messages is None else f"{ing.uncommitted_messages:,}"
     lanes = rep.lanes
@@ -183,12 +202,14 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
         f"lanes    {lanes.in_use:,} in use (pressure {_pct(lanes.pressure)}), "
         f"{lanes.shape_switches:,} shape switches",
         f"padding  {_pct(rep.padding_waste)} waste; cache hit rate {_pct(rep.cache_hit_rate)}",
+        f"prompts  {_prompts(rep.prompts)}",
         "",
         f"processors (age of the last checkpoint; STALE past {rep.stale_after_s:g} s)",
     ]
     rows = [
         [p.instance, "live" if p.state == "live" else "STALE", _age(p.checkpoint_age_s),
-         f"{p.owned_partitions}/{p.ingest_partitions} partitions"]
+         f"{p.owned_partitions}/{p.ingest_partitions} partitions"
+         + (f" ({p.handed_over} handed over)" if p.handed_over else "")]
         for p in rep.processors
     ]  # fmt: skip
     lines += _columns(rows, "  ", right=(2,)) or ["  none has checkpointed"]
@@ -204,7 +225,7 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
         lines += _columns(rows, "  ", right=(1, 2))
     if rep.jobs:
         lines += ["", "jobs (token shares: docs/shares.md)"]
-        rows = [["job", "weight", "quota", "received", "routed", "completed", "padding"]]
+        rows = [["job", "weight", "quota", "received", "routed", "completed", "cached", "padding"]]
         for j in rep.jobs:
             quota = (
                 ", ".join(
@@ -217,8 +238,9 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
             )
             tokens = [f"{j.tokens[stage]:,}" for stage in ("received", "routed", "completed")]
             cap = quota + (" CAPPED" if j.capped else "")
-            rows.append([j.job or "(no job)", f"{j.weight:g}", cap, *tokens, _pct(j.padding_waste)])
-        lines += _columns(rows, "  ", right=(1, 3, 4, 5, 6))
+            cached = _pct(cached_prompt_share(j.tokens["cached_prompt"], j.tokens["prefill"]))
+            rows.append([j.job or "(no job)", f"{j.weight:g}", cap, *tokens, cached, _pct(j.padding_waste)])
+        lines += _columns(rows, "  ", right=(1, 3, 4, 5, 6, 7))
     lines += ["", f"consumers (last sign of life; STALE past {rep.stale_after_s:g} s)"]
     for row in rep.consumers:
         lines += _consumer_lines(row, rep.stale_after_s)
@@ -257,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         for flag, value in (("--interval-s", args.interval_s), ("--stale-s", args.stale_s)):
             if not value > 0:
                 raise ConfigError(f"{flag} must be > 0, got {value:g}")
-        conf, topics = kafka_settings(args, reach=True)
+        conf, topics = kafka_settings(args, pipeline=True)
     except ConfigError as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 2

@@ -304,9 +304,9 @@ def run(args: argparse.Namespace) -> int:
 def _warn_if_unserved(model: str, conf: dict[str, str], topics: TopicNames) -> None:
     """One line when no consumer has announced ``model``: the job's items would wait, parked, until
     one does, and ``collect --wait`` would count them missing without saying why."""
-    from processor.ops.contracts import consumers_of, read_announcements
+    from processor.ops.contracts import announced_contracts, consumers_of
 
-    if not consumers_of(model, read_announcements(conf, topics)):
+    if not consumers_of(model, announced_contracts(conf, topics)):
         print(
             f"{PROG}: warning: no consumer serves model {model!r} on {topics.contracts}; the job's items "
             "wait until one announces it ('tokenfabric status' lists them as UNSERVED)",

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "jobs": ("processor.cli.jobs", "list jobs and their progress"),
     "share": ("processor.cli.share", "show or change a job's token share: its weight and quotas"),
+    "acls": ("processor.cli.acls", "print or create the Kafka ACLs each role of a pipeline needs"),
 }
 
 
@@ -85,13 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
     default_logging(args.command)
-    from processor.kafka.reach import EXIT_UNREACHABLE, BrokerUnreachable
+    from processor.kafka.reach import BrokerUnreachable
 
     try:
         return int(module.run(args))
-    except BrokerUnreachable as exc:
+    except BrokerUnreachable as exc:  # or refused: a TLS, SASL or authorizer refusal (processor.kafka.reach)
         print(f"tokenfabric {args.command}: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return exc.exit_code
     except BrokenPipeError:
         return _reader_gone()
 

@@ -22,6 +22,18 @@ two, which is how a phantom (a counter that says items wait that are not there) 
 The same two equations hold per job (``JobBook``: a job's cost in tokens, padding included), and the
 jobs' books sum to the models' (``check``). The job of an item that names none is "".
 
+A completed item's prompt was either served from the engine's prefix cache or computed (prefill), so
+a third equation holds per model, consumer and job, in tokens (``PROMPTS``, :func:`check_prompts`):
+
+    completed_tokens = cached_prompt_tokens + prefill_tokens
+
+``cached_prompt_tokens`` is what the consumers reported (``Completion.cached_tokens``, held to each
+item's prompt by :func:`prompt_split`); an answer that reports none counts its whole prompt as
+computed. The models', consumers' and jobs' cached counts sum to the same total. A ledger whose
+caller never passes cached counts (``finished(..., cached_tokens=None)``) still balances, every
+prompt computed, but leaves the prompt counters out of its snapshot (``prompts_counted``): a
+checkpoint then claims nothing about the cache, and the audit compares nothing.
+
 A producer's repeat of an item id (``duplicate``) is dead-lettered, never received: it is counted
 beside the equations, in ``dead_lettered`` too.
 
@@ -31,162 +43,59 @@ compacted topic and compared by an audit; its keys' grammar is processor.core.le
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
-
-from processor.core.ledger_keys import keys_of, parse_key, stage_unit
-
-
-class LedgerImbalance(AssertionError):
-    """The ledger's equations do not hold; the message carries both sides."""
-
-
-@dataclass(slots=True)
-class Tally:
-    """Items and tokens at one stage of one model or consumer."""
-
-    items: int = 0
-    tokens: int = 0
-
-    def add(self, items: int, tokens: int) -> None:
-        self.items += items
-        self.tokens += tokens
-
-
-@dataclass(slots=True)
-class ModelBook:
-    received: Tally
-    queued: Tally
-    routed: Tally
-    completed: Tally
-    failed: Tally
-    in_flight: Tally
-    adopted_queued: Tally
-    adopted_in_flight: Tally
-    released_queued: Tally
-    released_in_flight: Tally
-    duplicate: Tally
-    """A producer's repeats of an item id within the dedupe window: dead-lettered, never received,
-    so outside both equations."""
-
-    @classmethod
-    def empty(cls) -> ModelBook:
-        return cls(*(Tally() for _ in fields(cls)))
-
-
-@dataclass(slots=True)
-class ConsumerBook:
-    routed: Tally
-    completed: Tally
-    failed: Tally
-    in_flight: Tally
-    redelivered: Tally
-    adopted_in_flight: Tally
-    released_in_flight: Tally
-    batches: int = 0
-    padded_tokens: int = 0
-    oversized: int = 0
-    oversized_padded_tokens: int = 0
-    """Padded tokens of the single-item batches too long for the budget (``oversized``), which
-    ``padded_tokens`` includes: a budget fill is ``padded_tokens`` less these over the other batches."""
-    cache_hits: int = 0
-    cache_lookups: int = 0
-
-    @classmethod
-    def empty(cls) -> ConsumerBook:
-        return cls(Tally(), Tally(), Tally(), Tally(), Tally(), Tally(), Tally())
-
-
-@dataclass(slots=True)
-class JobBook(ModelBook):
-    """One job's items and tokens at each stage, over all its models, counted as a model's book counts
-    them (``duplicate``: the job's producer repeats), and the padding its batches cost."""
-
-    batches: int = 0
-    padded_tokens: int = 0
-
-    @classmethod
-    def empty(cls) -> JobBook:
-        t = Tally  # one per ModelBook stage (written out: the int counters follow them)
-        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
-
-
-HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
-STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER, "duplicate")
-JOB_COUNTERS = ("batches", "padded_tokens")
-"""A job book's counters beside its stages (in ``JobBook``'s order)."""
-CONSUMER_COUNTERS = (
-    "batches",
-    "padded_tokens",
-    "oversized",
-    "oversized_padded_tokens",
-    "cache_hits",
-    "cache_lookups",
+from processor.core.books import (
+    CONSUMER_COUNTERS,
+    CONSUMER_SNAPSHOT,
+    CONSUMER_STAGES,
+    HANDOVER,
+    JOB_COUNTERS,
+    JOB_SNAPSHOT,
+    PROMPT_COUNTERS,
+    RECEIVED,
+    ROUTED,
+    STAGE_COUNTERS,
+    STAGES,
+    ConsumerBook,
+    Equation,
+    JobBook,
+    LedgerImbalance,
+    ModelBook,
+    Tally,
+    balance,
+    book_prompts,
+    cached_prompt_share,
+    check_prompts,
+    is_stage,
+    move_tally,
+    prompt_keys,
+    prompt_split,
+    restore_counter,
+    stage_values,
+    sum_tallies,
 )
-"""A consumer book's counters beside its stages."""
-CONSUMER_STAGES = (
-    "routed",
-    "completed",
-    "failed",
-    "in_flight",
-    "redelivered",
-    "adopted_in_flight",
-    "released_in_flight",
-)
+from processor.core.ledger_keys import keys_of, parse_key
 
-
-def _stage_counters(stages: Iterable[str]) -> tuple[str, ...]:
-    return tuple(f"{stage}_{unit}" for stage in stages for unit in ("items", "tokens"))
-
-
-_STAGE_COUNTERS = _stage_counters(STAGES)
-_CONSUMER_SNAPSHOT = (*_stage_counters(CONSUMER_STAGES), *CONSUMER_COUNTERS)
-_JOB_SNAPSHOT = (*_STAGE_COUNTERS, *JOB_COUNTERS)
-
-
-@dataclass(frozen=True, slots=True)
-class Equation:
-    """One of the ledger's two equations, ``sum(left) = sum(right)`` over a book's stages.
-
-    The only place either is written: :meth:`Ledger.check` and :meth:`Ledger.check_jobs` hold every
-    book to both, and the metrics publish each one's :meth:`gap` (0 while it holds)."""
-
-    name: str
-    left: tuple[str, ...]
-    right: tuple[str, ...]
-
-    def gap(self, book: ModelBook | ConsumerBook) -> Tally:
-        """Left side minus right side, items and tokens: zero in both while the equation holds."""
-        gap = Tally()
-        for stage in self.left:
-            t: Tally = getattr(book, stage)
-            gap.add(t.items, t.tokens)
-        for stage in self.right:
-            t = getattr(book, stage)
-            gap.add(-t.items, -t.tokens)
-        return gap
-
-    def check(self, where: str, book: ModelBook | ConsumerBook) -> None:
-        """Raise ``LedgerImbalance`` with both sides when the equation fails for ``book``."""
-        _balance(
-            where,
-            "+".join(self.left),
-            sum_tallies(getattr(book, stage) for stage in self.left),
-            "+".join(self.right),
-            (getattr(book, stage) for stage in self.right),
-        )
-
-
-RECEIVED = Equation("received", ("received", "adopted_queued"), ("queued", "routed", "released_queued"))
-"""What arrived (or was adopted) waits, went out, or was handed over: models and jobs."""
-
-ROUTED = Equation(
-    "routed",
-    ("routed", "adopted_in_flight"),
-    ("completed", "in_flight", "failed", "released_in_flight"),
-)
-"""What went out (or was adopted in flight) completed, is in flight, failed, or was handed over:
-models, jobs and consumers."""
+__all__ = [
+    "CONSUMER_COUNTERS",
+    "CONSUMER_STAGES",
+    "HANDOVER",
+    "JOB_COUNTERS",
+    "PROMPT_COUNTERS",
+    "RECEIVED",
+    "ROUTED",
+    "STAGES",
+    "ConsumerBook",
+    "Equation",
+    "JobBook",
+    "Ledger",
+    "LedgerImbalance",
+    "ModelBook",
+    "Tally",
+    "cached_prompt_share",
+    "check_prompts",
+    "prompt_split",
+    "sum_tallies",
+]
 
 
 class Ledger:
@@ -197,6 +106,9 @@ class Ledger:
         self.consumers: dict[str, ConsumerBook] = {}
         self.jobs: dict[str, JobBook] = {}
         self.dead_lettered = 0
+        self.prompts_counted = False
+        """A caller passed cached counts (or the checkpoint resumed from had them): the snapshot
+        carries the prompt counters."""
 
     def _model(self, model: str) -> ModelBook:
         book = self.models.get(model)
@@ -246,9 +158,18 @@ class Ledger:
             c.oversized_padded_tokens += padded_tokens
 
     def finished(
-        self, model: str, consumer: str, ok_items: int, ok_tokens: int, failed_items: int, failed_tokens: int
+        self,
+        model: str,
+        consumer: str,
+        ok_items: int,
+        ok_tokens: int,
+        failed_items: int,
+        failed_tokens: int,
+        cached_tokens: int | None = None,
     ) -> None:
-        """A batch came back: some items completed, the rest failed."""
+        """A batch came back: some items completed, the rest failed. ``cached_tokens``: how many of the
+        completed items' prompt tokens the engine served from its prefix cache (the rest it computed);
+        None from a caller that does not count them (every prompt computed, ``prompts_counted`` kept)."""
         book = self._model(model)
         c = self.consumer(consumer)
         items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
@@ -258,6 +179,10 @@ class Ledger:
         c.completed.add(ok_items, ok_tokens)
         book.failed.add(failed_items, failed_tokens)
         c.failed.add(failed_items, failed_tokens)
+        if cached_tokens is not None:
+            self.prompts_counted = True
+        book_prompts(book, ok_tokens, cached_tokens or 0)
+        book_prompts(c, ok_tokens, cached_tokens or 0)
 
     def requeued(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """A batch came back undone (its consumer left): its items wait again and count as redelivered."""
@@ -287,10 +212,10 @@ class Ledger:
         """Give up everything waiting and in flight (its partitions go, or are about to be restored):
         the counts move to ``released_*`` so the equations keep holding."""
         for book in self.models.values():
-            _move(book.queued, book.released_queued)
-            _move(book.in_flight, book.released_in_flight)
+            move_tally(book.queued, book.released_queued)
+            move_tally(book.in_flight, book.released_in_flight)
         for c in self.consumers.values():
-            _move(c.in_flight, c.released_in_flight)
+            move_tally(c.in_flight, c.released_in_flight)
         self._release_jobs()
 
     def handover_delta(self) -> dict[str, tuple[int, int]]:
@@ -329,12 +254,21 @@ class Ledger:
         book.padded_tokens += padded_tokens
 
     def job_finished(
-        self, job: str, ok_items: int, ok_tokens: int, failed_items: int, failed_tokens: int
+        self,
+        job: str,
+        ok_items: int,
+        ok_tokens: int,
+        failed_items: int,
+        failed_tokens: int,
+        cached_tokens: int | None = None,
     ) -> None:
         book = self.job(job)
         book.in_flight.add(-ok_items - failed_items, -ok_tokens - failed_tokens)
         book.completed.add(ok_items, ok_tokens)
         book.failed.add(failed_items, failed_tokens)
+        if cached_tokens is not None:
+            self.prompts_counted = True
+        book_prompts(book, ok_tokens, cached_tokens or 0)
 
     def job_requeued(self, job: str, items: int, tokens: int) -> None:
         book = self.job(job)
@@ -349,8 +283,8 @@ class Ledger:
 
     def _release_jobs(self) -> None:
         for book in self.jobs.values():
-            _move(book.queued, book.released_queued)
-            _move(book.in_flight, book.released_in_flight)
+            move_tally(book.queued, book.released_queued)
+            move_tally(book.in_flight, book.released_in_flight)
 
     def check_jobs(self) -> None:
         """Both equations per job, and the jobs' books summing to the models' at every stage
@@ -365,14 +299,20 @@ class Ledger:
             ROUTED.check(f"job {job!r}", b)
         for stage in STAGES:
             by_jobs = sum_tallies(getattr(b, stage) for b in self.jobs.values())
-            _balance("ledger", f"{stage} by model", self.total(stage), f"{stage} by job", (by_jobs,))
+            balance("ledger", f"{stage} by model", self.total(stage), f"{stage} by job", (by_jobs,))
+        for job, b in self.jobs.items():
+            check_prompts(f"job {job!r}", b)
+        by_job = Tally(0, sum(b.cached_prompt_tokens for b in self.jobs.values()))
+        balance("ledger", "cached_prompt by model", self.cached_total(), "cached_prompt by job", (by_job,))
 
     def job_snapshot(self) -> dict[str, int]:
         """Per-job counters, keyed ``job:<stage>_items:<job>`` (processor.core.ledger_keys)."""
         out: dict[str, int] = {}
         for job, b in self.jobs.items():
-            values = [*_stage_values(b, STAGES), b.batches, b.padded_tokens]
-            out.update(zip(keys_of(_JOB_SNAPSHOT, "job", job), values, strict=True))
+            values = [*stage_values(b, STAGES), *(getattr(b, k) for k in JOB_COUNTERS)]
+            out.update(zip(keys_of(JOB_SNAPSHOT, "job", job), values, strict=True))
+            if self.prompts_counted:
+                out.update(prompt_keys(b, "job", job))
         return out
 
     # -- totals and checks ----------------------------------------------------------------------
@@ -384,8 +324,12 @@ class Ledger:
             out.add(t.items, t.tokens)
         return out
 
+    def cached_total(self) -> Tally:
+        """Cached prompt tokens over every model (``tokens``; ``items`` is 0)."""
+        return Tally(0, sum(b.cached_prompt_tokens for b in self.models.values()))
+
     def check(self) -> None:
-        """Raise ``LedgerImbalance`` with both sides if either equation fails anywhere."""
+        """Raise ``LedgerImbalance`` with both sides if any equation fails anywhere."""
         for model, b in self.models.items():
             RECEIVED.check(f"model {model}", b)
             ROUTED.check(f"model {model}", b)
@@ -404,7 +348,19 @@ class Ledger:
             for c in self.consumers.values():
                 t = getattr(c, stage)
                 by_consumer.add(t.items, t.tokens)
-            _balance("ledger", f"{stage} by model", by_model, f"{stage} by consumer", (by_consumer,))
+            balance("ledger", f"{stage} by model", by_model, f"{stage} by consumer", (by_consumer,))
+        for model, b in self.models.items():
+            check_prompts(f"model {model}", b)
+        for name, c in self.consumers.items():
+            check_prompts(f"consumer {name}", c)
+        by_consumer_cached = Tally(0, sum(c.cached_prompt_tokens for c in self.consumers.values()))
+        balance(
+            "ledger",
+            "cached_prompt by model",
+            self.cached_total(),
+            "cached_prompt by consumer",
+            (by_consumer_cached,),
+        )
 
     def snapshot(self) -> dict[str, int]:
         """Flat counters: ``stage_items``/``stage_tokens`` totals, then per model, consumer and job
@@ -414,17 +370,29 @@ class Ledger:
             t = self.total(stage)
             out[f"{stage}_items"] = t.items
             out[f"{stage}_tokens"] = t.tokens
+        if self.prompts_counted:
+            for counter in PROMPT_COUNTERS:
+                out[counter] = sum(getattr(b, counter) for b in self.models.values())
         for model, b in self.models.items():
-            out.update(zip(keys_of(_STAGE_COUNTERS, "model", model), _stage_values(b, STAGES), strict=True))
+            out.update(zip(keys_of(STAGE_COUNTERS, "model", model), stage_values(b, STAGES), strict=True))
+            if self.prompts_counted:
+                out.update(prompt_keys(b, "model", model))
         for name, c in self.consumers.items():
-            values = _stage_values(c, CONSUMER_STAGES) + [getattr(c, k) for k in CONSUMER_COUNTERS]
-            out.update(zip(keys_of(_CONSUMER_SNAPSHOT, "consumer", name), values, strict=True))
+            values = stage_values(c, CONSUMER_STAGES) + [getattr(c, k) for k in CONSUMER_COUNTERS]
+            out.update(zip(keys_of(CONSUMER_SNAPSHOT, "consumer", name), values, strict=True))
+            if self.prompts_counted:
+                out.update(prompt_keys(c, "consumer", name))
         out.update(self.job_snapshot())
         return out
 
     @classmethod
     def restore(cls, snapshot: dict[str, int]) -> Ledger:
-        """Rebuild a ledger from ``snapshot`` (the inverse of ``snapshot``)."""
+        """Rebuild a ledger from ``snapshot`` (the inverse of ``snapshot``).
+
+        A checkpoint without prompt counters (written before they existed, or by a ledger whose caller
+        passed no cached counts) had every completed prompt computed, as far as it knows: its books
+        get ``prefill_tokens`` equal to their completed tokens, so ``PROMPTS`` holds from the start,
+        and ``prompts_counted`` stays False until a caller passes a count."""
         ledger = cls()
         ledger.dead_lettered = snapshot.get("dead_lettered_items", 0)
         for key, value in snapshot.items():
@@ -432,7 +400,7 @@ class Ledger:
             book: ModelBook | ConsumerBook
             if parsed.scope == "job":
                 book = ledger.job(parsed.owner)  # a job the checkpoint names only by its share too
-                if not _is_stage(book, parsed.counter) and parsed.counter not in JOB_COUNTERS:
+                if not is_stage(book, parsed.counter) and parsed.counter not in _JOB_BOOK_COUNTERS:
                     continue  # the share policy's gauges (``job:weight_milli:<job>``): not the ledger's
             elif parsed.scope == "model":
                 book = ledger._model(parsed.owner)
@@ -440,7 +408,12 @@ class Ledger:
                 book = ledger.consumer(parsed.owner)
             else:
                 continue
-            _restore_counter(book, parsed.counter, value)
+            restore_counter(book, parsed.counter, value)
+        ledger.prompts_counted = "prefill_tokens" in snapshot
+        if not ledger.prompts_counted:
+            books: list[ModelBook | ConsumerBook] = [*ledger.models.values(), *ledger.consumers.values()]
+            for b in [*books, *ledger.jobs.values()]:
+                b.prefill_tokens = b.completed.tokens - b.cached_prompt_tokens
         return ledger
 
     def adopt_unbooked_jobs(self) -> None:
@@ -452,52 +425,8 @@ class Ledger:
         for stage in STAGES:
             t = sum_tallies(getattr(b, stage) for b in self.models.values())
             getattr(book, stage).add(t.items, t.tokens)
+        for counter in PROMPT_COUNTERS:
+            setattr(book, counter, sum(getattr(b, counter) for b in self.models.values()))
 
 
-def _stage_values(book: ModelBook | ConsumerBook, stages: Iterable[str]) -> list[int]:
-    """Items then tokens of each stage, in the order of ``_stage_counters(stages)``."""
-    values: list[int] = []
-    for stage in stages:
-        t: Tally = getattr(book, stage)
-        values += (t.items, t.tokens)
-    return values
-
-
-def _restore_counter(book: ModelBook | ConsumerBook, counter: str, value: int) -> None:
-    """Set one counter of ``book``: a stage's items or tokens (``routed_tokens``), else a plain
-    counter (``padded_tokens``, which merely ends in _tokens)."""
-    split = stage_unit(counter)
-    if split is not None and _is_stage(book, counter):
-        setattr(getattr(book, split[0]), split[1], value)
-    else:
-        setattr(book, counter, value)
-
-
-def _is_stage(book: ModelBook | ConsumerBook, counter: str) -> bool:
-    """``counter`` is the items or tokens of one of ``book``'s stages (a ``Tally``)."""
-    split = stage_unit(counter)
-    return split is not None and isinstance(getattr(book, split[0], None), Tally)
-
-
-def _balance(where: str, left_name: str, left: Tally, right_name: str, parts: Iterable[Tally]) -> None:
-    items = tokens = 0
-    for p in parts:
-        items += p.items
-        tokens += p.tokens
-    if (left.items, left.tokens) != (items, tokens):
-        raise LedgerImbalance(
-            f"{where} out of balance: {left_name} {left.items:,} items / {left.tokens:,} tokens, "
-            f"{right_name} {items:,} items / {tokens:,} tokens"
-        )
-
-
-def _move(source: Tally, target: Tally) -> None:
-    target.add(source.items, source.tokens)
-    source.items = source.tokens = 0
-
-
-def sum_tallies(tallies: Iterable[Tally]) -> Tally:
-    out = Tally()
-    for t in tallies:
-        out.add(t.items, t.tokens)
-    return out
+_JOB_BOOK_COUNTERS = (*JOB_COUNTERS, *PROMPT_COUNTERS)

@@ -5,9 +5,17 @@ Apart from lane storage (core/lanes.py: where an item waits) because it is the o
 lane and a consumer's batching rule, which items leave in one batch. Both cuts return the items in
 batch order and the batch's longest length; the running totals are the table's to update.
 
-- ``cut="length"`` (:func:`cut_by_length`): the longest items first, while they fit the rule and
-  each pads by at most ``cut_tokens`` (and ``cut_ratio`` of its length) to the batch's longest, so
-  items of nearly equal length go together however wide the lane is.
+- ``cut="length"`` (:func:`cut_by_length`): from the lane's *sweep* down, while the items fit the rule
+  and each pads by at most ``cut_tokens`` (and ``cut_ratio`` of its length) to the batch's longest, so
+  items of nearly equal length go together however wide the lane is. The sweep
+  (``ByLength.sweep``): a batch starts at the longest length at or below the shortest item of the
+  lane's previous batch, and at the longest when nothing waits there (the sweep wraps). Each pass goes
+  down the lengths once, so in streaming a short item is passed at most once per pass by longer items
+  that arrive after it (issue 25: longest first at every batch doubled the wait tail of bursts).
+  A batch cut around an anchor, or started lower to leave longer items to a bigger consumer
+  (``leave_longer``), does not move the sweep. Invariant: with no item placed after the lane's first
+  batch (a backlog), no waiting item is longer than the sweep, so every batch starts at the longest
+  waiting item (the rule before the sweep, batch for batch).
 - ``cut="arrival"`` (:func:`cut_in_arrival_order`): from the head of the lane in arrival order (the
   first generation's rule).
 
@@ -26,14 +34,16 @@ from processor.core.contract import BatchRule
 from processor.core.item import Item
 
 if TYPE_CHECKING:
-    from processor.core.lanes import ByLength, LaneSettings
+    from processor.core.lane import ByLength
+    from processor.core.lanes import LaneSettings
 
 
 def cut_by_length(
     items: ByLength, rule: BatchRule, settings: LaneSettings, anchor: Item | None, leave_longer: bool
 ) -> tuple[list[Item], int]:
-    """Take a batch from the longest lengths of ``items`` down (or from ``anchor``'s, the anchor
-    first; or, ``leave_longer``, from the longest length whose oldest item fits alone)."""
+    """Take a batch from the longest length at or below the sweep down (or from ``anchor``'s, the
+    anchor first; or, ``leave_longer``, from no higher than the longest length whose oldest item fits
+    alone); a batch that started at the sweep moves it to the batch's shortest item."""
     fits = rule.fits
     output_tokens = rule.output_tokens if rule.counts_output else None
     lengths = items.lengths
@@ -42,26 +52,28 @@ def cut_by_length(
         items.remove(anchor)
         taken = [anchor]
         top = bisect_right(lengths, anchor.length)  # the lengths below it, its own included
+        moves_sweep = False
     else:
-        top = len(lengths)
+        swept = bisect_right(lengths, items.sweep) or len(lengths)  # nothing at or below it: wrap
+        top = swept
         if leave_longer and rule.longest_alone >= 0:  # outputs uncounted: whether one fits is its length
-            top = max(1, bisect_right(lengths, rule.longest_alone))
+            top = min(top, max(1, bisect_right(lengths, rule.longest_alone)))
         elif leave_longer:  # memory mode: the oldest item of each length down, until one fits
             while top > 1:
                 first = buckets[lengths[top - 1]][0]
                 if fits(1, first.length, _output(output_tokens, first)):
                     break
                 top -= 1
+        moves_sweep = top == swept
         bucket = buckets[lengths[top - 1]]
-        first = bucket[0]
-        _drop_front(bucket, 1)
+        first = bucket.pop(0) if type(bucket) is list else cast(deque[Item], bucket).popleft()
         items.n -= 1
         taken = [first]
     first = taken[0]
     longest = first.length
     outputs = _output(output_tokens, first)
     emptied = 0  # lengths lengths[top - emptied : top] that the cut empties
-    if fits(1, longest, outputs):
+    if longest <= rule.longest_alone if output_tokens is None else fits(1, longest, outputs):
         pm = rule.pad_multiple
         padded = -(-longest // pm) * pm
         floor = padded - min(settings.cut_tokens, settings.cut_ratio * longest)
@@ -103,6 +115,8 @@ def cut_by_length(
         for length in lengths[top - emptied : top]:
             del buckets[length]
         del lengths[top - emptied : top]
+    if moves_sweep:
+        items.sweep = taken[-1].length  # the shortest taken: what is left of its length goes next
     return taken, longest
 
 
@@ -137,11 +151,3 @@ def cut_in_arrival_order(queue: deque[Item], rule: BatchRule, anchor: Item | Non
 
 def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:
     return 0 if output_tokens is None else output_tokens(item.output_budget)
-
-
-def _drop_front(bucket: list[Item] | deque[Item], n: int) -> None:
-    if type(bucket) is list:
-        del bucket[:n]
-    else:
-        for _ in range(n):
-            cast(deque[Item], bucket).popleft()

@@ -30,8 +30,8 @@ only while its job is not too far ahead of the most owed one, and a switch goes 
 job's shape (the consumer's own job first while it may keep it). A quota caps the items a batch
 takes. With one job and no quota the rules are exactly the three above.
 
-How a batch is cut from its lane (arrival order, or longest first) is the lane table's
-``take_batch`` (processor/core/lanes.py, processor/core/cut.py).
+How a batch is cut from its lane (arrival order, or by length from the lane's sweep down) is the
+lane table's ``take_batch`` (processor/core/lanes.py, processor/core/cut.py).
 
 A consumer *may take* a lane whose longest item (the longest waiting one when lanes are cut by length,
 else the lane's representative length), alone, fits its batching rule (with the
@@ -54,9 +54,10 @@ from dataclasses import dataclass
 from processor.core.contract import Contract
 from processor.core.inflight import ConsumerState
 from processor.core.item import Item
-from processor.core.lanes import Lane, ShapeKey, ShapeLanes, key_job, shape_key
+from processor.core.lane import Lane
+from processor.core.lanes import ShapeKey, ShapeLanes, key_job, shape_key
 from processor.core.shares import Gate, Shares
-from processor.core.switch_order import SwitchOrder
+from processor.core.switch_order import INELIGIBLE, Ineligible, SwitchOrder
 
 DEADLINES = ("overtaking", "absolute")
 
@@ -91,8 +92,17 @@ def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
     is cut by length, else its representative length), counting the head item's output budget: the
     head is what would otherwise go out oversized."""
     rule = contract.rule
-    output_budget = lane.head().output_budget if rule.counts_output and lane.tokens else 0
-    return rule.fits_alone(lane.longest(by_length), output_budget)
+    if rule.longest_alone >= 0:  # outputs uncounted: fitting alone is a comparison of lengths
+        return lane.longest(by_length) <= rule.longest_alone
+    return rule.fits_alone(lane.longest(by_length), lane.head().output_budget if lane.tokens else 0)
+
+
+def _threshold(contract: Contract) -> int | None:
+    """What rule 3's order parks refused shapes under for ``contract`` (core/switch_order.py): the
+    longest item it holds alone, in rows and tokens mode; None in memory mode, where whether an item
+    fits alone depends on its output budget too (nothing is parked)."""
+    alone = contract.rule.longest_alone
+    return alone if alone >= 0 else None
 
 
 def _fits_item(contract: Contract, item: Item) -> bool:
@@ -243,11 +253,11 @@ class DispatchRules:
         model = contract.model
         (job,) = self._order.jobs(model)
 
-        def eligible(sl: ShapeLanes) -> tuple[ShapeLanes, Lane] | None:
+        def eligible(sl: ShapeLanes) -> tuple[ShapeLanes, Lane] | Ineligible:
             lane = self._eligible_lane(sl, contract, peers)
-            return None if lane is None else (sl, lane)
+            return INELIGIBLE if lane is None else (sl, lane)
 
-        return self._order.first(model, job, self._taken(state, peers), eligible)
+        return self._order.first(model, job, self._taken(state, peers), eligible, _threshold(contract))
 
     def _shared_target(
         self, state: ConsumerState, active: dict[ShapeKey, ShapeLanes], peers: list[ConsumerState], gate: Gate
@@ -264,13 +274,16 @@ class DispatchRules:
             jobs.remove(own)
             jobs.insert(0, own)
 
-        def allowed(sl: ShapeLanes) -> tuple[ShapeLanes, Lane] | None:
+        def allowed(sl: ShapeLanes) -> tuple[ShapeLanes, Lane] | Ineligible | None:
             lane = self._eligible_lane(sl, contract, peers)
-            return None if lane is None or not gate.allows(sl, lane) else (sl, lane)
+            if lane is None:
+                return INELIGIBLE
+            return (sl, lane) if gate.allows(sl, lane) else None  # a quota's refusal is not parked
 
         taken = self._taken(state, peers)
+        threshold = _threshold(contract)
         for job in jobs:
-            found = self._order.first(model, job, taken, allowed)
+            found = self._order.first(model, job, taken, allowed, threshold)
             if found is not None:
                 return found
         return None

@@ -143,6 +143,11 @@ class InFlightTable:
         return items, tokens
 
 
+def cached_by_id(results: Sequence[Outcome], cached_tokens: Sequence[int]) -> dict[str, int]:
+    """Each ok result's cached prompt tokens by item id (``cached_tokens`` in ``results``' order)."""
+    return {r[0]: n for r, n in zip(results, cached_tokens, strict=True) if r[1] and n}
+
+
 def count_answers(answered: Answers) -> tuple[int, int, int, int]:
     """(ok items, ok tokens, failed items, failed tokens) of ``answered``."""
     ok_items = ok_tokens = bad_items = bad_tokens = 0

@@ -23,17 +23,17 @@ Everything here is driven by the ``now_ms`` the caller passes in: no clock, no I
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
+from bisect import insort
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from sortedcontainers import SortedList
 
 from processor.core.contract import BatchRule
 from processor.core.cut import cut_by_length, cut_in_arrival_order
 from processor.core.item import Item
+from processor.core.lane import DEQUE_AT, ByLength, Lane
 
 ShapeKey = tuple[str, int] | tuple[str, int, str]
 """(model, shape), or (model, shape, job) for an item of a named job: a job's items get lanes of their
@@ -110,91 +110,6 @@ class LaneSettings:
         return max(self.floor_tokens, min(self.cap_tokens, length * ratio))
 
 
-class ByLength:
-    """A lane's items cut by length: one FIFO per distinct length, and the lengths sorted.
-
-    Placing an item is a dict lookup and an append (a new length also a binary-search insert into the
-    short list of lengths), written out in :meth:`LaneTable.place_many`; a batch pops from the
-    longest lengths down. Equal lengths leave oldest
-    first. A length's FIFO is a list (56 bytes and a pointer per item: most lengths hold an item or
-    two) until it holds more than ``_DEQUE_AT`` items, then a deque (about 600 bytes, but popping its
-    head costs nothing however many wait).
-    """
-
-    __slots__ = ("buckets", "lengths", "n")
-
-    def __init__(self) -> None:
-        self.lengths: list[int] = []  # ascending, each with a non-empty bucket
-        self.buckets: dict[int, list[Item] | deque[Item]] = {}
-        self.n = 0
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __bool__(self) -> bool:
-        return self.n > 0
-
-    def __iter__(self) -> Iterator[Item]:
-        for length in self.lengths:
-            yield from self.buckets[length]
-
-    def remove(self, item: Item) -> None:
-        bucket = self.buckets[item.length]
-        bucket.remove(item)
-        self.n -= 1
-        if not bucket:
-            self._drop(item.length)
-
-    def _drop(self, length: int) -> None:
-        del self.buckets[length]
-        del self.lengths[bisect_left(self.lengths, length)]
-
-    def head(self) -> Item:
-        return self.buckets[self.lengths[-1]][0]
-
-    def shortest(self) -> Item:
-        return self.buckets[self.lengths[0]][0]
-
-    def in_cut_order(self) -> list[Item]:
-        return [it for length in reversed(self.lengths) for it in self.buckets[length]]
-
-
-class Lane:
-    """Waiting items of similar length within one shape.
-
-    Cut in arrival order, ``items`` is a deque in arrival order; cut by length, a :class:`ByLength`.
-    """
-
-    __slots__ = ("by_length", "id", "items", "rep", "tokens")
-
-    def __init__(self, lane_id: int, rep: int, by_length: bool = False) -> None:
-        self.id = lane_id
-        self.rep = rep
-        self.by_length = by_length
-        self.items: ByLength | deque[Item] = ByLength() if by_length else deque()
-        self.tokens = 0
-
-    def head(self) -> Item:
-        """The item the next batch starts from (the longest, cut by length; else the oldest)."""
-        items = self.items
-        return items.head() if isinstance(items, ByLength) else items[0]
-
-    def shortest(self) -> Item:
-        """Cut by length: the shortest waiting item."""
-        return cast(ByLength, self.items).shortest()
-
-    def longest(self, by_length: bool) -> int:
-        """The longest waiting item's length cut by length; else the representative (the longest
-        the lane ever held: in arrival order any waiting item may be the longest)."""
-        items = self.items
-        return items.lengths[-1] if by_length and isinstance(items, ByLength) else self.rep
-
-    def in_cut_order(self) -> list[Item]:
-        """The waiting items in the order batches take them (without an anchor)."""
-        items = self.items
-        return items.in_cut_order() if isinstance(items, ByLength) else list(items)
-
-
 class ShapeLanes:
     """All lanes of one (model, shape), and what is waiting in them."""
 
@@ -207,6 +122,7 @@ class ShapeLanes:
         "lanes",
         "newest_ms",
         "order",
+        "order_dirty",
         "order_seq",
         "order_version",
         "ready",
@@ -233,6 +149,7 @@ class ShapeLanes:
         self.run = 0  # the last LaneTable.place_many that placed an item here
         self.order_seq = 0  # rule 3's order (core/switch_order.py): activation number, 0 when idle
         self.order_version = 0  # ... and the version of its one live heap entry, 0 when idle
+        self.order_dirty = False  # ... and whether its waiting tokens changed since that entry
         self._free_ids: list[int] = []
         self._next_id = 0
 
@@ -311,6 +228,7 @@ class LaneTable:
         self._runs += 1
         run = self._runs  # a shape whose ``run`` is this one is in ``touched`` already
         chosen = 0  # items :meth:`_choose_lane` placed (it counts its own reuses)
+        tokens = 0
         for item, now_ms in zip(items, times, strict=True):
             job = item.job
             key: ShapeKey = (item.model, item.shape, job) if job else (item.model, item.shape)
@@ -350,7 +268,7 @@ class LaneTable:
                     insort(lane_items.lengths, length)
                 else:
                     bucket.append(item)
-                    if type(bucket) is list and len(bucket) > _DEQUE_AT:
+                    if type(bucket) is list and len(bucket) > DEQUE_AT:
                         buckets[length] = deque(bucket)
                 lane_items.n += 1
             else:
@@ -361,9 +279,10 @@ class LaneTable:
             item.lane = lane.id
             sl.waiting_items += 1
             sl.waiting_tokens += length
+            tokens += length
         self.stats.reuses += len(items) - chosen
         self.waiting_items += len(items)
-        self.waiting_tokens += sum(sl.waiting_tokens - had for sl, _, had in touched)
+        self.waiting_tokens += tokens
         return touched
 
     def _choose_lane(self, sl: ShapeLanes, length: int, now_ms: int) -> Lane:
@@ -466,12 +385,11 @@ class LaneTable:
         alone, leaving the longer ones in the lane for a bigger consumer of the model (the scheduler
         asks only when one fits).
         """
-        if self.by_length:
-            taken, longest = cut_by_length(
-                cast(ByLength, lane.items), rule, self.settings, anchor, leave_longer
-            )
+        items = lane.items  # a ByLength exactly when the table cuts by length (no cast: a call per batch)
+        if isinstance(items, ByLength):
+            taken, longest = cut_by_length(items, rule, self.settings, anchor, leave_longer)
         else:
-            taken, longest = cut_in_arrival_order(cast(deque[Item], lane.items), rule, anchor)
+            taken, longest = cut_in_arrival_order(items, rule, anchor)
         tokens = 0
         for item in taken:
             item.dispatched = True
@@ -593,7 +511,3 @@ class LaneTable:
             )
         if lanes != self.stats.lanes_in_use:
             raise AssertionError(f"{lanes} lanes exist, counted {self.stats.lanes_in_use}")
-
-
-_DEQUE_AT = 32
-"""A length's FIFO turns from a list into a deque when it holds more items than this."""

@@ -7,7 +7,7 @@ and a reader can compare them. Pure arithmetic on counts, no state.
 
 from __future__ import annotations
 
-__all__ = ["padding_waste"]
+__all__ = ["padding_waste", "percentile"]
 
 
 def padding_waste(real_tokens: int, padded_tokens: int) -> float | None:
@@ -23,3 +23,13 @@ def padding_waste(real_tokens: int, padded_tokens: int) -> float | None:
     if padded_tokens <= 0:
         return None
     return (padded_tokens - real_tokens) / padded_tokens
+
+
+def percentile(ordered: list[int] | list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``ordered`` (sorted, not empty) by linear interpolation between
+    the two nearest ranks, numpy's default, so figures match those computed with numpy (the traces'
+    README)."""
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)

@@ -19,9 +19,18 @@ from typing import Literal
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract, check_batch
 from processor.core.dispatch import DEADLINES, DispatchRules, DispatchSettings
-from processor.core.inflight import Answers, ConsumerState, InFlight, InFlightTable, count_answers, per_job
+from processor.core.inflight import (
+    Answers,
+    ConsumerState,
+    InFlight,
+    InFlightTable,
+    cached_by_id,
+    count_answers,
+    per_job,
+)
 from processor.core.item import Batch, Item, ItemOutcome, Outcome
-from processor.core.lanes import Lane, LaneSettings, LaneTable, ShapeKey, ShapeLanes
+from processor.core.lane import Lane
+from processor.core.lanes import LaneSettings, LaneTable, ShapeKey, ShapeLanes
 from processor.core.shares import Shares
 from processor.core.switch_order import SwitchOrder
 from processor.core.view import SchedulerView
@@ -83,15 +92,18 @@ class Scheduler:
         else:
             state.slots = slots
             self._by_model[state.contract.model].remove(state)
+            self._order.unpark(state.contract.model)
             if state.contract.model != contract.model:
                 state.shape = None
             state.contract = contract
         self._by_model.setdefault(contract.model, []).append(state)
+        self._order.unpark(contract.model)  # which shapes a consumer may take depends on its peers
 
     def retire(self, consumer: str, now_ms: int) -> list[Batch]:
         """Remove a consumer; the batches it held go back to their lanes, counted as redelivered."""
         state = self.consumers.pop(consumer)
         self._by_model[state.contract.model].remove(state)
+        self._order.unpark(state.contract.model)
         returned = [f.batch for f in state.in_flight.values()]
         for batch in returned:
             self.requeue(batch.batch_id, now_ms)
@@ -101,7 +113,9 @@ class Scheduler:
 
     def submit(self, item: Item, now_ms: int) -> None:
         """Take a new item into its lane and count it as received."""
-        self.submit_many((item,), (now_ms,))
+        if item.length < 1:
+            raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
+        self._enqueue_many((item,), (now_ms,), "received")
 
     def submit_many(self, items: Sequence[Item], times: Sequence[int]) -> None:
         """Take new items in, in order, each at its own ``times[i]`` (what :meth:`submit` on each in
@@ -209,21 +223,33 @@ class Scheduler:
         for sl, had_items, had_tokens in self.table.place_many(items, times):
             placed(sl, had_items == 0)
             model, job = sl.key[0], sl.job
-            tally = added.setdefault((model, job), [0, 0])
+            tally = added.get((model, job))
+            if tally is None:
+                tally = added[model, job] = [0, 0]
             tally[0] += sl.waiting_items - had_items
             tally[1] += sl.waiting_tokens - had_tokens
             if had_items == 0:
                 self._active.setdefault(model, {})[sl.key] = sl
                 self.shares.lanes_changed(model, job, 1)
+        ledger = self.ledger
         for (model, job), (n, tokens) in added.items() if count is not None else ():
             if count == "adopted":
-                self.ledger.adopted_waiting(model, tokens, n)
+                ledger.adopted_waiting(model, tokens, n)
             else:
-                self.ledger.received(model, tokens, n)
-            self.ledger.job_received(job, n, tokens, adopted=count == "adopted")
+                ledger.received(model, tokens, n)
+            ledger.job_received(job, n, tokens, adopted=count == "adopted")
         arrivals = self._arrivals
+        if len(added) == 1:  # one model and job, the common case (one item, always)
+            ((only, _),) = added
+            queue = arrivals.get(only)
+            if queue is not None:
+                if len(items) == 1:
+                    queue.append(items[0])
+                else:
+                    queue.extend(items)
+                return
         models = {model for model, _ in added}
-        if len(models) == 1 and (only := models.pop()) in arrivals:  # one model, the common case
+        if len(models) == 1 and (only := models.pop()) in arrivals:  # one model
             arrivals[only].extend(items)
         else:
             for item in items:
@@ -237,14 +263,16 @@ class Scheduler:
     def dispatch(self, now_ms: int) -> list[Batch]:
         """Fill every free slot of every consumer that has work; consumers take turns, one batch each."""
         out: list[Batch] = []
+        states = list(self.consumers.values())  # emitting a batch adds or removes no consumer
+        choose = self._rules.choose
         progress = True
         while progress:
             progress = False
-            for state in list(self.consumers.values()):
+            for state in states:
                 if state.free_slots > 0:
-                    batch = self._next_batch(state, now_ms)
-                    if batch is not None:
-                        out.append(batch)
+                    choice = choose(state, now_ms)
+                    if choice is not None:
+                        out.append(self._emit(state, now_ms, *choice))
                         progress = True
         return out
 
@@ -337,9 +365,18 @@ class Scheduler:
         applied, finished = self.items_done(batch_id, (ItemOutcome(item_id, ok),), now_ms)
         return finished if applied else None
 
-    def items_done(self, batch_id: str, results: Sequence[Outcome], now_ms: int) -> tuple[int, bool]:
+    def items_done(
+        self,
+        batch_id: str,
+        results: Sequence[Outcome],
+        now_ms: int,
+        cached_tokens: Sequence[int] | None = None,
+    ) -> tuple[int, bool]:
         """Several items of one batch came back (one results message), as :class:`ItemOutcome` or the
-        plain ``(item_id, ok, cache_hit)`` tuples the wire heads build.
+        plain ``(item_id, ok, cache_hit)`` tuples the wire heads build. ``cached_tokens``, when given,
+        holds each result's prompt tokens served from the engine's prefix cache, in the same order
+        (``CompletionsHead.cached_tokens``); the ledger books them for the ok items that were
+        outstanding, and the rest of their prompts as computed.
 
         Returns how many of them were outstanding (the rest are duplicates) and whether that
         finished the batch. Same effect as :meth:`item_done` on each in turn, with one ledger entry: the
@@ -350,7 +387,8 @@ class Scheduler:
         flight = entry[1]
         answered, finished = flight.answer(results)
         if answered:
-            self._finished(flight, count_answers(answered), answered)
+            cached = None if cached_tokens is None else cached_by_id(results, cached_tokens)
+            self._finished(flight, count_answers(answered), answered, cached)
         if finished:
             self._flights.pop(batch_id)
         return len(answered), finished
@@ -372,20 +410,28 @@ class Scheduler:
         return items
 
     def _finished(
-        self, flight: InFlight, counts: tuple[int, int, int, int], answered: Answers | None
+        self,
+        flight: InFlight,
+        counts: tuple[int, int, int, int],
+        answered: Answers | None,
+        cached: dict[str, int] | None = None,
     ) -> None:
         """Book answered items: ``counts`` is (ok items, ok tokens, failed items, failed tokens);
-        ``answered`` lists them (None: every item of the batch, all ok). A batch restored from before
-        lanes had jobs may mix jobs: its job books are written item by item."""
+        ``answered`` lists them (None: every item of the batch, all ok); ``cached`` the prompt
+        tokens the engine served from its cache, by item id (None: not reported, all computed). A
+        batch restored from before lanes had jobs may mix jobs: its job books are written item by item."""
         batch = flight.batch
         ok_items, ok_tokens, bad_items, bad_tokens = counts
-        self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens)
+        both = answered if answered is not None else [(True, it) for it in batch.items]
+        total = None if cached is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
+        self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens, total)
         if flight.job is not None:
-            self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens)
+            self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens, total)
             return
-        for ok, it in answered if answered is not None else [(True, it) for it in batch.items]:
+        for ok, it in both:
             n = it.length
-            self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n)
+            mine = None if cached is None else cached.get(it.id, 0) if ok else 0
+            self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
 
     # -- the ledger ------------------------------------------------------------------------------
 

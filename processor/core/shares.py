@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from processor.core.accounting import Ledger
-    from processor.core.lanes import Lane, ShapeLanes
+    from processor.core.lane import Lane
+    from processor.core.lanes import ShapeLanes
 
 DEFAULT_JOB = ""
 """The job of an item that names none."""

@@ -60,7 +60,11 @@ class ItemResult:
     tried and could not; ``reason`` says why) or ``rejected`` (the engine refuses the item without
     trying, e.g. a prompt its tokenizer cannot have produced; ``reason`` says why). ``output`` is
     opaque bytes, the consumer's own format; empty and ``output_tokens=0`` unless ``ok``.
-    ``cache_hit`` is True when the engine reused a cached prefix for the item's shape.
+    ``cached_tokens`` is how many of the item's prompt tokens the engine served from its prefix cache
+    instead of computing them, as its server reported them (0 when it keeps no cache or reports
+    none); the consumer app holds it to ``[0, token_count]``. ``cache_hit`` is True when the engine
+    reused a cached prefix for the item: an engine that counts tokens sets it to ``cached_tokens > 0``;
+    one that counts none (``sim``'s modelled cache) says it alone.
     """
 
     item_id: str
@@ -69,6 +73,7 @@ class ItemResult:
     output_tokens: int
     reason: str | None
     cache_hit: bool
+    cached_tokens: int = 0
 
 
 class Engine(ABC):

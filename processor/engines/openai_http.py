@@ -5,11 +5,23 @@ re-tokenizing text on the server could split a shared prefix differently and und
 bought; the completions API takes ``prompt`` as a list of token-id lists, which the server runs as
 they are. See docs/engine-openai.md for setup against a server.
 
-One ``POST /v1/completions`` per group of items that share a ``max_tokens`` (an item's
-``output_budget``, else the ``max_tokens`` option): the API has one ``max_tokens`` per request, and
-batches are usually uniform, so that is one request per batch in the common case. Groups run one after
-the other, under one deadline per batch (``deadline_s``) that keeps :meth:`run` inside the poll
-interval whatever the retries do.
+Requests (``requests`` option):
+
+* ``item`` (the default): one ``POST /v1/completions`` per item, up to ``concurrency`` of them at
+  once. The API reports ``usage`` per request, not per prompt (llama.cpp's server even reports the
+  first prompt's usage only for a request of several), so this is what gives each item its own
+  measured ``cached_tokens`` and exact ``output_tokens``. The server's continuous batching runs the
+  concurrent requests together, and its prefix cache serves what they share.
+* ``budget``: one request per group of items that share a ``max_tokens`` (an item's
+  ``output_budget``, else the ``max_tokens`` option), all their prompts in one list: one request per
+  batch in the common case, usage per request only. Groups run one after the other.
+
+Either way one deadline per batch (``deadline_s``) keeps :meth:`run` inside the poll interval
+whatever the retries do.
+
+Cached prompt tokens come from ``usage.prompt_tokens_details.cached_tokens`` (vLLM with
+``--enable-prompt-tokens-details``, SGLang with ``--enable-cache-report``, llama.cpp's server), else
+from llama.cpp's ``timings.cache_n``; a request of several prompts gives none per item.
 
 Results, per item:
 
@@ -35,16 +47,22 @@ import random
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from processor.engines.base import Engine, ItemResult
+from processor.engines.tls import TlsFiles, tls_context, tls_refusal
 from processor.wire.records import BatchRecord, TokenItemRecord
 
 #: ``finish_reason`` values that mean the server gave up on the sequence (vLLM: ``abort``).
 FAILED_FINISH_REASONS = frozenset({"abort", "error"})
 #: Characters of an error body quoted in a reason.
 BODY_SNIPPET_CHARS = 200
+
+#: How a batch's prompts go to the server: one request per item, or one per distinct ``max_tokens``.
+RequestMode = Literal["item", "budget"]
+REQUEST_MODES: tuple[RequestMode, ...] = ("item", "budget")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +79,11 @@ class OpenAISettings:
     max_tokens: int = 256
     temperature: float = 0.0
     api_key: str | None = field(default=None, repr=False)
+    requests: RequestMode = "item"
+    concurrency: int = 8
+    """The most requests of one batch in flight at once (``requests=item``)."""
+    tls: TlsFiles = field(default_factory=TlsFiles)
+    """``ca_file``, ``cert_file``, ``key_file`` (processor/engines/tls.py): https only."""
 
 
 class _RequestFailed(Exception):
@@ -71,7 +94,8 @@ class OpenAICompletionsEngine(Engine):
     """Sends each batch's prompts as token ids to ``/v1/completions``; see the module docstring.
 
     ``sleep``, ``clock`` and ``rng`` are injected so tests can record backoffs, move a fake clock past
-    the deadline and get the same jitter every run.
+    the deadline and get the same jitter every run. With ``requests=item`` they are called from up to
+    ``concurrency`` threads of the engine's own pool (created at the first batch, shut in :meth:`close`).
     """
 
     name = "openai"
@@ -90,11 +114,13 @@ class OpenAICompletionsEngine(Engine):
         self._rng = rng if rng is not None else random.Random()
         parts = urllib.parse.urlsplit(settings.endpoint)
         self._https = parts.scheme == "https"
+        self._tls = tls_context(settings.tls) if self._https else None
         self._netloc = parts.netloc
         self._target = parts.path + (f"?{parts.query}" if parts.query else "")
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key}"
+        self._pool: ThreadPoolExecutor | None = None
 
     def run(self, batch: BatchRecord) -> list[ItemResult]:
         deadline = self._clock() + self.settings.deadline_s
@@ -107,11 +133,33 @@ class OpenAICompletionsEngine(Engine):
             else:
                 groups.setdefault(max_tokens, []).append(i)
         model = self.settings.model or batch.model
-        for max_tokens, positions in groups.items():
-            items = [batch.items[i] for i in positions]
-            for i, result in zip(positions, self._run_group(model, items, max_tokens, deadline), strict=True):
+        if self.settings.requests == "item":
+            requests = [([i], max_tokens) for max_tokens, positions in groups.items() for i in positions]
+        else:
+            requests = [(positions, max_tokens) for max_tokens, positions in groups.items()]
+
+        def send(request: tuple[list[int], int]) -> list[ItemResult]:
+            positions, max_tokens = request
+            return self._run_group(model, [batch.items[i] for i in positions], max_tokens, deadline)
+
+        if len(requests) > 1 and self.settings.requests == "item":
+            answers = list(self._threads().map(send, requests))
+        else:
+            answers = [send(request) for request in requests]
+        for (positions, _max_tokens), answer in zip(requests, answers, strict=True):
+            for i, result in zip(positions, answer, strict=True):
                 results[i] = result
         return [r for r in results if r is not None]
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="openai-engine")
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _run_group(
         self, model: str, items: list[TokenItemRecord], max_tokens: int, deadline: float
@@ -146,6 +194,9 @@ class OpenAICompletionsEngine(Engine):
             except TimeoutError:
                 last = f"no response within {min(s.timeout_s, remaining_s):g} s"
             except (OSError, http.client.HTTPException) as exc:
+                refused = tls_refusal(exc)
+                if refused is not None:
+                    raise _RequestFailed(f"{self.settings.endpoint}: {refused} (not retried)") from None
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if 200 <= status < 300:
@@ -163,8 +214,11 @@ class OpenAICompletionsEngine(Engine):
 
     def _send(self, body: bytes, timeout_s: float) -> tuple[int, str | None, bytes]:
         """One POST on a fresh connection (no keep-alive to go stale between batches, no env proxies)."""
-        conn_cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = conn_cls(self._netloc, timeout=timeout_s)
+        conn: http.client.HTTPConnection
+        if self._tls is not None:
+            conn = http.client.HTTPSConnection(self._netloc, timeout=timeout_s, context=self._tls)
+        else:
+            conn = http.client.HTTPConnection(self._netloc, timeout=timeout_s)
         try:
             conn.request("POST", self._target, body=body, headers=self._headers)
             response = conn.getresponse()
@@ -212,7 +266,10 @@ def _map_choices(items: list[TokenItemRecord], response: dict[str, Any], max_tok
             by_index[index] = choice
     raw_usage = response.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
-    cache_hit = _cached_tokens(usage) > 0
+    request_cached = cached_prompt_tokens(response)
+    cache_hit = request_cached > 0
+    # usage is the request's: it is one item's only when the request carried one prompt
+    cached = min(request_cached, items[0].token_count) if len(items) == 1 else 0
     usable: list[dict[str, Any] | None] = []
     results: list[ItemResult | None] = []
     for i, item in enumerate(items):
@@ -222,7 +279,7 @@ def _map_choices(items: list[TokenItemRecord], response: dict[str, Any], max_tok
         results.append(_result(item, "failed", problem) if problem else None)
     counts = _output_token_counts(usable, usage.get("completion_tokens"), max_tokens)
     return [
-        r if r is not None else ItemResult(item.item_id, "ok", _text(c), n, None, cache_hit)
+        r if r is not None else ItemResult(item.item_id, "ok", _text(c), n, None, cache_hit, cached)
         for item, r, c, n in zip(items, results, usable, counts, strict=True)
     ]
 
@@ -283,10 +340,26 @@ def _split(total: int, weights: list[int]) -> list[int]:
     return parts
 
 
-def _cached_tokens(usage: dict[str, Any]) -> int:
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
+def cached_prompt_tokens(response: dict[str, Any]) -> int:
+    """The prompt tokens a completions response says the server took from its prefix cache; 0 if none.
+
+    ``usage.prompt_tokens_details.cached_tokens`` is the OpenAI field: vLLM sends it when started with
+    ``--enable-prompt-tokens-details``, SGLang with ``--enable-cache-report``, llama.cpp's server always.
+    Otherwise llama.cpp's own ``timings.cache_n`` (the same figure). Not ``tokens_cached``: llama.cpp
+    counts the slot's whole cached sequence there, generated tokens included (docs/engine-openai.md).
+    """
+    usage = response.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if cached is None:
+        timings = response.get("timings")
+        cached = _count(timings.get("cache_n")) if isinstance(timings, dict) else None
+    return cached or 0
+
+
+def _count(value: object) -> int | None:
+    """``value`` if it is a count (an int >= 0, not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _retry_after_s(value: str | None) -> float | None:
@@ -320,6 +393,11 @@ OPTIONS = (
     "max_tokens",
     "temperature",
     "api_key_env",
+    "requests",
+    "concurrency",
+    "ca_file",
+    "cert_file",
+    "key_file",
 )
 
 
@@ -360,7 +438,27 @@ def parse_options(options: dict[str, str]) -> OpenAISettings:
         max_tokens=int(_number(options, "max_tokens", d.max_tokens, minimum=1, integer=True)),
         temperature=_number(options, "temperature", d.temperature, minimum=0.0),
         api_key=_api_key(options.get("api_key_env")),
+        requests=_request_mode(options.get("requests", d.requests)),
+        concurrency=int(_number(options, "concurrency", d.concurrency, minimum=1, integer=True)),
+        tls=_tls_files(options),
     )
+
+
+def _tls_files(options: dict[str, str]) -> TlsFiles:
+    """The TLS files, checked now: they need an https url, and must load (one line otherwise)."""
+    files = TlsFiles(options.get("ca_file"), options.get("cert_file"), options.get("key_file"))
+    if files.given and not options["url"].startswith("https://"):
+        raise ValueError("openai engine: ca_file, cert_file and key_file need an https:// url")
+    if files.given:
+        tls_context(files)
+    return files
+
+
+def _request_mode(value: str) -> RequestMode:
+    for mode in REQUEST_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(f"openai engine: requests={value!r} is not one of {', '.join(REQUEST_MODES)}")
 
 
 def _endpoint(url: str) -> str:

@@ -45,14 +45,15 @@ from processor.jobs.model import (
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import position
 from processor.kafka.topics import TopicNames
-from processor.wire.completions import decode_completions
+from processor.wire.completions import PREVIOUS_COMPLETION_BATCH_HEADER, decode_completions
 from processor.wire.errors import DecodeError
 from processor.wire.records import CompletionRecord
 from processor.wire.schemas import HEADER_SIZE, HEADERS
 
 #: How far before a job's ``started_ms`` a fresh collect starts reading results.
 START_SLACK_MS = 10 * 60 * 1000
-_BATCH_HEADER = HEADERS["CompletionBatch"]
+_BATCH_HEADERS = (HEADERS["CompletionBatch"], PREVIOUS_COMPLETION_BATCH_HEADER)
+"""A CompletionBatch's headers: today's, and the one written before ``cached_tokens``."""
 
 
 class CollectError(RuntimeError):
@@ -60,14 +61,17 @@ class CollectError(RuntimeError):
 
 
 class ResultsTail:
-    """One ``read_committed`` consumer over the results topic, assigned (not in a group), never committing."""
+    """One ``read_committed`` consumer over the results topic, assigned (not in a group), never committing.
 
-    def __init__(self, conf: Mapping[str, str], topic: str) -> None:
-        self.topic = topic
+    Its throwaway group id starts with the pipeline's prefix (``<prefix>-collect-<hex>``), so one
+    prefixed ACL covers every pipeline's collectors (docs/operations.md)."""
+
+    def __init__(self, conf: Mapping[str, str], topics: TopicNames) -> None:
+        self.topic = topics.results
         self._consumer = KAFKA.consumer(
             {
                 **conf,
-                "group.id": f"tokenfabric-collect-{uuid.uuid4().hex[:8]}",
+                "group.id": f"{topics.prefix}-collect-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": "false",
                 "enable.partition.eof": "true",
                 "isolation.level": "read_committed",
@@ -293,7 +297,7 @@ class Collection:
     """Several job collectors fed by one :class:`ResultsTail` (each completion is read once)."""
 
     def __init__(self, conf: Mapping[str, str], topics: TopicNames) -> None:
-        self.tail = ResultsTail(conf, topics.results)
+        self.tail = ResultsTail(conf, topics)
         self.collectors: dict[str, JobCollector] = {}
         self._reassign = True
 
@@ -318,7 +322,7 @@ class Collection:
             self._reassign = False
         for msg in self.tail.drain(max_s):
             value = msg.value()
-            if value is not None and value[:HEADER_SIZE] == _BATCH_HEADER:
+            if value is not None and value[:HEADER_SIZE] in _BATCH_HEADERS:
                 self._offer_batch(*position(msg), value)
                 continue
             key = msg.key()
@@ -362,7 +366,7 @@ def scan_progress(
     """Count each job's distinct rows with a result, reading results since the oldest job started."""
     if not jobs:
         return {}
-    tail = ResultsTail(conf, topics.results)
+    tail = ResultsTail(conf, topics)
     seen: dict[str, dict[int, tuple[bool, int]]] = {name: {} for name in jobs}
     try:
         tail.assign(tail.offsets_at(min(j.started_ms for j in jobs.values()) - START_SLACK_MS))

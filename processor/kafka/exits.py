@@ -29,8 +29,10 @@ never a loop.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where needed: the CLI imports this module before any Kafka client
     from confluent_kafka import KafkaError
@@ -46,6 +48,14 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 #: ``EX_TEMPFAIL`` (sysexits.h): the process ended on a failure that a restart recovers from.
 EXIT_TEMPFAIL = 75
+#: ``EX_UNAVAILABLE`` (sysexits.h): the cluster could not be reached (processor.kafka.reach); every
+#: short command exits so.
+EXIT_UNREACHABLE = 69
+#: ``EX_NOPERM`` (sysexits.h): the cluster refused this client: its ACLs do not allow what it asked
+#: (:class:`Refused`), or it could not prove who it is (a wrong CA, password or certificate:
+#: processor.kafka.reach). A restart does not cure it: grant the ACL (``tokenfabric acls``) or fix the
+#: security settings.
+EXIT_REFUSED = 77
 #: ``EX_CONFIG`` (sysexits.h): a newer process took over this instance id (two were given the same
 #: ``--instance`` or consumer ``--id``, or this one was a zombie that got replaced). Do not restart.
 EXIT_SUPERSEDED = 78
@@ -101,6 +111,111 @@ class DeliveryFailed(TransientFailure):
         self.transient = error is None or delivery_recovers(error)
 
 
+class BrokerUnreachable(RuntimeError):
+    """No broker of ``bootstrap.servers`` answered a metadata request within the probe's time
+    (processor.kafka.reach). The base of every error that means "this cluster cannot be used as
+    configured": ``tokenfabric``'s ``main`` prints its one-line message, wherever it was raised, and
+    exits with its ``exit_code``."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class Refused(BrokerUnreachable):
+    """The cluster's authorizer refused an operation; the message is one line naming the operation,
+    the resource (topic, group or transactional id) and the principal. Exit :data:`EXIT_REFUSED`."""
+
+    exit_code = EXIT_REFUSED
+
+
+@cache
+def _authorization() -> dict[int, str]:
+    """Authorization errors -> the kind of resource they refuse."""
+    from confluent_kafka import KafkaError
+
+    return {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+        KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+    }
+
+
+#: The operation a client needs on each kind of resource when the caller does not say: a group is
+#: joined and committed to (Read), a transactional id written under (Write).
+_USUAL_OPERATION = {"group": "Read", "transactional id": "Write"}
+
+#: librdkafka names the topic in a subscription's error: "Subscribed topic not available: T: ..."
+_TOPIC_IN_TEXT = re.compile(r"(?:topic not available|[Tt]opic)[: ]+([A-Za-z0-9._-]+):")
+
+
+def authorization_refused(error: KafkaError) -> bool:
+    """An authorizer's refusal (topic, group, transactional id or cluster)."""
+    return error.code() in _authorization()
+
+
+def principal_of(conf: Mapping[str, Any]) -> str:
+    """Who the client is, as its settings say: ``User:<sasl.username>``, or its certificate's file."""
+    user = conf.get("sasl.username")
+    if user:
+        return f"User:{user}"
+    cert = conf.get("ssl.keystore.location") or conf.get("ssl.certificate.location")
+    if cert:
+        return f"the principal of the certificate in {cert}"
+    return "this client's principal"
+
+
+def refusal(
+    exc: BaseException | KafkaError,
+    conf: Mapping[str, Any] | None = None,
+    *,
+    operation: str | Mapping[str, str] | None = None,
+    resource: str | None = None,
+    topic: str | None = None,
+    who: str = "",
+) -> Refused | None:
+    """The one-line :class:`Refused` for an authorization error, else None.
+
+    The resource is named from what the caller knows (``resource``; ``topic``, used only when the
+    topic was refused), else from the client's settings (its ``group.id`` for a group,
+    ``transactional.id`` for a transactional id), else from the error's text (librdkafka names a
+    subscribed topic); the operation likewise (``operation``, or a mapping from the kind of resource
+    to it, else the usual one for the kind).
+    """
+    from confluent_kafka import KafkaError
+
+    error = exc if isinstance(exc, KafkaError) else _error(kafka_cause(exc))
+    if error is None or not authorization_refused(error):
+        return None
+    conf = conf or {}
+    kind = _authorization()[error.code()]
+    if resource is None:
+        known = {
+            "group": conf.get("group.id"),
+            "transactional id": conf.get("transactional.id"),
+            "topic": topic,
+        }
+        name = known.get(kind)
+        if name is None and kind == "topic":
+            found = _TOPIC_IN_TEXT.search(error.str())
+            name = found.group(1) if found else None
+        resource = f"{kind} '{name}'" if name else ("the cluster" if kind == "cluster" else f"a {kind}")
+    op = operation.get(kind) if isinstance(operation, Mapping) else operation
+    op = op or _USUAL_OPERATION.get(kind, "access")
+    lead = f"{who}: " if who else ""
+    said = error.str()
+    if len(said) > _SAID_MAX:  # the broker may put a whole request's dump there: its name says enough
+        said = error.name()
+    return Refused(
+        f"{lead}refused by the cluster's authorizer: {op} on {resource} for {principal_of(conf)} "
+        f"({said}); grant it ('tokenfabric acls' lists what each role needs); exiting with "
+        f"{EXIT_REFUSED}"
+    )
+
+
+#: The longest error text a refusal quotes; longer ones are replaced by the error's name.
+_SAID_MAX = 160
+
+
 class Superseded(RuntimeError):
     """Another process now runs under this process's identity (module docstring: the newer one wins)."""
 
@@ -112,10 +227,14 @@ def delivery_recovers(error: KafkaError) -> bool:
 
 def fatal(error: KafkaError) -> bool:
     """A consumer's fatal error arrives as a message error with code ``_FATAL`` whose ``fatal()`` is
-    False (librdkafka keeps the cause for ``rd_kafka_fatal_error``); both mean the client is done."""
+    False (librdkafka keeps the cause for ``rd_kafka_fatal_error``); both mean the client is done.
+
+    An authorizer's refusal is fatal too: librdkafka reports it as a plain message error and retries,
+    so a process whose ACL was removed under it would log a warning per poll for ever; no retry
+    grants an ACL (:func:`refusal` makes its one line)."""
     from confluent_kafka import KafkaError
 
-    return error.fatal() or error.code() == KafkaError._FATAL
+    return error.fatal() or error.code() == KafkaError._FATAL or authorization_refused(error)
 
 
 def purged(error: KafkaError) -> bool:
@@ -179,7 +298,11 @@ def producer_fenced(exc: BaseException) -> bool:
 
 
 def ended_by(
-    exc: BaseException, who: str, transaction_age_s: float, transaction_timeout_s: float
+    exc: BaseException,
+    who: str,
+    transaction_age_s: float,
+    transaction_timeout_s: float,
+    conf: Mapping[str, Any] | None = None,
 ) -> BaseException:
     """What ended a run, classified: :class:`Superseded` for a twin, :class:`TransientFailure` for a
     transaction the broker aborted on timeout, else the Kafka error itself (module docstring).
@@ -191,10 +314,15 @@ def ended_by(
 
     ``who`` names the process and its pipeline (``processor p0 of pipeline tokenfabric``);
     ``transaction_age_s`` is how long the open transaction had been open (0 when there was none).
+    An authorizer's refusal becomes :class:`Refused`, named from ``conf`` (the failing client's
+    settings: its group and transactional id) where the caller gives it.
     """
     from confluent_kafka import KafkaException
 
     exc = kafka_cause(exc)
+    refused = refusal(exc, conf, who=who)
+    if refused is not None:
+        return refused
     expired = transaction_age_s >= transaction_timeout_s
     if instance_fenced(exc) or (producer_fenced(exc) and not expired):
         return Superseded(
@@ -235,11 +363,13 @@ def taking_over(who: str, member: str) -> str:
 
 
 def exit_code(exc: BaseException) -> int:
-    """:data:`EXIT_SUPERSEDED` for a twin, :data:`EXIT_TEMPFAIL` for a failure a restart recovers
-    from, else :data:`EXIT_FAILED`."""
+    """:data:`EXIT_SUPERSEDED` for a twin, :data:`EXIT_REFUSED` for an authorizer's refusal,
+    :data:`EXIT_TEMPFAIL` for a failure a restart recovers from, else :data:`EXIT_FAILED`."""
     exc = kafka_cause(exc)
     if isinstance(exc, Superseded):
         return EXIT_SUPERSEDED
+    if isinstance(exc, Refused) or refusal(exc) is not None:
+        return EXIT_REFUSED
     if isinstance(exc, WrongSettings):
         return EXIT_USAGE
     if isinstance(exc, DeliveryFailed):

@@ -36,11 +36,20 @@ def check_pipeline(
 ) -> None:
     """Return if ``topics``' ingest topic exists; raise :class:`NoSuchPipeline` naming the prefixes
     that do exist (and how to create this one) if not."""
-    names = clients.admin(conf).list_topics(timeout=timeout_s).topics
+    refusal = missing_pipeline(topics, clients.admin(conf).list_topics(timeout=timeout_s).topics, conf)
+    if refusal is not None:
+        raise refusal
+
+
+def missing_pipeline(
+    topics: TopicNames, topic_names: Iterable[str], conf: Mapping[str, str]
+) -> NoSuchPipeline | None:
+    """None if ``topics``' ingest topic is among ``topic_names`` (the cluster's), else the refusal."""
+    names = set(topic_names)
     if topics.ingest in names:
-        return
+        return None
     there = _named(topics.prefix, pipeline_prefixes(names))
-    raise NoSuchPipeline(
+    return NoSuchPipeline(
         f"--topic-prefix {topics.prefix!r}: no pipeline on {conf.get('bootstrap.servers', '?')} "
         f"(no topic {topics.ingest}; {there}); create it with "
         f"'tokenfabric topics create --topic-prefix {topics.prefix}'"

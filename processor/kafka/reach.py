@@ -6,7 +6,10 @@ and end on a ``KafkaError{...}`` repr. The probe's own client logs into a privat
 keeps what librdkafka said, so the person gets one line: what was tried, for how long, what
 librdkafka saw, and what to check. Long-running commands (processor, consumer) wait instead
 (:func:`wait_for_cluster`): they say the same line once, as a warning, and probe again every
-``RETRY_S`` until the cluster answers or they are stopped, as docs/operations.md says.
+``RETRY_S`` until the cluster answers or they are stopped, as docs/operations.md says. A broker that
+answers but refuses the client (a wrong CA, an expired or untrusted client certificate, a wrong SASL
+password) is :class:`ClusterRefused`: one line naming what to fix, exit 77, and no waiting, since
+waiting does not cure it.
 """
 
 from __future__ import annotations
@@ -18,15 +21,57 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-#: ``EX_UNAVAILABLE`` (sysexits.h): the cluster could not be reached; every short command exits so.
-EXIT_UNREACHABLE = 69
+from processor.kafka.exits import EXIT_REFUSED, EXIT_UNREACHABLE, BrokerUnreachable
+
+__all__ = ["EXIT_UNREACHABLE", "BrokerUnreachable", "ClusterRefused", "probe", "wait_for_cluster"]
+
 PROBE_TIMEOUT_S = 10.0
 #: A waiting long-running command probes again this long after a probe failed.
 RETRY_S = 5.0
 
 
-class BrokerUnreachable(RuntimeError):
-    """No broker of ``bootstrap.servers`` answered a metadata request within the probe's time."""
+class ClusterRefused(BrokerUnreachable):
+    """A broker answered but refused this client before any request: the TLS handshake failed (the
+    broker's certificate is not signed by ``ssl.ca.location``'s CA, or the broker refused the client's
+    certificate) or the SASL login was refused. No retry helps; the message says what to fix."""
+
+    exit_code = EXIT_REFUSED
+
+
+#: librdkafka's texts for a refused TLS handshake or login -> what the operator should check. The
+#: first that matches what librdkafka said names the cause (librdkafka 2.x wording).
+_REFUSALS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"certificate verify failed|broker certificate could not be verified"),
+        "TLS handshake refused: the broker's certificate is not signed by the CA this client trusts "
+        "(ssl.ca.location={ca}); use the CA that signed the cluster's certificates",
+    ),
+    (
+        re.compile(r"alert certificate (?:expired|unknown|revoked)|alert bad certificate|alert unknown ca"),
+        "TLS handshake refused by the broker: it does not accept this client's certificate ({cert}): "
+        "expired, not yet valid, not signed by a CA the broker trusts, or missing; check its dates "
+        "('keytool -list -v' or 'openssl x509 -noout -dates') and renew it",
+    ),
+    (
+        re.compile(r"SASL authentication error|Authentication failed|SASL_AUTHENTICATION_FAILED"),
+        "SASL login refused for user '{user}' ({mechanism}): wrong password or unknown user; check "
+        "sasl.username and sasl.password (TOKENFABRIC_KAFKA_SASL_PASSWORD)",
+    ),
+)
+
+
+def refused_line(texts: list[str], conf: Mapping[str, str]) -> str | None:
+    """The operator's line for a refused handshake or login among librdkafka's ``texts``, else None."""
+    values = {
+        "ca": conf.get("ssl.ca.location", "the system's CAs"),
+        "cert": conf.get("ssl.keystore.location") or conf.get("ssl.certificate.location") or "none set",
+        "user": conf.get("sasl.username", "?"),
+        "mechanism": conf.get("sasl.mechanism", "GSSAPI"),
+    }
+    for pattern, line in _REFUSALS:
+        if any(pattern.search(t) for t in texts):
+            return line.format(**values)
+    return None
 
 
 class _Keep(logging.Handler):
@@ -67,6 +112,9 @@ def probe(conf: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> None:
         waited = time.monotonic() - started
         admin.poll(0)  # hands librdkafka's queued log lines to the logger: they say what failed
         seen = kept.texts[0] if kept.texts else str(exc.args[0].str() if exc.args else exc)
+        refused = refused_line(kept.texts, conf)
+        if refused is not None:
+            raise ClusterRefused(f"{bootstrap}: {refused}; exiting with {EXIT_REFUSED}") from None
         raise BrokerUnreachable(
             f"no Kafka broker answered at {bootstrap} within {waited:.0f} s ({seen}); check --bootstrap "
             "or KAFKA_BOOTSTRAP, that the broker runs and is reachable from here, and the security "
@@ -86,6 +134,7 @@ def wait_for_cluster(
 ) -> bool:
     """Block until the cluster answers: True then, False if ``stop`` was set first.
 
+    A refused handshake or login (:class:`ClusterRefused`) is raised at once: waiting does not cure it.
     The first failed probe is logged once, as a WARNING, with :func:`probe`'s line and the retry
     interval; later failures are silent (the condition has not changed), and a cluster that answers
     after a failure gets one INFO line. A stop request is seen within one probe's ``timeout_s``.
@@ -96,6 +145,8 @@ def wait_for_cluster(
     while not stop.is_set():
         try:
             probe(conf, timeout_s)
+        except ClusterRefused:
+            raise
         except BrokerUnreachable as exc:
             if not failed:
                 log.warning("%s; retrying every %g s until it answers", exc, retry_s)

@@ -14,7 +14,25 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
+from processor.kafka.exits import authorization_refused, refusal
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
+from processor.kafka.topics import TopicNames
+
+#: The fixed ends of a pipeline's topic names (``TopicNames("")``'s), to find a topic's prefix.
+_SUFFIXES = tuple(
+    getattr(TopicNames(""), name)
+    for name in (
+        "ingest",
+        "results",
+        "contracts",
+        "accounting",
+        "changelog",
+        "dead_letter",
+        "jobs",
+        "job_shares",
+    )
+)
+_BATCHES = TopicNames("").batches("")
 
 #: A consumer that must keep up with a fast topic (the processor's ingest, restore's reader): a large
 #: local queue, and when it is full librdkafka stops fetching for ``fetch.queue.backoff.ms``, 1 s by
@@ -39,6 +57,21 @@ _PASSING = (
 )
 
 
+def pipeline_prefix(topic: str) -> str:
+    """The prefix of the pipeline ``topic`` belongs to (``p`` of ``p.ingest`` or ``p.batches.gpu0``);
+    a topic of no pipeline is its own prefix."""
+    if _BATCHES in topic:
+        return topic[: topic.index(_BATCHES)]
+    return next((topic[: -len(s)] for s in _SUFFIXES if topic.endswith(s) and len(topic) > len(s)), topic)
+
+
+def reader_group(topic: str) -> str:
+    """A throwaway reader's group id: ``<prefix>-reader-<8 hex>``, inside the pipeline's prefix so that
+    a prefixed group ACL on ``<prefix>-`` covers it. The reader never joins it nor commits, so it
+    needs no group ACL at all (processor.kafka.acls)."""
+    return f"{pipeline_prefix(topic)}-reader-{uuid.uuid4().hex[:8]}"
+
+
 def passing(exc: KafkaException) -> bool:
     """True for an error that a retry a moment later can get past (retriable, or something moving)."""
     error = exc.args[0]
@@ -52,7 +85,11 @@ def position(msg: Any) -> tuple[int, int]:
 
 
 def partitions_of(consumer: ConsumerClient, topic: str, timeout_s: float = 10.0) -> list[int] | None:
+    """The topic's partitions; None when it does not exist. A topic the principal may not even
+    describe raises (its metadata error), rather than reading as a missing topic."""
     meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if meta is not None and meta.error is not None and authorization_refused(meta.error):
+        raise KafkaException(meta.error)
     if meta is None or meta.error is not None:
         return None
     return sorted(meta.partitions)
@@ -103,11 +140,35 @@ def read_topic_chunks(
 
     For readers that do little per message (restore): a generator step per message cost as much as
     the rest of reading it (docs/benchmarks.md, "Restore").
+
+    A read the authorizer refuses raises :class:`~processor.kafka.exits.Refused`, naming the topic.
     """
+    group = reader_group(topic)
+    try:
+        yield from _read_chunks(conf, topic, group, starts, stops, timeout_s, tail, clients)
+    except KafkaException as exc:
+        # a throwaway reader only looks its group's coordinator up: Describe, not Read, on the group
+        where = {**conf, "group.id": group}
+        refused = refusal(exc, where, operation={"topic": "Read", "group": "Describe"}, topic=topic)
+        if refused is not None:
+            raise refused from None
+        raise
+
+
+def _read_chunks(
+    conf: Mapping[str, str],
+    topic: str,
+    group: str,
+    starts: Mapping[int, int] | None,
+    stops: Mapping[int, int] | None,
+    timeout_s: float,
+    tail: int | None,
+    clients: ClientFactory,
+) -> Iterator[list[Any]]:
     consumer = clients.consumer(
         {
             **conf,
-            "group.id": f"tokenfabric-reader-{uuid.uuid4().hex[:8]}",
+            "group.id": group,
             "enable.auto.commit": "false",
             "enable.partition.eof": "true",
             "fetch.wait.max.ms": "100",

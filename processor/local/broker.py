@@ -38,8 +38,8 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from processor.local.processes import (
     wait_exit,
 )
 from processor.local.sasl import SaslSetup
+from processor.local.secure import ADMIN_USER, LISTENERS, TLS, SecureSetup
 
 HOST = "127.0.0.1"  # bind and advertise the IPv4 loopback address, never "localhost"
 
@@ -81,7 +82,18 @@ class BrokerInfo:
     data_dir: Path
     log_dir: Path
     security_protocol: str = "PLAINTEXT"
-    """``SASL_PLAINTEXT`` when started with ``sasl_users`` (clients must then log in)."""
+    """``SASL_PLAINTEXT`` when started with ``sasl_users`` (clients must then log in), ``SASL_SSL``
+    when secured (``secure_users``: processor.local.secure)."""
+    listeners: Mapping[str, str] = field(default_factory=dict)
+    """A secured broker's bootstrap per client listener (``SASL_SSL``, ``SSL``, ``SASL_PLAINTEXT``)."""
+    secure: SecureSetup | None = field(default=None, repr=False, compare=False)
+    """The CA, certificates and passwords of a secured broker, as :func:`start_broker` made them."""
+
+    def client_conf(self, user: str = ADMIN_USER, listener: str = TLS) -> dict[str, str]:
+        """librdkafka settings that connect to this secured broker as ``user`` through ``listener``."""
+        if self.secure is None:
+            raise KafkaLocalError("client_conf: this broker was not started secured by this process")
+        return self.secure.client_conf(user, listener, self.listeners[listener])
 
 
 def default_state_dir() -> Path:
@@ -113,6 +125,8 @@ def start_broker(
     heap_mb: int = 768,
     timeout_s: float = 120,
     sasl_users: Mapping[str, str] | None = None,
+    secure_users: Mapping[str, str | None] | Iterable[str] | None = None,
+    expired_users: Iterable[str] = (),
 ) -> BrokerInfo:
     """Start a fresh single-node broker whose files live in *state_dir*, and wait until it serves.
 
@@ -122,6 +136,11 @@ def start_broker(
     ``PLAIN`` mechanism: only those users (and the broker's own, random, inter-broker user) may
     connect. That is for testing how clients log in; PLAIN over plaintext sends the password in the
     clear, so a real cluster uses ``SASL_SSL``. The controller listener stays ``PLAINTEXT`` on loopback.
+    *secure_users* (user names, or names -> passwords; random where None) secures the broker instead
+    (processor.local.secure): TLS, mutual TLS and SCRAM-SHA-512 listeners, a throwaway CA, a client
+    certificate and SCRAM login per user (``expired_users`` get an expired certificate), and the
+    authorizer, which denies what no ACL allows; ``bootstrap`` is then the ``SASL_SSL`` listener and
+    ``listeners`` names all three. *port*, if given, is that first listener's.
     Raises KafkaLocalError if a broker of this state dir is already running, if the JVM exits
     (the message carries the first errors and the tail of its log), or if it is not ready in time.
     """
@@ -129,41 +148,52 @@ def start_broker(
     running = broker_status(state_dir)
     if running is not None:
         raise KafkaLocalError(f"a broker is already running for {state_dir}: {running.bootstrap}")
+    if sasl_users is not None and secure_users is not None:
+        raise KafkaLocalError(
+            "start_broker: sasl_users (PLAIN) and secure_users (SCRAM, TLS) exclude each other"
+        )
     sasl = SaslSetup.create(sasl_users) if sasl_users is not None else None
     jars = jars_dir()
-    java = _java_executable()
+    java = java_executable()
     deadline = time.monotonic() + timeout_s
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
     _reset_dirs(state_dir, data_dir, log_dir)
+    secure = (
+        SecureSetup.create(state_dir / "security", secure_users, expired=expired_users)
+        if secure_users is not None
+        else None
+    )
     cluster_id = _random_cluster_id()
     props = state_dir / "server.properties"
-    client_port, controller_port = _pick_ports(port)
-    _write_properties(props, data_dir, client_port=client_port, controller_port=controller_port, sasl=sasl)
+    ports = _pick_ports(port, len(LISTENERS) if secure else 1)
+    _write_properties(props, data_dir, ports=ports, sasl=sasl, secure=secure)
     # Formatting does not record the ports (static quorum), so one format serves every attempt.
-    _format_storage(java, jars, props, cluster_id, log_dir)
+    _format_storage(java, jars, props, cluster_id, log_dir, secure.format_args() if secure else [])
     for attempt in range(1, _MAX_START_ATTEMPTS + 1):
         try:
             return _launch_and_wait(
-                state_dir,
-                java,
-                jars,
-                props,
-                cluster_id,
-                client_port,
-                controller_port,
-                heap_mb,
-                deadline,
-                sasl,
+                state_dir, java, jars, props, cluster_id, ports, heap_mb, deadline, sasl, secure
             )
         except _BindError as exc:
             if port is not None or attempt == _MAX_START_ATTEMPTS:
                 raise KafkaLocalError(str(exc)) from exc
             log.warning("port taken (attempt %d), retrying with other ports", attempt)
-        client_port, controller_port = _pick_ports(port)
-        _write_properties(
-            props, data_dir, client_port=client_port, controller_port=controller_port, sasl=sasl
-        )
+        ports = _pick_ports(port, len(ports.clients))
+        _write_properties(props, data_dir, ports=ports, sasl=sasl, secure=secure)
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class _Ports:
+    """The client listeners' ports (one, or one per secured listener, in LISTENERS order) and the
+    controller's."""
+
+    clients: tuple[int, ...]
+    controller: int
+
+    @property
+    def client(self) -> int:
+        return self.clients[0]
 
 
 def _launch_and_wait(
@@ -172,11 +202,11 @@ def _launch_and_wait(
     jars: Path,
     props: Path,
     cluster_id: str,
-    client_port: int,
-    controller_port: int,
+    ports: _Ports,
     heap_mb: int,
     deadline: float,
     sasl: SaslSetup | None = None,
+    secure: SecureSetup | None = None,
 ) -> BrokerInfo:
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
     cmd = [
@@ -194,10 +224,22 @@ def _launch_and_wait(
             start_new_session=True,  # detached: no Ctrl-C from the terminal, outlives this process
         )  # fmt: skip
     CHILDREN[proc.pid] = proc
+    client_port, controller_port = ports.client, ports.controller
     bootstrap = f"{HOST}:{client_port}"
     protocol = "PLAINTEXT" if sasl is None else "SASL_PLAINTEXT"
+    listeners: dict[str, str] = {}
+    if secure is not None:
+        protocol = TLS
+        listeners = {name: f"{HOST}:{p}" for name, p in zip(LISTENERS, ports.clients, strict=True)}
+        secure.write_client_files(listeners)
     info = BrokerInfo(
-        bootstrap=bootstrap, pid=proc.pid, data_dir=data_dir, log_dir=log_dir, security_protocol=protocol
+        bootstrap=bootstrap,
+        pid=proc.pid,
+        data_dir=data_dir,
+        log_dir=log_dir,
+        security_protocol=protocol,
+        listeners=listeners,
+        secure=secure,
     )
     # Written before waiting, so that `stop` finds the JVM even if this process is interrupted.
     write_atomic(
@@ -211,6 +253,7 @@ def _launch_and_wait(
                 "cluster_id": cluster_id,
                 "kafka_version": KAFKA_VERSION,
                 "security_protocol": protocol,  # never a password: this file is read by status
+                "listeners": listeners,
                 "state_dir": str(state_dir),
                 "data_dir": str(data_dir),
                 "log_dir": str(log_dir),
@@ -222,7 +265,8 @@ def _launch_and_wait(
         + "\n",
     )
     try:
-        _wait_ready(proc, client_port, log_dir, deadline, sasl.client_conf() if sasl else {})
+        ready_conf = sasl.client_conf() if sasl else info.client_conf() if secure else {}
+        _wait_ready(proc, client_port, log_dir, deadline, ready_conf)
     except BaseException:
         terminate(proc.pid, timeout_s=1)  # a failed instance: no need for a clean shutdown
         (state_dir / _STATE_FILE).unlink(missing_ok=True)
@@ -312,8 +356,14 @@ def _random_cluster_id() -> str:
 
 
 def _write_properties(
-    props: Path, data_dir: Path, *, client_port: int, controller_port: int, sasl: SaslSetup | None = None
+    props: Path,
+    data_dir: Path,
+    *,
+    ports: _Ports,
+    sasl: SaslSetup | None = None,
+    secure: SecureSetup | None = None,
 ) -> None:
+    client_port, controller_port = ports.client, ports.controller
     settings: dict[str, str | int] = {
         "process.roles": "broker,controller",
         "node.id": NODE_ID,
@@ -358,17 +408,25 @@ def _write_properties(
                 "listener.name.sasl_plaintext.plain.sasl.jaas.config": sasl.jaas(),
             }
         )
+    if secure is not None:
+        settings.update(
+            secure.broker_properties(dict(zip(LISTENERS, ports.clients, strict=True)), controller_port, HOST)
+        )
     lines = [f"# written by processor/local/broker.py for Kafka {KAFKA_VERSION}"]
     lines += [f"{key}={value}" for key, value in settings.items()]
     write_atomic(props, "\n".join(lines) + "\n")
-    if sasl is not None:
-        props.chmod(0o600)  # it holds the users' passwords
+    if sasl is not None or secure is not None:
+        props.chmod(0o600)  # it holds the users' passwords (or the key store's)
 
 
-def _format_storage(java: str, jars: Path, props: Path, cluster_id: str, log_dir: Path) -> None:
+def _format_storage(
+    java: str, jars: Path, props: Path, cluster_id: str, log_dir: Path, extra: list[str] | None = None
+) -> None:
+    """``kafka-storage format``; ``extra`` adds arguments (a secured broker's ``--add-scram`` users,
+    whose passwords are never quoted in the error)."""
     cmd = [
         java, *_jvm_logging_opts(log_dir), "-cp", f"{jars}{os.sep}*",
-        "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+        "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), *(extra or []),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
@@ -380,7 +438,7 @@ def _jvm_logging_opts(log_dir: Path) -> list[str]:
     return [f"-Dkafka.logs.dir={log_dir}", f"-Dlog4j2.configurationFile={_LOG4J_CONFIG}"]
 
 
-def _java_executable() -> str:
+def java_executable() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").is_file():
         return str(Path(java_home) / "bin" / "java")
@@ -390,19 +448,22 @@ def _java_executable() -> str:
     return java
 
 
-def _pick_ports(client_port: int | None) -> tuple[int, int]:
-    """(client, controller) ports: *client_port* if given, else free ones; never the same twice."""
-    client = client_port or _free_port()
-    return client, _free_port(avoid=client)
+def _pick_ports(client_port: int | None, clients: int = 1) -> _Ports:
+    """``clients`` client ports (the first *client_port* if given) and a controller port, free ones
+    otherwise; never the same twice."""
+    taken: list[int] = [client_port] if client_port else []
+    while len(taken) < clients + 1:
+        taken.append(_free_port(avoid=set(taken)))
+    return _Ports(tuple(taken[:clients]), taken[clients])
 
 
-def _free_port(avoid: int | None = None) -> int:
+def _free_port(avoid: set[int] | None = None) -> int:
     """A loopback port that is free right now (it can be taken before the broker binds it)."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((HOST, 0))
             port: int = sock.getsockname()[1]
-        if port != avoid:
+        if port not in (avoid or ()):
             return port
 
 
@@ -420,6 +481,7 @@ def broker_status(state_dir: Path) -> BrokerInfo | None:
         data_dir=Path(record["data_dir"]),
         log_dir=Path(record["log_dir"]),
         security_protocol=str(record.get("security_protocol", "PLAINTEXT")),
+        listeners=dict(record.get("listeners") or {}),
     )
 
 
@@ -438,7 +500,7 @@ def restart_broker(
 ) -> BrokerInfo:
     """Stop the broker of *state_dir* and start it again on the same ports with its data kept, as an
     operator's restart (or, with *kill*, a crash) would: for fault tests of client reconnection.
-    Brokers started with *sasl_users* are not supported."""
+    Brokers started with *sasl_users* or *secure_users* are not supported."""
     state_dir = Path(state_dir).resolve()
     record = _read_state(state_dir)
     info = broker_status(state_dir)
@@ -454,12 +516,11 @@ def restart_broker(
     (state_dir / _STATE_FILE).unlink(missing_ok=True)
     return _launch_and_wait(
         state_dir,
-        _java_executable(),
+        java_executable(),
         jars_dir(),
         Path(record["properties"]),
         str(record["cluster_id"]),
-        int(record["client_port"]),
-        int(record["controller_port"]),
+        _Ports((int(record["client_port"]),), int(record["controller_port"])),
         heap_mb,
         time.monotonic() + timeout_s,
     )

@@ -58,3 +58,30 @@ class CardServers:
         for card in self.cards:
             stop_server(self.name(card))
         self.started.clear()
+
+
+class GivenEndpoints:
+    """``demo --engine llm --endpoint URL ...``: servers the user runs (a GPU fleet's vLLM or SGLang),
+    one per card in card order, the same for both runs; nothing is started or stopped here. Their
+    caches outlive a run, so the demo salts each run's token ids apart (generative_tokens)."""
+
+    def __init__(self, cards: Sequence[Card], urls: Sequence[str], model: str | None) -> None:
+        if len(urls) != len(cards):
+            raise ValueError(
+                f"--endpoint: give one per card ({len(cards)}: {', '.join(c.name for c in cards)})"
+            )
+        self.urls = {card.name: url for card, url in zip(cards, urls, strict=True)}
+        self.model = model
+
+    def start(self) -> None:
+        """Nothing to start: the endpoints run already."""
+
+    def stop(self) -> None:
+        """Nothing to stop: the endpoints are the user's."""
+
+    def describe(self) -> str:
+        return "given endpoints: " + ", ".join(f"{card} {url}" for card, url in self.urls.items())
+
+    def engine_args(self, card: Card) -> list[str]:
+        named = [] if self.model is None else ["--engine-opt", f"model={self.model}"]
+        return ["--engine", "openai", "--engine-opt", f"url={self.urls[card.name]}", *named]

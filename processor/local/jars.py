@@ -1,7 +1,9 @@
 """The local broker's jars, resolved from Maven Central once into a cache outside the repository.
 
 A marker file holds the pom's SHA-256, so a complete copy is reused offline; a lock keeps two
-processes from resolving at once.
+processes from resolving at once. The digest is the cache key: a cache made from an older pom (before
+``kafka-tools`` was added, say) is resolved again at the next call, so it gets every jar the pom
+names now. :func:`tool_command` runs one of Kafka's own command-line tools from these jars.
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ def jars_dir() -> Path:
         staging = Path(tempfile.mkdtemp(prefix="staging-", dir=home))
         try:
             _copy_dependencies(staging)
+            # Moved aside rather than deleted first: a running broker opens its jars by path, lazily;
+            # the path is missing only between the two renames, and then names a jar of the same version.
             if lib.exists():
-                shutil.rmtree(lib)
+                lib.rename(staging / "lib.old")
             (staging / "lib").rename(lib)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -123,3 +127,22 @@ def write_atomic(path: Path, text: str) -> None:
 
 def tail_text(text: str, lines: int) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+#: ``tokenfabric kafka <name>`` -> the main class of the Kafka tool it runs (from ``kafka-tools``).
+TOOLS = {
+    "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "transactions": "org.apache.kafka.tools.TransactionsCommand",
+}
+
+_TOOLS_LOG4J = PACKAGE_KAFKA_DIR / "tools-log4j2.xml"
+
+
+def tool_command(java: str, tool: str, args: list[str]) -> list[str]:
+    """The command line that runs Kafka's ``tool`` (a key of :data:`TOOLS`) with ``args`` untouched:
+    what ``kafka-<tool>.sh`` runs, without the shell script (warnings to stderr, no log files)."""
+    return [
+        java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+        f"-Dlog4j2.configurationFile={_TOOLS_LOG4J}",
+        "-cp", f"{jars_dir()}{os.sep}*", TOOLS[tool], *args,
+    ]  # fmt: skip

@@ -26,7 +26,7 @@ from processor.local.broker import broker_status, start_broker, stop_broker
 from processor.local.jars import KafkaLocalError
 from processor.local.pipeline import child_env
 from processor.local.processes import process_argv, terminate
-from processor.ops.contracts import consumers_of, read_announcements
+from processor.ops.contracts import announced_contracts, consumers_of
 
 STACK_FILE = "stack.json"
 #: A consumer's contract in the local stack: small enough for a laptop, the sim engine's defaults.
@@ -192,7 +192,7 @@ def _wait_announced(
         for p in stack.processes:
             if not p.alive():
                 raise StackError(f"{p.name} exited during start; its log: {p.log}")
-        if wanted <= set(consumers_of(settings.model, read_announcements(conf, topics))):
+        if wanted <= set(consumers_of(settings.model, announced_contracts(conf, topics))):
             return
         if time.monotonic() > deadline:
             raise StackError(

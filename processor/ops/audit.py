@@ -10,7 +10,11 @@ items and tokens at each stage by item id, and reports:
   apart from received (as the ledger does, under ``duplicate``) and checks that each one's id was
   taken once (otherwise the item is lost);
 * lost: an item received that is neither in a batch nor waiting in the changelog (must be 0);
-* every difference between the derived figures and the latest checkpoint of each processor.
+* how the completed prompts were served: each item's first completion's ``cached_tokens`` (held to
+  its prompt by ``prompt_split``) from the engine's prefix cache, the rest computed;
+* every difference between the derived figures and the latest checkpoint of each processor (the
+  prompt counters only when every checkpoint has them: a processor of an earlier version, or one
+  that was given no cached counts, claims nothing about the cache).
 
 Meant for a quiet pipeline (after a job, or with producers paused): items moving while it reads show
 up as differences.
@@ -22,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from processor.core.accounting import cached_prompt_share, prompt_split
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import position, read_topic
 from processor.kafka.topics import TopicNames
@@ -55,6 +60,12 @@ class AuditReport:
     repeats: list[tuple[str, int, int]] = field(default_factory=list)
     """Producer repeats dead-lettered as duplicates: (item_id, ingest partition, offset)."""
     repeat_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    """Prompt tokens of completed items their engine served from its prefix cache, as reported."""
+    prefill_tokens: int = 0
+    """Prompt tokens of completed items their engine computed: completed_tokens - cached_prompt_tokens."""
+    prompts_compared: bool = False
+    """The checkpoints claim prompt counters, and they were compared."""
     differences: list[str] = field(default_factory=list)
 
     @property
@@ -67,6 +78,7 @@ class AuditReport:
         )
 
     def lines(self) -> list[str]:
+        share = cached_prompt_share(self.cached_prompt_tokens, self.prefill_tokens)
         out = [
             f"received      {self.received_items:>12,} items {self.received_tokens:>16,} tokens",
             f"dispatched    {self.dispatched_items:>12,} items {self.dispatched_tokens:>16,} tokens",
@@ -78,6 +90,9 @@ class AuditReport:
             f"duplicates    {self.duplicate_dispatches:>12,} dispatches ({self.redelivered:,} redelivered), "
             f"{self.duplicate_completions:,} completions",
             f"lost          {self.lost_items:>12,} items",
+            f"prompts       {self.cached_prompt_tokens:>12,} cached {self.prefill_tokens:>15,} computed "
+            f"({'-' if share is None else f'{share:.1%}'} cached"
+            f"{'' if self.prompts_compared else '; no checkpoint counts them'})",
             f"repeats       {len(self.repeats):>12,} items {self.repeat_tokens:>16,} tokens "
             "(a producer sent an item_id again: dead-lettered as duplicate-item-id, not run)",
         ]
@@ -158,6 +173,9 @@ def audit(
             if done.status == "ok":
                 r.completed_items += 1
                 r.completed_tokens += done.input_tokens
+                cached, computed = prompt_split(done.input_tokens, done.cached_tokens)
+                r.cached_prompt_tokens += cached
+                r.prefill_tokens += computed
             else:
                 r.failed_items += 1
                 r.failed_tokens += done.input_tokens
@@ -198,6 +216,9 @@ def _compare(r: AuditReport, view: StatusView) -> None:
         ("duplicate_items", len(r.repeats)),
         ("duplicate_tokens", r.repeat_tokens),
     ]
+    r.prompts_compared = all("prefill_tokens" in cp.counters for cp in view.checkpoints.values())
+    if r.prompts_compared:
+        pairs += [("cached_prompt_tokens", r.cached_prompt_tokens), ("prefill_tokens", r.prefill_tokens)]
     for key, derived in pairs:
         claimed = view.held(key) if key.startswith("queued_") else total(key)
         if claimed != derived:

@@ -1,21 +1,33 @@
 """A consumer app's Prometheus registry: its counters, read per scrape, engine time per batch, end to
-end latency per item, and its Kafka clients' statistics (its lag among them)."""
+end latency per item, its Kafka clients' statistics, and its lag in batches."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from processor.apps.consumer import ConsumerApp
 from processor.core.measures import padding_waste
+from processor.kafka.factory import ConsumerClient
 from processor.ops.histograms import FastHistograms
-from processor.ops.kafka_stats import STATS_INTERVAL_MS, KafkaStats
+from processor.ops.kafka_stats import STATS_INTERVAL_MS, KafkaStats, Position
 from processor.ops.metrics import with_process_metrics
 from processor.wire.records import BatchRecord
+
+log = logging.getLogger("tokenfabric.metrics")
+
+#: The longest one count of unread batches reads for (they are few: at most the consumer's in-flight
+#: limit, since the processor sends no more).
+COUNT_TIMEOUT_S = 2.0
 
 #: One batch's engine time: a forward pass, milliseconds to a minute.
 ENGINE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -98,13 +110,79 @@ class ConsumerMetrics:
         self.registry.register(ConsumerAppCollector(app, self.kafka))
 
 
+class UnreadBatches:
+    """Batches between a consumer app's position and the last stable offset of its batch topic.
+
+    Why count rather than subtract: the processor writes batches in transactions, and each commit
+    leaves a marker that takes an offset, so offsets overstate batches (by up to one per batch).
+    The batches are few (the processor sends at most the consumer's in-flight limit ahead of its
+    answers), so reading them back is cheap; a count is kept until the position or the end moves.
+    Reads with the app's own client factory, from the scrape thread, under a lock.
+    """
+
+    def __init__(self, app: ConsumerApp) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self._consumer: ConsumerClient | None = None
+        self._counted: dict[Position, int] = {}
+
+    def count(self, at: Position) -> int | None:
+        """Batch records in ``[at.position, at.stable_end)``; None when they cannot be read now."""
+        if at.position >= at.stable_end:
+            return 0
+        with self._lock:
+            known = self._counted.get(at)
+            if known is None:
+                try:
+                    known = self._read(at)
+                except (KafkaException, RuntimeError) as exc:
+                    log.warning("unread batches of %s not counted: %s", at.topic, exc)
+                    return None
+                self._counted = {at: known}  # the older positions are of no more use
+            return known
+
+    def _read(self, at: Position) -> int:
+        consumer = self._reader()
+        consumer.assign([TopicPartition(at.topic, at.partition, at.position)])
+        deadline = time.monotonic() + COUNT_TIMEOUT_S
+        records = 0
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=500, timeout=0.1):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        return records
+                    raise KafkaException(error)
+                if msg.offset() < at.stable_end:
+                    records += 1
+                if msg.offset() + 1 >= at.stable_end:
+                    return records
+        raise RuntimeError(f"no end of {at.topic} within {COUNT_TIMEOUT_S:g} s")
+
+    def _reader(self) -> ConsumerClient:
+        if self._consumer is None:
+            self._consumer = self.app.clients.consumer(
+                {
+                    **self.app.conf,
+                    "group.id": f"tokenfabric-lag-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": "false",
+                    "enable.partition.eof": "true",
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": "50",
+                }
+            )
+        return self._consumer
+
+
 class ConsumerAppCollector(Collector):
     """``app.stats`` as counters (the app replaces ``stats`` when ``run`` starts: read it each time),
-    its ratios, and its lag from its Kafka consumer's statistics."""
+    its ratios, and its lag in batches (its Kafka consumer's position, from the statistics, to its
+    batch topic's end, counted by :class:`UnreadBatches`)."""
 
     def __init__(self, app: ConsumerApp, kafka: KafkaStats | None = None) -> None:
         self.app = app
         self.kafka = kafka
+        self.unread = UnreadBatches(app)
 
     def describe(self) -> Iterable[Metric]:
         return ()
@@ -161,13 +239,13 @@ class ConsumerAppCollector(Collector):
         yield hits
         lag = GaugeMetricFamily(
             "tokenfabric_consumer_app_lag_batches",
-            "Batches on the consumer's batch topic it has not read yet (librdkafka's consumer lag, "
-            "summed over the topic's partitions; absent until the first statistics arrive).",
+            "Batches on the consumer's batch topic after its position (commit markers not counted; "
+            "absent until the first statistics give its position, or while they cannot be read).",
             labels=labels,
         )
         topic = self.app.batch_topic
         known = [] if self.kafka is None else list(self.kafka.clients.values())
-        lags = [n for c in known for t, _p, n in c.lag if t == topic]
-        if lags:
-            lag.add_metric(key, sum(lags))
+        counts = [self.unread.count(at) for c in known for at in c.positions if at.topic == topic]
+        if counts and None not in counts:
+            lag.add_metric(key, sum(n for n in counts if n is not None))
         yield lag

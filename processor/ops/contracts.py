@@ -36,6 +36,11 @@ def read_announcements(conf: Mapping[str, str], topics: TopicNames) -> dict[str,
     return out
 
 
-def consumers_of(model: str, announcements: Mapping[str, Announcement]) -> list[str]:
+def announced_contracts(conf: Mapping[str, str], topics: TopicNames) -> dict[str, Contract]:
+    """:func:`read_announcements`' contracts alone."""
+    return {name: a.contract for name, a in read_announcements(conf, topics).items()}
+
+
+def consumers_of(model: str, contracts: Mapping[str, Contract]) -> list[str]:
     """The consumers whose contract names ``model``, sorted: empty means its items would wait."""
-    return sorted(name for name, a in announcements.items() if a.contract.model == model)
+    return sorted(name for name, c in contracts.items() if c.model == model)

@@ -12,7 +12,12 @@ Kept (each labelled ``client``, librdkafka's client name such as ``rdkafka#consu
 - consumer lag per assigned partition: messages between what the client has consumed and the
   partition's end (``consumer_lag_stored``: the position, since tokenfabric commits offsets in
   transactions the consumer's own ``consumer_lag`` never sees; that one when no offset is stored);
-  librdkafka's -1, "not known yet", is left out;
+  librdkafka's -1, "not known yet", is left out, and so is every partition the client no longer
+  fetches (``fetch_state`` ``none``, ``stopping`` or ``stopped``: given up in a rebalance; librdkafka
+  keeps reporting its last lag for as long as the client lives);
+- per fetched partition, the client's position (``app_offset``) and the last stable offset
+  (``ls_offset``), from which the consumer app counts the batches it has not read
+  (processor.ops.consumer_metrics);
 - request round-trip time per broker (average and p99 over the interval, in seconds; a consumer's
   fetch requests wait up to ``fetch.wait.max.ms`` at the broker, and that counts);
 - queue depths: messages waiting in the producer queue, events waiting for the application to poll,
@@ -49,6 +54,20 @@ QUEUES = {
 }
 
 
+#: ``fetch_state`` values of a partition the client does not fetch: not assigned (any more).
+NOT_FETCHED = frozenset({"none", "stopping", "stopped"})
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a consumer stands in one partition it fetches: its position and the last stable offset."""
+
+    topic: str
+    partition: int
+    position: int
+    stable_end: int
+
+
 @dataclass(frozen=True, slots=True)
 class ClientStats:
     """The figures kept from one statistics document."""
@@ -60,6 +79,8 @@ class ClientStats:
     rtt: tuple[tuple[str, float, float], ...] = ()
     """(broker, average seconds, p99 seconds)"""
     queues: Mapping[str, int] = field(default_factory=dict)
+    positions: tuple[Position, ...] = ()
+    """Partitions with a known position and end (both >= 0)."""
 
 
 def parse_stats(document: str) -> ClientStats:
@@ -68,12 +89,18 @@ def parse_stats(document: str) -> ClientStats:
     if not isinstance(doc, dict) or "name" not in doc:
         raise ValueError("not a librdkafka statistics document (no 'name')")
     lag: list[tuple[str, str, int]] = []
+    positions: list[Position] = []
     fetch = 0
     for topic, t in (doc.get("topics") or {}).items():
         for partition, p in (t.get("partitions") or {}).items():
             if partition == "-1":  # the unassigned-messages pseudo partition
                 continue
             fetch += int(p.get("fetchq_cnt", 0))
+            if p.get("fetch_state") in NOT_FETCHED:
+                continue
+            at, end = int(p.get("app_offset", -1)), int(p.get("ls_offset", -1))
+            if at >= 0 and end >= 0:
+                positions.append(Position(topic, int(partition), at, end))
             messages = int(p.get("consumer_lag_stored", -1))
             if messages < 0:  # no offset stored (enable.auto.offset.store=false): the committed one
                 messages = int(p.get("consumer_lag", -1))
@@ -94,7 +121,9 @@ def parse_stats(document: str) -> ClientStats:
         "waitresp": waitresp,
         "fetch": fetch,
     }
-    return ClientStats(str(doc["name"]), str(doc.get("type", "")), tuple(lag), tuple(rtt), queues)
+    return ClientStats(
+        str(doc["name"]), str(doc.get("type", "")), tuple(lag), tuple(rtt), queues, tuple(positions)
+    )
 
 
 class KafkaStats(Collector):

@@ -32,9 +32,13 @@ from processor import __version__
 from processor.apps.observe import ServiceCounters, ServiceObserver
 from processor.core.accounting import RECEIVED, ROUTED, ConsumerBook, Equation, ModelBook, Tally
 from processor.core.measures import padding_waste
+from processor.kafka.factory import ClientFactory, ConsumerClient
+from processor.kafka.topics import TopicNames
 from processor.ops.histograms import ServiceLatency, copy_items
+from processor.ops.pipeline_view import PipelineCollector, PipelineReader
 
 if TYPE_CHECKING:
+    from processor.apps.settings import ProcessorSettings
     from processor.core.scheduler import Scheduler
 
 #: Arrivals examined per model when looking for the oldest waiting item (see ``_oldest_waiting_ms``).
@@ -56,7 +60,13 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "unknown_completions": (
         "tokenfabric_unknown_completions_total",
-        "Completions of batches this processor incarnation does not know (duplicates, earlier runs).",
+        "Completions of batches made under this instance id that it does not hold (not replays): a "
+        "consumer ran a batch again after its completion counted, or an earlier incarnation's batch.",
+    ),
+    "foreign_completions": (
+        "tokenfabric_foreign_completions_total",
+        "Completions of other instances' batches that this one does not hold: normal with several "
+        "instances (each reads the whole results topic).",
     ),
     "contracts": ("tokenfabric_contract_announcements_total", "Consumer contract announcements read."),
     "commits": ("tokenfabric_offset_commits_total", "Successful ingest offset commits."),
@@ -69,7 +79,11 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
 
 
 class ServiceView(Protocol):
-    """What the collector reads of a :class:`processor.apps.service.ProcessorService` (tests pass fakes)."""
+    """What the collector reads of a :class:`processor.apps.service.ProcessorService` (tests pass fakes).
+
+    ``conf``, ``topics``, ``clients`` and ``settings.group_id`` build the pipeline view's reader
+    (processor.ops.pipeline_view); ``ingest`` is asked for its assignment in at-least-once mode only.
+    """
 
     core: Scheduler
     counters: ServiceCounters
@@ -78,6 +92,14 @@ class ServiceView(Protocol):
     last_broker_ok_s: float
     ledger_error: str | None
     observer: ServiceObserver
+    conf: dict[str, str]
+    topics: TopicNames
+    clients: ClientFactory
+    settings: ProcessorSettings
+    ingest: ConsumerClient
+
+    @property
+    def owned(self) -> frozenset[int]: ...
 
     def now_ms(self) -> int: ...
 
@@ -148,6 +170,17 @@ class ProcessorCollector(Collector):
                 fam = family(f"tokenfabric_{stage}_{unit}", f"Prompt {unit} {doc}.", labels=["model"])
                 for model, book in models:
                     fam.add_metric([model], getattr(getattr(book, stage), unit))
+                yield fam
+        if ledger.prompts_counted:
+            for counter, doc in (
+                ("cached_prompt_tokens", "served from the engines' prefix caches (measured by the servers)"),
+                ("prefill_tokens", "computed by the engines (prefill)"),
+            ):
+                fam = CounterMetricFamily(
+                    f"tokenfabric_{counter}", f"Prompt tokens of items completed ok, {doc}.", labels=["model"]
+                )
+                for model, book in models:
+                    fam.add_metric([model], getattr(book, counter))
                 yield fam
         dead = CounterMetricFamily(
             "tokenfabric_dead_lettered_messages", "Ingest messages dead-lettered (undecodable or invalid)."
@@ -239,6 +272,18 @@ class ProcessorCollector(Collector):
             "Batches answered, each one prefix-cache lookup of its shape.",
             lambda b: b.cache_lookups,
         )
+        if core.ledger.prompts_counted:  # else no consumer reported any: nothing true to export
+            yield per_book(
+                "tokenfabric_consumer_cached_prompt_tokens",
+                "Prompt tokens of items completed ok that the consumer's engine served from its prefix "
+                "cache (measured by its server).",
+                lambda b: b.cached_prompt_tokens,
+            )
+            yield per_book(
+                "tokenfabric_consumer_prefill_tokens",
+                "Prompt tokens of items completed ok that the consumer's engine computed.",
+                lambda b: b.prefill_tokens,
+            )
         yield from _ratios(books)
 
         states = core.view.consumers().items()
@@ -318,14 +363,22 @@ class ProcessorCollector(Collector):
                 fam = CounterMetricFamily(name.removesuffix("_total"), doc)
                 fam.add_metric([], value)
                 yield fam
+        owned = owned_partitions(s)
         lag = GaugeMetricFamily(
             "tokenfabric_ingest_lag_messages",
-            "Ingest messages not yet consumed, per partition of the ingest topic.",
+            "Ingest messages this instance has not consumed yet, per partition it owns now (a partition "
+            "it gave up leaves at once; the group's view: tokenfabric_pipeline_ingest_lag_messages).",
             labels=["partition"],
         )
         for partition, messages in sorted(copy_items(s.lag)):
-            lag.add_metric([str(partition)], messages)
+            if partition in owned:
+                lag.add_metric([str(partition)], messages)
         yield lag
+        count = GaugeMetricFamily(
+            "tokenfabric_ingest_owned_partitions", "Ingest partitions this instance owns now."
+        )
+        count.add_metric([], len(owned))
+        yield count
         now = self.clock()
         step = GaugeMetricFamily(
             "tokenfabric_step_age_seconds", "Seconds since the owner loop last completed a step (/healthz)."
@@ -352,7 +405,8 @@ class ProcessorCollector(Collector):
         tokens = GaugeMetricFamily(
             "tokenfabric_job_tokens",
             "Prompt tokens of a job at a ledger stage (received, queued, routed, in_flight, completed, "
-            "failed; routed is net of requeues).",
+            "failed; routed is net of requeues), and of its completed prompts, cached_prompt and "
+            "prefill (where consumers report them).",
             labels=["job", "stage"],
         )
         padded = CounterMetricFamily(
@@ -361,6 +415,9 @@ class ProcessorCollector(Collector):
         for job, book in books:
             for stage in ("received", "queued", "routed", "in_flight", "completed", "failed"):
                 tokens.add_metric([job, stage], getattr(book, stage).tokens)
+            if core.ledger.prompts_counted:
+                tokens.add_metric([job, "cached_prompt"], book.cached_prompt_tokens)
+                tokens.add_metric([job, "prefill"], book.prefill_tokens)
             padded.add_metric([job], book.padded_tokens)
         yield tokens
         yield padded
@@ -471,6 +528,18 @@ def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
     return out
 
 
+def owned_partitions(service: ServiceView) -> frozenset[int]:
+    """The ingest partitions ``service`` owns now: the handover's (exactly-once: set when their lane
+    state is restored, emptied on revocation), or the consumer's assignment (at-least-once, where no
+    lane state moves). A closed consumer owns nothing."""
+    if service.settings.exactly_once:
+        return service.owned
+    try:
+        return frozenset(tp.partition for tp in service.ingest.assignment())
+    except RuntimeError:  # "Consumer closed": the service is stopping
+        return frozenset()
+
+
 def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:
     """Add the process, platform and GC collectors (CPU, memory, open fds, Python version) and
     ``tokenfabric_build_info``."""
@@ -479,19 +548,30 @@ def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:
     return registry
 
 
+def pipeline_collector(service: ServiceView, background: bool = True) -> PipelineCollector:
+    """The pipeline's view (processor.ops.pipeline_view), read with the service's own client factory
+    and settings: the processors' group, the pipeline's topics."""
+    reader = PipelineReader(service.conf, service.topics, service.settings.group_id, service.clients)
+    return PipelineCollector(reader, background=background)
+
+
 def processor_registry(
     service: ServiceView,
     clock: Callable[[], float] = time.monotonic,
     extra: Iterable[Collector] = (),
+    pipeline_in_background: bool = True,
 ) -> CollectorRegistry:
-    """A registry with every processor metric, and ``service.observer`` feeding its histograms.
+    """A registry with every processor metric, the pipeline's view, and ``service.observer`` feeding
+    its histograms.
 
     ``extra``: more collectors, such as the librdkafka statistics of the service's clients
-    (processor.ops.kafka_stats). A registry per service rather than the global one, so tests can run
-    several side by side.
+    (processor.ops.kafka_stats). ``pipeline_in_background``: read the pipeline's view in its own
+    thread (False: in each scrape, for the in-memory Kafka of tests). A registry per service rather
+    than the global one, so tests can run several side by side.
     """
     registry = with_process_metrics(CollectorRegistry(auto_describe=False))
     registry.register(ProcessorCollector(service, clock))
+    registry.register(pipeline_collector(service, pipeline_in_background))
     for collector in extra:
         registry.register(collector)
     service.observer = ServiceLatency(registry)

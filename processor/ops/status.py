@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,13 +32,15 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from processor.core.accounting import cached_prompt_share
 from processor.core.contract import Contract
 from processor.core.ledger_keys import Scope, consumer_key, job_key, model_key, parse_key, stage_unit
 from processor.core.measures import padding_waste
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import passing, read_topic, watermarks
 from processor.kafka.topics import TopicNames
-from processor.wire.control import decode_contract, decode_ledger_snapshot
+from processor.ops.contracts import read_announcements
+from processor.wire.control import decode_ledger_snapshot
 from processor.wire.records import LedgerSnapshotRecord
 
 DEFAULT_STALE_S = 30.0
@@ -193,14 +195,9 @@ def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "", groups:
     """Contracts, every instance's latest checkpoint, ingest lag; with ``groups``, each consumer's
     group too (its members and lag: one more request per consumer)."""
     view = StatusView()
-    for msg in read_topic(conf, topics.contracts):
-        key = (msg.key() or b"").decode("utf-8", "replace")
-        if msg.value() is None:
-            view.contracts.pop(key, None)
-            view.announced_ms.pop(key, None)
-        else:
-            view.contracts[key] = decode_contract(msg.value()).contract
-            view.announced_ms[key] = msg.timestamp()[1]
+    for name, announced in read_announcements(conf, topics).items():
+        view.contracts[name] = announced.contract
+        view.announced_ms[name] = announced.timestamp_ms
     # Compacted: the whole topic is the latest checkpoint per instance plus the last minute or so of
     # uncompacted ones; an instance dead for long is still found, wherever its checkpoint sits.
     for msg in read_topic(conf, topics.accounting):
@@ -233,7 +230,11 @@ class ProcessorRow:
     state: Literal["live", "stale"]
     checkpoint_age_s: float
     owned_partitions: int
+    """A live instance's partitions; a stale one's only those no live instance holds since (each
+    partition counted once: the rest were handed over)."""
     ingest_partitions: int
+    handed_over: int = 0
+    """A stale instance's partitions that live instances hold now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +250,10 @@ class ContractTerms:
 class ConsumerRow:
     consumer: str
     model: str
-    state: Literal["up", "down", "stale"]
-    """up: its group has a live member; down: none, but a sign of life within ``stale_s``; stale:
-    none for longer."""
+    state: Literal["up", "silent", "down", "stale"]
+    """up: its group has a member, answering; silent: a member, but batches wait for it and it has
+    answered nothing for ``stale_s`` (hung, or a crashed process still in its group until its session
+    times out); down: no member, a sign of life within ``stale_s``; stale: none for longer."""
     members: int | None
     last_seen_age_s: float | None
     last_completion_age_s: float | None
@@ -268,6 +270,34 @@ class ConsumerRow:
     budget_fill: float | None
     cache_hit_rate: float | None
     shape_switches: int
+    prompts: PromptFigures
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFigures:
+    """How completed prompts were served: from the engine's prefix cache, or computed (prefill).
+
+    ``cached_tokens + prefill_tokens`` is the completed prompt tokens (the ledger's ``PROMPTS``
+    equation); ``cached_share`` is ``cached_tokens`` over that, None while nothing completed.
+    ``counted`` is False when some checkpoint has no prompt counters (a processor of an earlier
+    version, or one whose scheduler is given no cached counts): the figures are then zeros, not a
+    measurement."""
+
+    counted: bool
+    cached_tokens: int
+    prefill_tokens: int
+    cached_share: float | None
+
+    @classmethod
+    def of(cls, view: StatusView, total: Callable[[str], int]) -> PromptFigures:
+        """The figures ``total`` (a sum over checkpoints of one scope) gives, if ``view`` counts them."""
+        counted = bool(view.checkpoints) and all(
+            "prefill_tokens" in cp.counters for cp in view.checkpoints.values()
+        )
+        if not counted:
+            return cls(False, 0, 0, None)
+        cached, prefill = total("cached_prompt_tokens"), total("prefill_tokens")
+        return cls(True, cached, prefill, cached_prompt_share(cached, prefill))
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +321,7 @@ class JobRow:
     capped: bool
     """A quota holds the job's items back now, on some instance."""
     tokens: dict[str, int]
-    """received, queued, routed, completed, failed, padded."""
+    """received, queued, routed, completed, failed, padded, cached_prompt, prefill."""
     padding_waste: float | None
 
 
@@ -308,8 +338,13 @@ class Rates:
 @dataclass(frozen=True, slots=True)
 class IngestState:
     state: Literal["flowing", "paused", "stalled"]
+    """stalled: some ingest partitions have no live owner (all of them when no processor is live)."""
     uncommitted_messages: int | None
     messages: int
+    stalled_partitions: int = 0
+    """Ingest partitions whose last owner is STALE and that no live instance holds yet."""
+    partitions: int = 0
+    """The ingest topic's partitions, as the checkpoints count them (0: none checkpointed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +367,7 @@ class StatusReport:
     lanes: LaneFigures
     padding_waste: float | None
     cache_hit_rate: float | None
+    prompts: PromptFigures
     processors: list[ProcessorRow]
     retired_processors: list[str]
     consumers: list[ConsumerRow]
@@ -356,7 +392,7 @@ def _age(now_ms: int, then_ms: int) -> float | None:
     return max(0.0, (now_ms - then_ms) / 1000) if then_ms > 0 else None
 
 
-def _live(view: StatusView, stale_s: float) -> dict[str, LedgerSnapshotRecord]:
+def live_instances(view: StatusView, stale_s: float = DEFAULT_STALE_S) -> dict[str, LedgerSnapshotRecord]:
     """The instances that checkpointed within ``stale_s`` and are not retired."""
     return {
         name: cp
@@ -369,7 +405,7 @@ def consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> Co
     """One consumer. Its gauges (batches in flight, slots) are the live instances' only: a stale
     instance's last checkpoint still claims batches that another instance may have adopted since."""
     now = view.read_ms
-    live = _live(view, stale_s)
+    live = live_instances(view, stale_s)
 
     def gauge(key: str) -> int:
         return sum(cp.per_consumer.get(name, {}).get(key, 0) for cp in live.values())
@@ -378,11 +414,17 @@ def consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> Co
     last_completion = max((cp.per_consumer.get(name, {}).get("last_completion_ms", 0)
                            for cp in view.checkpoints.values()), default=0)  # fmt: skip
     announced = view.announced_ms.get(name, 0)
+    # Read apart (group offsets, then the topic), so a batch may be counted both unread and not yet
+    # in flight: the processor never has more than the contract's limit out, so neither is shown.
+    unread = None if facts.unread is None else min(facts.unread, c.max_inflight)
+    waiting_for_it = gauge("in_flight_batches") > 0 or bool(unread)
+    answered = _age(now, max(last_completion, announced))  # the announcement starts the clock
+    state: Literal["up", "silent", "down", "stale"]
     if facts.members:
-        state: Literal["up", "down", "stale"] = "up"
-        seen: float | None = 0.0
+        silent = waiting_for_it and answered is not None and answered > stale_s
+        state, seen = ("silent", answered) if silent else ("up", 0.0)
     else:
-        seen = _age(now, max(last_completion, announced))
+        seen = answered
         state = "down" if seen is not None and seen <= stale_s else "stale"
     total = view.consumer_total
     batches, oversized = total(name, "batches"), total(name, "oversized")
@@ -404,7 +446,7 @@ def consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> Co
         announced_age_s=_age(now, announced),
         contract=ContractTerms(c.batching, c.budget_tokens, c.max_items, c.pad_multiple, c.max_inflight),
         in_flight_batches=gauge("in_flight_batches"),
-        unread_batches=facts.unread,
+        unread_batches=unread,
         slots=slots,
         routed_tokens=routed,
         completed_tokens=total(name, "completed_tokens"),
@@ -415,6 +457,7 @@ def consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> Co
         budget_fill=None if fill is None else min(1.0, fill),
         cache_hit_rate=ratio(total(name, "cache_hits"), total(name, "cache_lookups")),
         shape_switches=gauge("shape_switches"),
+        prompts=PromptFigures.of(view, lambda key: total(name, key)),
     )
 
 
@@ -431,7 +474,7 @@ def _unserved(view: StatusView, consumers: list[ConsumerRow]) -> list[UnservedMo
     return out
 
 
-JOB_STAGES = ("received", "queued", "routed", "completed", "failed", "padded")
+JOB_STAGES = ("received", "queued", "routed", "completed", "failed", "padded", "cached_prompt", "prefill")
 
 
 def _jobs(view: StatusView) -> list[JobRow]:
@@ -457,22 +500,32 @@ def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_
     """Judge ``view``: stale instances and consumers, what nobody can take, the ratios."""
     t = view.total
     now = view.read_ms
+    live_by_name = live_instances(view, stale_s)
+    live = list(live_by_name.values())
+    partitions = max((cp.counters.get("ingest_partitions", 0) for cp in view.checkpoints.values()), default=0)
+    unowned = max(0, partitions - sum(cp.counters.get("owned_partitions", 0) for cp in live))
     processors, retired = [], []
     for name, cp in sorted(view.checkpoints.items()):
         if view.retired(name):
             retired.append(name)
             continue
         age = max(0.0, (now - cp.taken_ms) / 1000)
+        owned = cp.counters.get("owned_partitions", 0)
+        held = owned
+        if name not in live_by_name:  # what it claimed and nobody live holds: each counted once
+            held = min(owned, unowned)
+            unowned -= held
         processors.append(
             ProcessorRow(
                 name,
-                "live" if age <= stale_s else "stale",
+                "live" if name in live_by_name else "stale",
                 age,
-                cp.counters.get("owned_partitions", 0),
+                held,
                 cp.counters.get("ingest_partitions", 0),
+                owned - held,
             )
         )
-    live = list(_live(view, stale_s).values())
+    stalled = sum(p.owned_partitions for p in processors if p.state == "stale")
     consumers = [consumer_row(view, n, c, stale_s) for n, c in sorted(view.contracts.items())]
     ledger = {
         stage: Tally(view.held(f"{stage}_items"), view.held(f"{stage}_tokens"))
@@ -484,7 +537,7 @@ def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_
     real = sum(view.consumer_total(c, "routed_tokens") for c in view.contracts)
     in_use = sum(cp.counters.get("lanes_in_use", 0) for cp in live)
     capacity = sum(cp.counters.get("shapes", 0) * cp.counters.get("lane_budget", 0) for cp in live)
-    if not live:
+    if not live or stalled:
         ingest_state: Literal["flowing", "paused", "stalled"] = "stalled"
     elif any(cp.counters.get("ingest_paused", 0) for cp in live):
         ingest_state = "paused"
@@ -496,13 +549,20 @@ def report(view: StatusView, topics: TopicNames, stale_s: float = DEFAULT_STALE_
         stale_after_s=stale_s,
         ledger=ledger,
         dead_lettered_items=t("dead_lettered_items"),
-        ingest=IngestState(ingest_state, view.ingest_lag, view.ingest_end),
+        ingest=IngestState(
+            ingest_state,
+            view.ingest_lag,
+            view.ingest_end,
+            partitions if not live else stalled,
+            partitions,
+        ),
         lanes=LaneFigures(in_use, ratio(in_use, capacity), sum(r.shape_switches for r in consumers)),
         padding_waste=padding_waste(real, padded),
         cache_hit_rate=ratio(
             sum(view.consumer_total(c, "cache_hits") for c in view.contracts),
             sum(view.consumer_total(c, "cache_lookups") for c in view.contracts),
         ),
+        prompts=PromptFigures.of(view, t),
         processors=processors,
         retired_processors=retired,
         consumers=consumers,

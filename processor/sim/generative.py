@@ -72,15 +72,17 @@ def prefix_ids(shape: int, count: int) -> list[int]:
     return [rng.randrange(FIRST_PIECE, VOCAB_SIZE) for _ in range(count)]
 
 
-def generative_tokens(row: TemplatedRow) -> bytes:
+def generative_tokens(row: TemplatedRow, salt: int = 0) -> bytes:
     """``[CLS]`` + the shape's prefix ids + the row's user ids + ``[SEP]``, little-endian uint32.
 
-    Invariant: ``len(result) // 4 == row.record.length`` (``2 + prefix + user``).
+    ``salt`` draws other ids for the same lengths and sharing: two runs against one long-lived
+    server (``demo --endpoint``) salt theirs apart, so the second finds nothing of the first in the
+    server's cache. Invariant: ``len(result) // 4 == row.record.length`` (``2 + prefix + user``).
     """
     prefix = row.record.length - 2 - row.user_tokens
-    rng = random.Random(xxhash.xxh3_64_intdigest(row.record.id.encode("utf-8")))
+    rng = random.Random(xxhash.xxh3_64_intdigest(row.record.id.encode("utf-8"), seed=salt))
     user = [rng.randrange(FIRST_PIECE, VOCAB_SIZE) for _ in range(row.user_tokens)]
-    ids = [CLS_ID, *prefix_ids(row.record.shape, prefix), *user, SEP_ID]
+    ids = [CLS_ID, *prefix_ids(row.record.shape ^ salt, prefix), *user, SEP_ID]
     return struct.pack(f"<{len(ids)}I", *ids)
 
 

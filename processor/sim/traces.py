@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from operator import attrgetter
 from pathlib import Path
 
+from processor.core.measures import percentile
 from processor.sim.traceformats import (
     TraceError,
     TraceRecord,
@@ -224,14 +225,6 @@ def read_shipped(
     )
 
 
-def _percentile(ordered: list[int], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), so figures match the traces' README."""
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def trace_stats(records: Iterable[TraceRecord]) -> dict[str, int | float | None]:
     """Summary figures for reports: ``items``, ``tokens`` (prompt), ``shapes`` and ``models`` (distinct),
     ``min_length``, ``median_length``, ``p99_length``, ``max_length`` and ``span_ms`` (last - first
@@ -250,8 +243,8 @@ def trace_stats(records: Iterable[TraceRecord]) -> dict[str, int | float | None]
         "shapes": len({r.shape for r in recs}),
         "models": len({r.model for r in recs}),
         "min_length": lengths[0],
-        "median_length": _percentile(lengths, 0.5),
-        "p99_length": _percentile(lengths, 0.99),
+        "median_length": percentile(lengths, 0.5),
+        "p99_length": percentile(lengths, 0.99),
         "max_length": lengths[-1],
         "span_ms": max(times) - min(times),
     }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ from processor.state.ingest import IngestItem
 from processor.state.restore import OnWaiting, RestoredState
 from processor.state.results import ResultsCursor
 from processor.wire.records import LedgerSnapshotRecord
+
+arrival_of = operator.attrgetter("arrival_ms")
 
 log = logging.getLogger("tokenfabric.processor")
 
@@ -148,13 +151,18 @@ class PartitionHandover:
 
         adopted: list[IngestItem] = []
 
-        def waiting(ref: tuple[int, int], home: int, head: Any) -> None:
-            item = IngestItem.from_head(head, now, *ref)
+        def waiting(ref: tuple[int, int], home: int, head: Any, timestamp_ms: int) -> None:
+            # its first arrival, not this restore: waiting ages (and the alert on them) go on across
+            # restarts and handovers. The core's clock is epoch ms; a timestamp ahead of it (a producer
+            # whose clock runs fast) or missing (<= 0) counts as now.
+            arrival = timestamp_ms if 0 < timestamp_ms < now else now
+            item = IngestItem.from_head(head, arrival, *ref)
             committer.adopt(item, home)
             adopted.append(item)
 
         state = ctx.restore(partitions, contracts, waiting)
-        ctx.core.adopt_waiting_many(adopted, [now] * len(adopted))  # in one pass, in restore order
+        adopted.sort(key=arrival_of)  # the core's arrival order is its queue's: oldest first
+        ctx.core.adopt_waiting_many(adopted, [it.arrival_ms for it in adopted])  # in one pass
         committer.adopt_waiting(state.changelog)
         rewind: dict[int, int] = {}
         for batch_id, entry in state.changelog.batches.items():

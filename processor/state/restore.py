@@ -84,7 +84,9 @@ def committed_offsets(
         consumer.close()
 
 
-OnWaiting = Callable[[tuple[int, int], int, ItemHead], None]
+OnWaiting = Callable[[tuple[int, int], int, ItemHead, int], None]
+"""``(ref, home, head, timestamp_ms)``: a waiting item, and its ingest message's Kafka timestamp (when
+it was produced, or appended: the topic's ``message.timestamp.type``)."""
 
 
 def restore(
@@ -105,10 +107,11 @@ def restore(
     changelog read then sees exactly the records that committed with those offsets.
 
     ``on_contracts`` gets the contracts before any item is read, and ``on_waiting`` each waiting
-    item (its ref, home and head) as its message arrives: the caller fills its lanes while the next
-    fetches are in flight, instead of after the last one (the reading loop waits on fetches for about
-    as long as it works; docs/benchmarks.md, "Restore"). A restored message is validated again, as
-    it was when first consumed: a topic recreated under the same name is refused, not adopted.
+    item (its ref, home, head and message timestamp) as its message arrives: the caller fills its
+    lanes while the next fetches are in flight, instead of after the last one (the reading loop waits
+    on fetches for about as long as it works; docs/benchmarks.md, "Restore"). A restored message is
+    validated again, as it was when first consumed: a topic recreated under the same name is refused,
+    not adopted.
     """
     started = time.monotonic()
     committed = committed_offsets(conf, topics.ingest, group, clients)
@@ -144,7 +147,7 @@ def restore(
                 home = waiting.get(ref)
                 if home is not None:
                     head = decode_item_head(msg.value())
-                    on_waiting(ref, home, head)
+                    on_waiting(ref, home, head, msg.timestamp()[1])
                     found(ref)
                     if ref in wanted:
                         records[ref] = head

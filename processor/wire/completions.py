@@ -2,7 +2,8 @@
 
 ``CompletionBatch`` (one message per batch, the default) is written by hand: splitting one that is
 too large for a Kafka message needs each item's exact encoded size (``encode_completion_batches``).
-``decode_completions`` reads either form into one list of completions.
+``decode_completions`` reads either form into one list of completions, also messages written
+before ``cached_tokens`` existed (``COMPLETION_FIELDS_ADDED``: they read with 0 there).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 from processor.wire.avro import encode_bytes, encode_int, encode_long, encode_str
 from processor.wire.errors import DecodeError
-from processor.wire.fastavro_io import check_ints, fastavro_decode, fastavro_encode
+from processor.wire.fastavro_io import PreviousSchema, check_ints, fastavro_decode, fastavro_encode
 from processor.wire.records import STATUSES, CompletionBatchRecord, CompletionRecord, ItemOutcomeRecord
 from processor.wire.schemas import COMPLETION_BATCH_HEADER, HEADER_SIZE, PARSED, as_bytes
 
@@ -23,7 +24,20 @@ def encode_completion(rec: CompletionRecord) -> bytes:
 
 
 def decode_completion(value: bytes | bytearray | memoryview | None) -> CompletionRecord:
+    """A ``Completion``, also one written before ``cached_tokens`` (``PREVIOUS_COMPLETION_HEADER``)."""
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] == PREVIOUS_COMPLETION.header:
+        return CompletionRecord(**PREVIOUS_COMPLETION.decode(value))
     return CompletionRecord(**fastavro_decode(value, "Completion"))
+
+
+#: Fields ``Completion`` and ``CompletionBatch`` (in its items) gained with measured cache use.
+COMPLETION_FIELDS_ADDED = ("cached_tokens",)
+PREVIOUS_COMPLETION = PreviousSchema("Completion", COMPLETION_FIELDS_ADDED)
+PREVIOUS_COMPLETION_BATCH = PreviousSchema("CompletionBatch", COMPLETION_FIELDS_ADDED)
+#: The headers of completions written before ``cached_tokens`` (they read with ``cached_tokens=0``).
+PREVIOUS_COMPLETION_HEADER = PREVIOUS_COMPLETION.header
+PREVIOUS_COMPLETION_BATCH_HEADER = PREVIOUS_COMPLETION_BATCH.header
 
 
 _COMPLETION_FIELDS = tuple(f["name"] for f in PARSED["Completion"]["fields"])
@@ -41,6 +55,7 @@ def _outcome_body(o: ItemOutcomeRecord) -> bytes:
             encode_str(o.item_id),
             status,
             b"\x01" if o.cache_hit else b"\x00",
+            encode_int(o.cached_tokens, "cached_tokens"),
             encode_str(o.job_id),
             b"\x00" if o.reason is None else b"\x02" + encode_str(o.reason),
             encode_int(o.input_tokens, "input_tokens"),
@@ -102,8 +117,14 @@ def encode_completion_batches(rec: CompletionBatchRecord, max_bytes: int) -> lis
 
 
 def decode_completion_batch(value: bytes | bytearray | memoryview | None) -> CompletionBatchRecord:
-    """A ``CompletionBatch`` (reference decoder, fastavro); the item ints are range-checked too."""
-    d = fastavro_decode(value, "CompletionBatch")
+    """A ``CompletionBatch`` (reference decoder, fastavro); the item ints are range-checked too.
+
+    One written before ``cached_tokens`` (``PREVIOUS_COMPLETION_BATCH_HEADER``) reads with 0 there."""
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] == PREVIOUS_COMPLETION_BATCH.header:
+        d = PREVIOUS_COMPLETION_BATCH.decode(value)
+    else:
+        d = fastavro_decode(value, "CompletionBatch")
     try:
         for o in d["items"]:
             check_ints("ItemOutcome", o)
@@ -120,6 +141,6 @@ def decode_completions(value: bytes | bytearray | memoryview | None) -> list[Com
     header tells them apart). Raises :class:`DecodeError` for anything else.
     """
     value = as_bytes(value)
-    if value[:HEADER_SIZE] == COMPLETION_BATCH_HEADER:
+    if value[:HEADER_SIZE] in (COMPLETION_BATCH_HEADER, PREVIOUS_COMPLETION_BATCH.header):
         return decode_completion_batch(value).completions()
     return [decode_completion(value)]

@@ -1,36 +1,21 @@
 """The control records: consumer contracts, ledger snapshots, dead letters, and ``decode_any``.
 
 Contracts written by an older consumer (before ``CONTRACT_FIELDS_ADDED``) are still read, under
-``PREVIOUS_CONTRACT_HEADER``.
+``PREVIOUS_CONTRACT_HEADER``, and dead letters written before ``detail`` under
+``PREVIOUS_DEAD_LETTER_HEADER`` (:class:`~processor.wire.fastavro_io.PreviousSchema`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable
-from typing import Any, cast
-
-import fastavro
-from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from processor.core.contract import Contract
 from processor.wire.completions import decode_completion, decode_completion_batch
 from processor.wire.errors import DecodeError
-from processor.wire.fastavro_io import FASTAVRO_ERRORS, check_ints, fastavro_decode, fastavro_encode
+from processor.wire.fastavro_io import PreviousSchema, fastavro_decode, fastavro_encode
 from processor.wire.items import decode_batch, decode_token_item
 from processor.wire.records import ContractRecord, DeadLetterRecord, LedgerSnapshotRecord
-from processor.wire.schemas import (
-    HEADER_SIZE,
-    MAGIC,
-    NAME_BY_FP_BYTES,
-    PARSED,
-    as_bytes,
-    finish,
-    rabin_fingerprint,
-    schema_dir,
-    schema_of,
-)
+from processor.wire.schemas import HEADER_SIZE, as_bytes, schema_of
 
 
 def encode_contract(rec: ContractRecord) -> bytes:
@@ -73,36 +58,9 @@ def decode_contract(value: bytes | bytearray | memoryview | None) -> ContractRec
     return ContractRecord(contract, announced_ms)
 
 
-class _Previous:
-    """A record's schema before it gained ``added`` fields (each with a default): still read, never
-    written. Its header is registered, so ``schema_of`` names the record, and :meth:`decode` resolves
-    a message written with it to the current schema, Avro filling the defaults."""
-
-    def __init__(self, name: str, added: tuple[str, ...]) -> None:
-        self.name = name
-        raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
-        raw["fields"] = [f for f in raw["fields"] if f["name"] not in added]
-        self.schema = parse_schema(raw, {}, expand=True)
-        fingerprint = rabin_fingerprint(to_parsing_canonical_form(self.schema).encode())
-        self.header = MAGIC + fingerprint.to_bytes(8, "little")
-        NAME_BY_FP_BYTES[self.header[2:]] = name
-
-    def decode(self, value: bytes) -> dict[str, Any]:
-        stream = io.BytesIO(value)
-        stream.seek(HEADER_SIZE)
-        try:
-            reader = PARSED[self.name]
-            record = cast(dict[str, Any], fastavro.schemaless_reader(stream, self.schema, reader, False))
-            check_ints(self.name, record)
-        except FASTAVRO_ERRORS as exc:
-            raise DecodeError("avro-decode", f"malformed {self.name}: {type(exc).__name__}: {exc}") from None
-        finish(value, stream.tell(), self.name)
-        return record
-
-
 #: Fields ``ConsumerContract`` gained with batching modes; without them it is the previous schema.
 CONTRACT_FIELDS_ADDED = ("batching", "memory_bytes", "kv_bytes_per_token", "default_output_tokens")
-_PREVIOUS_CONTRACT = _Previous("ConsumerContract", CONTRACT_FIELDS_ADDED)
+_PREVIOUS_CONTRACT = PreviousSchema("ConsumerContract", CONTRACT_FIELDS_ADDED)
 #: The single-object header of announcements written with the previous ConsumerContract schema.
 PREVIOUS_CONTRACT_HEADER = _PREVIOUS_CONTRACT.header
 
@@ -112,7 +70,7 @@ within the processor's dedupe window (docs/producers.md). Not a ``DecodeError``:
 
 #: ``DeadLetter`` gained ``detail`` when ``reason`` became the short code alone.
 DEAD_LETTER_FIELDS_ADDED = ("detail",)
-_PREVIOUS_DEAD_LETTER = _Previous("DeadLetter", DEAD_LETTER_FIELDS_ADDED)
+_PREVIOUS_DEAD_LETTER = PreviousSchema("DeadLetter", DEAD_LETTER_FIELDS_ADDED)
 #: The header of dead letters written before ``detail`` (their ``reason`` reads "code: detail").
 PREVIOUS_DEAD_LETTER_HEADER = _PREVIOUS_DEAD_LETTER.header
 

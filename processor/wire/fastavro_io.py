@@ -3,22 +3,43 @@
 Contracts, ledger snapshots, dead letters and single completions go through fastavro's schemaless
 reader and writer, with the int and long ranges checked that fastavro leaves unchecked.
 ``decode_token_item_fastavro`` is the reference the hand-written item decoder is tested against.
+
+A record's previous writer schema (:class:`PreviousSchema`) is read here too. When a record gains
+fields (each with a default), its canonical form and so its fingerprint change; messages already on
+the topics, and messages from writers not yet upgraded, carry the old header. ``PreviousSchema``
+registers that header (so ``schema_of`` names the record) and resolves a message written with it to
+the current schema, Avro filling the new fields' defaults. Readers must be upgraded before writers:
+an old reader does not know the new header.
 """
 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Mapping
 from typing import Any, cast
 
 import fastavro
+from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from processor.core.signature import to_unsigned
 from processor.wire.avro import INT_MAX, INT_MIN, LONG_MAX, LONG_MIN
 from processor.wire.errors import DecodeError
 from processor.wire.items import new_item_record
 from processor.wire.records import TokenItemRecord, check_item
-from processor.wire.schemas import HEADER_SIZE, HEADERS, PARSED, RECORD_NAMES, as_bytes, check_header, finish
+from processor.wire.schemas import (
+    HEADER_SIZE,
+    HEADERS,
+    MAGIC,
+    NAME_BY_FP_BYTES,
+    PARSED,
+    RECORD_NAMES,
+    as_bytes,
+    check_header,
+    finish,
+    rabin_fingerprint,
+    schema_dir,
+)
 
 # What fastavro (and our int-range checks) raise on a malformed body. Hypothesis tests feed random
 # bytes through every decoder to keep this list complete.
@@ -94,3 +115,61 @@ def decode_token_item_fastavro(value: bytes | bytearray | memoryview | None) -> 
     )
     check_item(rec)
     return rec
+
+
+class PreviousSchema:
+    """``name``'s schema before it gained the fields named in ``added``.
+
+    A name in ``added`` is removed from every record of the schema, nested ones included
+    (``CompletionBatch`` gained ``cached_tokens`` in its ``ItemOutcome`` items), so the names must
+    be new everywhere in the record.
+    """
+
+    def __init__(self, name: str, added: tuple[str, ...]) -> None:
+        self.name = name
+        raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
+        self.schema = parse_schema(_without(raw, frozenset(added)), {}, expand=True)
+        fingerprint = rabin_fingerprint(to_parsing_canonical_form(self.schema).encode())
+        self.header = MAGIC + fingerprint.to_bytes(8, "little")
+        NAME_BY_FP_BYTES[self.header[2:]] = name
+
+    def decode(self, value: bytes) -> dict[str, Any]:
+        """The record in ``value`` (whose header is :attr:`header`) as the current schema reads it."""
+        stream = io.BytesIO(value)
+        stream.seek(HEADER_SIZE)
+        try:
+            reader = PARSED[self.name]
+            record = cast(dict[str, Any], fastavro.schemaless_reader(stream, self.schema, reader, False))
+            check_ints(self.name, record)
+        except FASTAVRO_ERRORS as exc:
+            raise DecodeError("avro-decode", f"malformed {self.name}: {type(exc).__name__}: {exc}") from None
+        finish(value, stream.tell(), self.name)
+        return record
+
+    def encode(self, record: dict[str, Any]) -> bytes:
+        """``record`` written with the previous schema, as a writer not yet upgraded writes it (tests,
+        golden messages); fields the previous schema lacks are ignored."""
+        stream = io.BytesIO()
+        stream.write(self.header)
+        fastavro.schemaless_writer(stream, self.schema, record)
+        return stream.getvalue()
+
+
+def _without(schema: Any, added: frozenset[str]) -> Any:
+    """``schema`` (parsed JSON) with the fields named in ``added`` removed from every record in it."""
+    if isinstance(schema, list):
+        return [_without(branch, added) for branch in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if out.get("type") == "record":
+        out["fields"] = [
+            {**f, "type": _without(f["type"], added)} for f in out["fields"] if f["name"] not in added
+        ]
+    elif out.get("type") == "array":
+        out["items"] = _without(out["items"], added)
+    elif out.get("type") == "map":
+        out["values"] = _without(out["values"], added)
+    elif isinstance(out.get("type"), (dict, list)):
+        out["type"] = _without(out["type"], added)
+    return out

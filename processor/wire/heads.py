@@ -27,6 +27,7 @@ from processor.wire.avro import (
     read_str,
     read_union_index,
 )
+from processor.wire.completions import PREVIOUS_COMPLETION_BATCH_HEADER, PREVIOUS_COMPLETION_HEADER
 from processor.wire.errors import MALFORMED, DecodeError, Malformed
 from processor.wire.items import read_batch_lead, read_item_lead, read_item_rest
 from processor.wire.records import STATUSES, item_problem
@@ -87,6 +88,8 @@ class CompletionHead(NamedTuple):
     consumer: str
     ok: bool
     cache_hit: bool
+    cached_tokens: int = 0
+    """Prompt tokens served from the engine's prefix cache; 0 in a message written before the field."""
 
 
 def _model(raw: bytes) -> str:
@@ -300,16 +303,38 @@ def _read_completion_lead(buf: bytes) -> tuple[str, str, str, int, int]:
 
 
 def _completion_head(value: bytes) -> CompletionHead:
-    """:func:`decode_completion_head` of a message whose header is Completion's."""
+    """:func:`decode_completion_head` of a message whose header is Completion's (or its previous one's).
+
+    ``cache_hit``, the last field, is the last byte. ``cached_tokens``, the field before it, is the
+    varint that ends just before that byte; it is found by walking back over its continuation bytes
+    (at most five for an int). In a message written before ``cached_tokens`` it is 0.
+    """
     try:
         item_id, batch_id, consumer, status, pos = _read_completion_lead(value)
         flag = value[-1]
-        # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3), flag (1)
-        if flag > 1 or len(value) - pos < 9:
+        previous = value[:HEADER_SIZE] == PREVIOUS_COMPLETION_HEADER
+        # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3),
+        # cached_tokens (1, not in the previous schema), flag (1)
+        if flag > 1 or len(value) - pos < (9 if previous else 10):
             raise Malformed("the record does not end in a boolean")
+        cached = 0 if previous else _int_before(value, len(value) - 1, pos)
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
-    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
+    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1, cached)
+
+
+def _int_before(buf: bytes, end: int, floor: int) -> int:
+    """The Avro int whose varint ends at ``end`` (exclusive): its last byte is under 0x80, the bytes
+    before it that belong to it are 0x80 or more (at most four of them), none before ``floor``."""
+    start = end - 1
+    while start > floor and end - start < 5 and buf[start - 1] >= 0x80:
+        start -= 1
+    if start > floor and buf[start - 1] >= 0x80:
+        raise Malformed(f"an over-long varint ends at offset {end}")
+    value, pos = read_int(buf, start)
+    if pos != end:
+        raise Malformed(f"no int ends at offset {end}")
+    return value
 
 
 def decode_completion_head(value: bytes | bytearray | memoryview | None) -> CompletionHead:
@@ -321,7 +346,7 @@ def decode_completion_head(value: bytes | bytearray | memoryview | None) -> Comp
     every completion in full. :func:`decode_completion_head_strict` checks the whole record (tests).
     """
     value = as_bytes(value)
-    if value[:HEADER_SIZE] != _COMPLETION:
+    if value[:HEADER_SIZE] not in _COMPLETION_HEADERS:
         check_header(value, "Completion")
     return _completion_head(value)
 
@@ -329,7 +354,7 @@ def decode_completion_head(value: bytes | bytearray | memoryview | None) -> Comp
 def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) -> CompletionHead:
     """:func:`decode_completion_head`, checking every field of the record on the way."""
     value = as_bytes(value)
-    if value[:HEADER_SIZE] != _COMPLETION:
+    if value[:HEADER_SIZE] not in _COMPLETION_HEADERS:
         check_header(value, "Completion")
     try:
         buf = value
@@ -340,6 +365,9 @@ def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) 
         pos = _skip_bytes(buf, pos)
         for _field in ("queued_ms", "engine_ms", "completed_ms"):
             _n, pos = read_long(buf, pos)
+        cached = 0
+        if value[:HEADER_SIZE] != PREVIOUS_COMPLETION_HEADER:
+            cached, pos = read_int(buf, pos)
         flag = buf[pos]
         if flag > 1:
             raise Malformed(f"boolean byte {flag}")
@@ -347,19 +375,22 @@ def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) 
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
     finish(value, pos, "Completion")
-    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1)
+    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1, cached)
 
 
 class CompletionsHead(NamedTuple):
     """What the processor applies a results message with, whichever form it has.
 
     ``items`` holds ``(item_id, ok, cache_hit)`` per item: plain tuples, measured cheaper to build
-    and unpack than one :class:`CompletionHead` per item (docs/wire-format.md).
+    and unpack than one :class:`CompletionHead` per item (docs/wire-format.md). ``cached_tokens``
+    holds each item's ``cached_tokens``, in the same order (0 in messages written before the field):
+    a list of its own, so the tuples keep the shape the core's ``items_done`` takes.
     """
 
     batch_id: str
     consumer: str
     items: list[tuple[str, bool, bool]]
+    cached_tokens: list[int]
 
 
 def decode_completions_head(value: bytes | bytearray | memoryview | None) -> CompletionsHead:
@@ -372,17 +403,22 @@ def decode_completions_head(value: bytes | bytearray | memoryview | None) -> Com
     """
     value = as_bytes(value)
     header = value[:HEADER_SIZE]
-    if header == _COMPLETION_BATCH:
+    if header in (_COMPLETION_BATCH, PREVIOUS_COMPLETION_BATCH_HEADER):
         try:
-            head, pos = _read_batch_head(value)
+            head, pos = _read_batch_head(value, header == _COMPLETION_BATCH)
         except MALFORMED as exc:
             raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
         finish(value, pos, "CompletionBatch")
         return head
-    if header != _COMPLETION:
+    if header not in _COMPLETION_HEADERS:
         check_header(value, "Completion")
     one = _completion_head(value)
-    return CompletionsHead(one.batch_id, one.consumer, [(one.item_id, one.ok, one.cache_hit)])
+    return CompletionsHead(
+        one.batch_id, one.consumer, [(one.item_id, one.ok, one.cache_hit)], [one.cached_tokens]
+    )
+
+
+_COMPLETION_HEADERS = (_COMPLETION, PREVIOUS_COMPLETION_HEADER)
 
 
 # The usual one-byte encodings, tested before calling a reader: a function call per field is most
@@ -391,7 +427,8 @@ def decode_completions_head(value: bytes | bytearray | memoryview | None) -> Com
 _STATUS_BYTE = {2 * i: i for i in range(len(STATUSES))}
 
 
-def _read_batch_head(buf: bytes) -> tuple[CompletionsHead, int]:
+def _read_batch_head(buf: bytes, with_cached: bool) -> tuple[CompletionsHead, int]:
+    """The head of a CompletionBatch; ``with_cached`` False for one written before ``cached_tokens``."""
     batch_id, pos = read_str(buf, HEADER_SIZE)
     consumer, pos = read_str(buf, pos)
     _name, pos = read_str(buf, pos)
@@ -400,6 +437,7 @@ def _read_batch_head(buf: bytes) -> tuple[CompletionsHead, int]:
     _completed_ms, pos = read_long(buf, pos)
     items: list[tuple[str, bool, bool]] = []
     append = items.append
+    cached: list[int] = []
     count, pos = read_block_count(buf, pos)
     while count:
         for _ in range(count):
@@ -413,13 +451,22 @@ def _read_batch_head(buf: bytes) -> tuple[CompletionsHead, int]:
             if flag > 1:
                 raise Malformed(f"boolean byte {flag}")
             append((item_id, status == 0, flag == 1))
-            pos = _skip_outcome_rest(buf, pos + 1)
+            pos += 1
+            if not with_cached:
+                cached.append(0)
+            elif buf[pos] < 0x80:  # cached_tokens: one byte up to 63
+                cached.append((buf[pos] >> 1) ^ -(buf[pos] & 1))
+                pos += 1
+            else:
+                n, pos = read_int(buf, pos)
+                cached.append(n)
+            pos = _skip_outcome_rest(buf, pos)
         count, pos = read_block_count(buf, pos)
-    return CompletionsHead(batch_id, consumer, items), pos
+    return CompletionsHead(batch_id, consumer, items, cached), pos
 
 
 def _skip_outcome_rest(buf: bytes, pos: int) -> int:
-    """Past an ItemOutcome's fields after ``cache_hit``: job_id, reason, two ints, output, queued_ms."""
+    """Past an ItemOutcome's fields after ``cached_tokens``: job_id, reason, two ints, output, queued_ms."""
     if buf[pos] == 0:  # no job_id
         pos += 1
     else:

@@ -101,6 +101,8 @@ class CompletionRecord:
     queued_ms: int = 0
     engine_ms: int = 0
     completed_ms: int
+    cached_tokens: int = 0
+    """Prompt tokens the server served from its prefix cache (``Completion.cached_tokens``)."""
     cache_hit: bool = False
 
 
@@ -111,6 +113,7 @@ class ItemOutcomeRecord:
     item_id: str
     status: Status
     cache_hit: bool = False
+    cached_tokens: int = 0
     job_id: str = ""
     reason: str | None = None
     input_tokens: int

@@ -10,12 +10,13 @@ from confluent_kafka import Message
 
 from processor.apps.consumer import ConsumerApp
 from processor.core.signature import shape_signature
+from processor.engines.base import Engine, ItemResult
 from processor.engines.sim import SimEngine
 from processor.kafka.topics import TopicNames
 from processor.sim.cardmodel import CardSpec
 from processor.wire.completions import decode_completions
 from processor.wire.items import encode_batch
-from processor.wire.records import CompletionForm
+from processor.wire.records import BatchRecord, CompletionForm
 from processor.wire.schemas import schema_of
 from tests.apps.helpers import card_contract, outgoing_batch, token_record
 
@@ -82,3 +83,42 @@ def test_the_consumer_app_refuses_an_unknown_completions_form() -> None:
     engine = SimEngine(CardSpec(), time_scale=0.0)
     with pytest.raises(ValueError, match="completions must be one of batch, item, got 'each'"):
         ConsumerApp({}, TopicNames("unit"), card_contract(), engine, completions=cast(Any, "each"))
+
+
+class _ReportingEngine(Engine):
+    """Reports cached prompt tokens as a generation server would: some too many, one item failed."""
+
+    name = "reporting"
+
+    def __init__(self, cached: list[int], failed: int) -> None:
+        self.cached, self.failed = cached, failed
+
+    def run(self, batch: BatchRecord) -> list[ItemResult]:
+        return [
+            ItemResult(it.item_id, "failed", b"", 0, "boom", False, n)
+            if i == self.failed
+            else ItemResult(it.item_id, "ok", b"out", 2, None, False, n)
+            for i, (it, n) in enumerate(zip(batch.items, self.cached, strict=True))
+        ]
+
+
+def test_the_consumer_app_writes_each_items_cached_tokens_held_to_its_prompt() -> None:
+    """cached_tokens is the engine's count held to [0, the item's tokens], 0 unless ok; cache_hit
+    follows it for old readers; the app's stats count the cached tokens of ok items."""
+    app = ConsumerApp({}, TopicNames("unit"), card_contract("card-a"), _ReportingEngine([0, 5, 99, -3, 7], 4))
+    kept = _KeptProducer()
+    app._producer = cast(Any, kept)
+    records = [token_record(f"item-{n}", 10, shape_signature(["s"])) for n in range(5)]
+    app.handle(
+        cast(Message, _BatchMessage(encode_batch(outgoing_batch("b-1", "card-a", records, padded_length=16))))
+    )
+    done = [c for _topic, _key, value in kept.sent for c in decode_completions(value)]
+    assert [(c.cached_tokens, c.cache_hit) for c in done] == [
+        (0, False),
+        (5, True),
+        (10, True),
+        (0, False),
+        (0, False),
+    ]
+    assert [c.status for c in done] == ["ok", "ok", "ok", "ok", "failed"]
+    assert app.stats.cached_prompt_tokens == 15

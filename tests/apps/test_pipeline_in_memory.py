@@ -10,10 +10,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.apps.consumer import ConsumerApp, ConsumerAppError, retire
-from processor.engines.base import make_engine
+from processor.engines.base import Engine, ItemResult, make_engine
 from processor.kafka.memory import error
 from processor.wire.completions import decode_completions
-from tests.apps.service_rig import CARD, Pipeline, contract
+from processor.wire.records import BatchRecord
+from tests.apps.service_rig import CARD, MODEL, Pipeline, contract
 
 
 @pytest.fixture
@@ -90,3 +91,35 @@ def test_a_consumer_that_cannot_reach_kafka_says_so_in_one_line(p: Pipeline) -> 
     p.mk.fail_next("list_topics", error(KafkaError._TRANSPORT, "connection refused"))
     with pytest.raises(ConsumerAppError, match=r"cannot reach Kafka at \? within"):
         app(p).ensure_topic(timeout_s=0.1)
+
+
+class _CachingEngine(Engine):
+    """Serves all but the last prompt token of every item from its "cache"."""
+
+    name = "caching"
+
+    def run(self, batch: BatchRecord) -> list[ItemResult]:
+        return [ItemResult(it.item_id, "ok", b"x", 1, None, True, it.token_count - 1) for it in batch.items]
+
+
+@pytest.mark.parametrize("form", ["batch", "item"])
+def test_the_ledger_counts_the_prompt_tokens_the_consumers_report_cached(p: Pipeline, form: str) -> None:
+    svc = p.started()
+    caching = ConsumerApp(
+        {}, p.topics, contract(), _CachingEngine(), idle_exit_s=0.05, poll_timeout_s=0,
+        clients=p.mk.clients(), completions=form,
+    )  # fmt: skip
+    caching.run()
+    p.produce([f"i{n}" for n in range(5)])
+    p.steps(svc, 3)
+    caching.run()
+    p.steps(svc, 3)
+    ledger = svc.core.ledger
+    completed = ledger.total("completed")
+    assert completed.items == 5
+    assert ledger.prompts_counted
+    assert ledger.models[MODEL].cached_prompt_tokens == completed.tokens - 5
+    assert ledger.consumers[CARD].prefill_tokens == 5
+    assert ledger.jobs[""].cached_prompt_tokens == completed.tokens - 5
+    assert ledger.snapshot()["cached_prompt_tokens"] == completed.tokens - 5
+    svc.core.check(deep=True)

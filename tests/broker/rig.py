@@ -12,6 +12,7 @@ Two ways to run the processor and its consumers:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -353,3 +354,25 @@ def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:
     report = audit(rig.conf, rig.topics, rig.group)
     assert report.clean, "\n".join(report.lines())
     assert (report.received_items, report.completed_items, report.lost_items) == (len(ids), len(ids), 0)
+
+
+REVIEW_TEMPLATE = """
+[[parts]]
+name = "system"
+cacheable = true
+text = "Label the review.\\n"
+
+[[parts]]
+name = "review"
+text = "Review: {review}\\nLabel:"
+"""
+
+
+def review_job(folder: Path, rows: int, model: str | None = None) -> tuple[Path, Path]:
+    """A dataset of ``rows`` reviews (``rows.jsonl``) and a template for it (``t.toml``; the
+    template's ``model`` when given), for the job commands' tests."""
+    data, template = folder / "rows.jsonl", folder / "t.toml"
+    data.write_text("".join(json.dumps({"review": f"row {n}"}) + "\n" for n in range(rows)), encoding="utf-8")
+    head = "" if model is None else f'model = "{model}"\n'
+    template.write_text(head + REVIEW_TEMPLATE, encoding="utf-8")
+    return data, template

@@ -8,7 +8,6 @@ number), never a traceback or a silent 143.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -20,20 +19,9 @@ import pytest
 from processor.cli.tokenfabric import main
 from processor.jobs.collect import journal_path
 from processor.local.pipeline import child_env
-from tests.broker.rig import new_topics
+from tests.broker.rig import new_topics, review_job
 
 pytestmark = pytest.mark.kafka
-
-TEMPLATE = """
-[[parts]]
-name = "system"
-cacheable = true
-text = "Label the review.\\n"
-
-[[parts]]
-name = "review"
-text = "Review: {review}\\nLabel:"
-"""
 
 
 COLLECT = [sys.executable, "-m", "processor", "collect"]
@@ -44,10 +32,7 @@ def test_collect_wait_stopped_by_a_signal_writes_what_it_has(
     kafka_bootstrap: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     _, topics = new_topics(kafka_bootstrap, "c", ["card"], ingest_partitions=1)
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"review": f"row {n}"}) + "\n" for n in range(5)), encoding="utf-8")
-    template = tmp_path / "t.toml"
-    template.write_text(TEMPLATE, encoding="utf-8")
+    data, template = review_job(tmp_path, 5)
     kafka = ["--bootstrap", kafka_bootstrap, "--topic-prefix", topics.prefix]
     submit = ["submit", str(data), "--job", "j1", "--template", str(template), "--no-progress"]
     assert main([*submit, *kafka]) == 0
@@ -72,4 +57,5 @@ def test_collect_wait_stopped_by_a_signal_writes_what_it_has(
     assert "Traceback" not in stderr
     assert f"wrote 0 rows to {out}" in stdout
     assert "job j1: 5 rows: 0 ok, 0 failed, 0 invalid, 5 missing" in stdout, stdout
+    assert "missing: no consumer serves model 'default': the job's items wait until one" in stdout
     assert out.exists() and out.read_text(encoding="utf-8") == ""

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.cli import kafka as kafka_cli
@@ -163,3 +163,37 @@ def test_cli_restart_keeps_the_port_the_topics_and_the_messages(
         assert _consume_to_end(bootstrap, topic) == [b"kept across the restart"]
     finally:
         assert kafka_cli.main([*state, "stop"]) == 0
+
+
+def test_kafkas_own_tools_run_from_the_local_jars(
+    kafka_bootstrap: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``tokenfabric kafka consumer-groups|transactions`` pass their arguments to Kafka's
+    ConsumerGroupCommand and TransactionsCommand (the ``kafka-tools`` jar), as docs/operations.md
+    uses them; the exit code is the tool's."""
+    from processor.local.jars import jars_dir
+
+    assert any(jars_dir().glob("kafka-tools-*.jar")), "kafka-tools is not among the jars"
+    topic = _create_topic(kafka_bootstrap)
+    group = _unique("tf-tools")
+    consumer = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + TIMEOUT_S
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    consumer.close()
+    capfd.readouterr()
+    assert (
+        kafka_cli.main(
+            ["consumer-groups", "--bootstrap-server", kafka_bootstrap, "--describe", "--group", group]
+        )
+        == 0
+    )
+    out = capfd.readouterr().out
+    assert group in out and topic in out, out
+    assert kafka_cli.main(["transactions", "--bootstrap-server", kafka_bootstrap, "list"]) == 0
+    assert "TransactionalId" in capfd.readouterr().out
+    assert kafka_cli.main(["consumer-groups", "--bootstrap-server", kafka_bootstrap, "--no-such-option"]) != 0

@@ -19,19 +19,9 @@ import pytest
 from processor.local.broker import broker_status
 from processor.local.processes import process_argv
 from processor.local.stack import Stack, StackProcess
+from tests.broker.rig import review_job
 
 pytestmark = pytest.mark.kafka
-
-TEMPLATE = """
-[[parts]]
-name = "system"
-cacheable = true
-text = "Label the review.\\n"
-
-[[parts]]
-name = "review"
-text = "Review: {review}\\nLabel:"
-"""
 
 
 def _tokenfabric(env: dict[str, str], *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
@@ -72,12 +62,7 @@ def test_local_up_runs_a_job_and_down_stops_exactly_what_up_started(tmp_path: Pa
         assert status.stdout.count(" up  ") == 3, status.stdout
 
         # the job path the docs give, word for word but for the files
-        data = tmp_path / "rows.jsonl"
-        data.write_text(
-            "".join(json.dumps({"review": f"row {n}"}) + "\n" for n in range(20)), encoding="utf-8"
-        )
-        template = tmp_path / "t.toml"
-        template.write_text(TEMPLATE, encoding="utf-8")
+        data, template = review_job(tmp_path, 20)
         kafka = ["--bootstrap", stack.bootstrap, "--topic-prefix", "trial"]
         submit = _tokenfabric(env, "submit", str(data), "--job", "try", "--template", str(template), *kafka)
         assert submit.returncode == 0, submit.stderr

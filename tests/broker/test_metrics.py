@@ -10,6 +10,7 @@ import time
 import uuid
 
 import pytest
+from prometheus_client import generate_latest
 
 from processor.core.contract import Contract
 from processor.ops.consumer_metrics import ConsumerMetrics
@@ -99,6 +100,23 @@ def test_scraped_counters_match_what_was_produced(kafka_bootstrap: str) -> None:
             1 - total / padded
         )
 
+        # The pipeline as status reads it, exported by the processor: the same figures as status.
+        from processor.ops.status import gather, report
+
+        completed = ("tokenfabric_pipeline_tokens", frozenset({("stage", "completed")}))
+        wait_for(lambda: scrape().get(completed) == total, 30, "the pipeline view to catch up", poll_s=0.5)
+        rep = report(gather(conf, topics, settings.group_id), topics)
+        m = scrape()
+        for stage, tally in rep.ledger.items():
+            assert value(m, "tokenfabric_pipeline_tokens", stage=stage) == tally.tokens, stage
+            assert value(m, "tokenfabric_pipeline_items", stage=stage) == tally.items, stage
+        assert value(m, "tokenfabric_pipeline_unserved_items", model="nobody") == unserved
+        assert value(m, "tokenfabric_pipeline_processor_stale", processor="mtest") == 0
+        assert value(m, "tokenfabric_pipeline_ingest_partitions") == 3
+        assert value(m, "tokenfabric_ingest_owned_partitions") == 3
+        group_lag = [v for (name, _), v in m.items() if name == "tokenfabric_pipeline_ingest_lag_messages"]
+        assert len(group_lag) == 3 and sum(group_lag) == rep.ingest.uncommitted_messages == 0
+
         # The consumer app's own count agrees with the processor's.
         def app_scrape() -> Samples:
             return parse(get(app_server.url + "/metrics")[1])
@@ -186,3 +204,69 @@ def test_a_processor_that_stops_stepping_fails_healthz(kafka_bootstrap: str) -> 
         server.close()
         service.ingest.close()
         service.control.close()
+
+
+@pytest.mark.kafka
+def test_partitions_handed_to_a_second_instance_leave_the_first_ones_gauges(kafka_bootstrap: str) -> None:
+    """p0 owns all four ingest partitions; p1 joins and the group gives it two. From then on p0's
+    scrape has lag gauges (its own and librdkafka's) for its two partitions only."""
+    from processor.apps.producer import TokenProducer, synthetic_tokens
+    from processor.apps.service import ProcessorService
+    from processor.apps.settings import ProcessorSettings
+    from tests.broker.rig import Threads
+
+    conf, topics = new_topics(kafka_bootstrap, "h", [], ingest_partitions=4)
+    with TokenProducer(conf, topics) as producer:
+        for n in range(40):
+            producer.send(f"h{n}", "default", synthetic_tokens(f"h{n}", 30), shape=1 + n)  # every partition
+    services, registries = {}, {}
+    runner = Threads()
+    for instance in ("p0", "p1"):
+        stats = KafkaStats(interval_ms=300)
+        settings = ProcessorSettings(
+            group_id=f"{topics.prefix}-proc",
+            instance=instance,
+            commit_interval_ms=200,
+            session_timeout_ms=6000,
+        )
+        services[instance] = ProcessorService(stats.attach(conf), topics, settings)
+        registries[instance] = processor_registry(services[instance], extra=[stats])
+
+    def partitions(instance: str, name: str, **labels: str) -> set[str]:
+        m = parse(generate_latest(registries[instance]).decode())
+        return {
+            dict(key)["partition"]
+            for (metric, key) in m
+            if metric == name and labels.items() <= dict(key).items()
+        }
+
+    ingest = {"topic": topics.ingest}
+    try:
+        runner.start(services["p0"].run, "p0")
+        wait_for(lambda: len(services["p0"].owned) == 4, 60, "p0 to own every partition")
+        wait_for(
+            lambda: len(partitions("p0", "tokenfabric_kafka_consumer_lag_messages", **ingest)) == 4,
+            30,
+            "p0's librdkafka lag on four partitions",
+        )
+        runner.start(services["p1"].run, "p1")
+        wait_for(
+            lambda: len(services["p0"].owned) == 2 and len(services["p1"].owned) == 2,
+            60,
+            "the partitions split between p0 and p1",
+        )
+        mine = {str(p) for p in services["p0"].owned}
+
+        def only_mine() -> bool:
+            if runner.errors:
+                raise runner.errors[0]
+            kafka = partitions("p0", "tokenfabric_kafka_consumer_lag_messages", **ingest)
+            own = partitions("p0", "tokenfabric_ingest_lag_messages")
+            return kafka == mine and own <= mine
+
+        wait_for(only_mine, 10, "p0's lag gauges to drop the partitions it gave up", poll_s=0.3)
+        m = parse(generate_latest(registries["p0"]).decode())
+        assert value(m, "tokenfabric_ingest_owned_partitions") == 2
+    finally:
+        runner.join(60)
+    assert not runner.errors, runner.errors

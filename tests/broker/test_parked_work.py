@@ -8,7 +8,6 @@ announced itself; a retired consumer (a tombstone) no longer counts.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,27 +17,16 @@ from processor.cli.tokenfabric import main
 from processor.core.contract import Contract
 from processor.wire.control import encode_contract
 from processor.wire.records import ContractRecord
-from tests.broker.rig import new_topics
+from tests.broker.rig import new_topics, review_job
 
 pytestmark = pytest.mark.kafka
-
-TEMPLATE = """
-model = "labeller"
-
-[[parts]]
-name = "review"
-text = "Review: {review}\\nLabel:"
-"""
 
 
 def test_submit_warns_while_no_consumer_serves_the_model(
     kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     conf, topics = new_topics(kafka_bootstrap, "w", ["card"], ingest_partitions=1)
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"review": f"row {n}"}) + "\n" for n in range(3)), encoding="utf-8")
-    template = tmp_path / "t.toml"
-    template.write_text(TEMPLATE, encoding="utf-8")
+    data, template = review_job(tmp_path, 3, model="labeller")
     kafka = ["--bootstrap", kafka_bootstrap, "--topic-prefix", topics.prefix]
 
     def submit(job: str) -> str:

@@ -135,9 +135,10 @@ class Calls:
         self.order.append("contracts")
         self.contracts = dict(found)
 
-    def on_waiting(self, ref: tuple[int, int], home: int, head: ItemHead) -> None:
+    def on_waiting(self, ref: tuple[int, int], home: int, head: ItemHead, timestamp_ms: int) -> None:
         self.order.append("waiting")
         assert ref not in self.waiting, f"{ref} handed over twice"
+        assert timestamp_ms > 1_700_000_000_000, timestamp_ms  # the message's own (epoch ms)
         self.waiting[ref] = (home, head)
 
 

@@ -47,3 +47,30 @@ def test_a_prefix_with_no_pipeline_is_refused_in_one_line(
     assert line.endswith(f"create it with 'tokenfabric topics create --topic-prefix {typo}'"), line
     topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
     assert not [t for t in topics if t.startswith(typo)]
+
+
+def test_a_consumer_under_a_prefix_with_no_pipeline_creates_nothing_and_exits_75(
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, real = new_topics(kafka_bootstrap, "r", [], ingest_partitions=1)
+    typo = real.prefix[:-1] + ("x" if real.prefix[-1] != "x" else "y")
+    card = [
+        "consumer",
+        "--id",
+        "card",
+        "--model",
+        "m",
+        "--budget",
+        "64",
+        "--items",
+        "4",
+        "--metrics-port",
+        "0",
+    ]
+    code = main([*card, "--bootstrap", kafka_bootstrap, "--topic-prefix", typo])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 75, err
+    assert f"--topic-prefix {typo!r}: no pipeline on " in err and real.prefix in err, err
+    assert err.endswith("(the consumer creates its own batch topic only) (exit 75: a restart recovers)"), err
+    topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert not [t for t in topics if t.startswith(typo)]

@@ -38,6 +38,7 @@ CASES = {
         "--min-insync-replicas 3 exceeds --replication-factor 2",
     ),
     "local-consumers": (["local", "up", "--consumers", "0"], "--consumers"),
+    "acls-principal": (["acls", "--principal", "alice"], "--principal"),
     "local-engine-opt": (["local", "up", "--engine-opt", "url"], "--engine-opt"),
     "collect-poll": (["collect", "--job", "j", "--out", "r.jsonl", "--poll-s", "0"], "--poll-s"),
     "collector-poll": (["collector", "--out-dir", "{tmp}/out", "--poll-s", "0"], "--poll-s"),

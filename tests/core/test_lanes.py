@@ -8,7 +8,8 @@ import pytest
 
 from processor.core.contract import BatchRule
 from processor.core.item import Item
-from processor.core.lanes import ByLength, LaneSettings, LaneTable, ShapeLanes
+from processor.core.lane import ByLength
+from processor.core.lanes import LaneSettings, LaneTable, ShapeLanes
 from tests.core.helpers import MODEL, SHAPE_A, SHAPE_B, lane_of, make_item, reps
 
 # The placement tests run on the first generation's narrow lanes, cut in arrival order; the defaults

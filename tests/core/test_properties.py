@@ -22,7 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from processor.core.contract import Contract
 from processor.core.item import Batch, Item
-from processor.core.lanes import CUT_ORDERS, Lane, LaneSettings
+from processor.core.lane import Lane
+from processor.core.lanes import CUT_ORDERS, LaneSettings
 from processor.core.scheduler import DEADLINES, DispatchSettings, Scheduler
 from tests.core.helpers import assert_batch_ok, complete_all, make_contract, make_item
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from processor.core.accounting import LedgerImbalance
 from processor.core.contract import InvariantViolation, check_batch
 from processor.core.item import NO_LANE, Batch, Item
-from processor.core.lanes import ByLength, LaneSettings
+from processor.core.lane import ByLength
+from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DEADLINES, DispatchSettings, Scheduler
 from tests.core.helpers import (
     MODEL,

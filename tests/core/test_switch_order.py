@@ -26,10 +26,11 @@ from processor.core.contract import Contract
 from processor.core.dispatch import DispatchRules, DispatchSettings, _ahead
 from processor.core.inflight import ConsumerState
 from processor.core.item import Batch, Item
-from processor.core.lanes import Lane, LaneSettings, ShapeKey, ShapeLanes, key_job
+from processor.core.lane import Lane
+from processor.core.lanes import LaneSettings, ShapeKey, ShapeLanes, key_job
 from processor.core.scheduler import Scheduler
 from processor.core.shares import Gate, JobPolicy, Shares, ShareSettings
-from processor.core.switch_order import SwitchOrder
+from processor.core.switch_order import INELIGIBLE, Ineligible, SwitchOrder
 from tests.core.helpers import make_contract
 
 MODELS = ("m0", "m1")
@@ -325,7 +326,39 @@ def test_stale_entries_are_compacted_so_the_heap_stays_near_its_live_shapes() ->
     for tokens in range(2, 10_000):
         sl.waiting_tokens = tokens
         order.placed(sl, False)
+        assert order.first("m", "", set(), lambda s: s) is sl  # a read pushes the noted change
     assert len(order.jobs("m")[""].heap) <= 2 + 64
+    order.check()
+
+
+def test_a_change_is_noted_once_and_pushed_when_the_order_is_next_read() -> None:
+    order = SwitchOrder()
+    small, big = shape_lanes(("m", 1), 10), shape_lanes(("m", 2), 20)
+    order.placed(small, True)
+    order.placed(big, True)
+    for tokens in range(30, 1_000):  # a run of submits to one shape: one note, no push
+        small.waiting_tokens = tokens
+        order.placed(small, False)
+    js = order.jobs("m")[""]
+    assert js.dirty == [small, big] and js.heap == []
+    assert order.first("m", "", set(), lambda s: s) is small
+    assert js.dirty == [] and len(js.heap) == 2
+    order.check()
+
+
+def test_notes_stay_bounded_through_drains_and_refills_that_nothing_reads() -> None:
+    order = SwitchOrder()
+    shapes = [shape_lanes(("m", n), 1) for n in range(10)]
+    for sl in shapes:
+        order.placed(sl, True)
+    for cycle in range(5_000):
+        sl = shapes[cycle % 10]
+        sl.waiting_items = sl.waiting_tokens = 0
+        order.taken_from(sl)
+        sl.waiting_items, sl.waiting_tokens = 1, cycle + 2
+        order.placed(sl, True)
+        assert len(order.jobs("m")[""].dirty) <= 10
+    assert order.first("m", "", set(), lambda s: s) is shapes[9]  # the most tokens: the last refilled
     order.check()
 
 
@@ -338,3 +371,46 @@ def test_jobs_come_in_the_order_of_their_oldest_active_shape() -> None:
     a1.waiting_items = a1.waiting_tokens = 0
     order.taken_from(a1)  # job a's oldest active shape is now a2, activated after b1
     assert list(order.jobs("m")) == ["b", "a"]
+
+
+def test_a_shape_no_lane_of_which_a_consumer_may_take_is_parked_for_consumers_no_bigger() -> None:
+    order = SwitchOrder()
+    long_one, short_one = shape_lanes(("m", 1), 900), shape_lanes(("m", 2), 100)
+    order.placed(long_one, True)
+    order.placed(short_one, True)
+    asked: list[ShapeLanes] = []
+
+    def small(sl: ShapeLanes) -> ShapeLanes | Ineligible:  # holds nothing longer than 500 tokens
+        asked.append(sl)
+        return INELIGIBLE if sl.waiting_tokens > 500 else sl
+
+    assert order.first("m", "", set(), small, 500) is short_one
+    assert asked == [long_one, short_one]
+    asked.clear()
+    assert order.first("m", "", set(), small, 500) is short_one
+    assert order.first("m", "", set(), small, 400) is short_one  # a smaller card skips it too
+    assert asked == [short_one, short_one]  # the parked shape is not asked again
+    assert order.first("m", "", set(), lambda sl: sl, 1000) is long_one  # a bigger one meets it first
+    assert order.first("m", "", set(), lambda sl: sl, None) is long_one  # as does memory mode
+    order.check()
+    long_one.waiting_tokens = 300  # its tokens changed: a new entry, in the order every card reads
+    order.placed(long_one, False)
+    assert order.first("m", "", set(), small, 500) is long_one
+    order.check()
+
+
+def test_a_consumer_that_comes_or_goes_unparks_every_shape_of_its_model() -> None:
+    sched = Scheduler()
+    sched.set_contract(make_contract("small", budget=512, items=4, pad=1))
+    sched.set_contract(make_contract("big", budget=4096, items=4, pad=1))
+    sched.submit_many([Item("a", "m", 1, 900, 0), Item("b", "m", 2, 100, 0)], [0, 0])
+    js = sched._order.jobs("m")[""]
+    batch = sched.next_batch("small", 0)
+    assert batch is not None and batch.shape == 2
+    assert list(js.parked) == [512]  # the small card parked shape 1 on its way
+    sched.retire("big", 0)  # nobody holds shape 1 now: the small card takes it, oversized
+    assert js.parked == {}
+    sched.complete(batch.batch_id, 1)
+    again = sched.next_batch("small", 1)
+    assert again is not None and again.shape == 1 and again.oversized
+    sched.check()

@@ -4,6 +4,11 @@ The fake server answers each prompt with ``sum=<sum of its ids> n=<len> max=<max
 can tell which prompt a choice belongs to and catch a choice mapped to the wrong item. Each test
 scripts the server's next replies (status, delay, shuffled or dropped choices) and reads back the
 requests it received. Backoff sleeps are recorded, not slept; jitter comes from a seeded RNG.
+
+The mapping, retry and failure tests run the engine with ``requests=budget`` (several prompts in one
+request: the mapping of choices to items is what they test); "One request per item" tests the
+default, one prompt per request sent concurrently, against this server, and
+tests/broker/test_llm_engine.py against a real llama.cpp server.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import json
 import random
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,6 +41,8 @@ class Reply:
     finish: dict[int, str] = field(default_factory=dict)
     token_ids: bool = True
     cached_tokens: int | None = None
+    cache_n: int | None = None
+    """llama.cpp's ``timings.cache_n`` (sent only when set)."""
     raw: bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -53,6 +60,11 @@ class FakeCompletions:
         self.script: list[Reply] = []
         self.received: list[Received] = []
         self.stopping = threading.Event()
+        self.cache: Callable[[list[int]], int] | None = None
+        """Unscripted requests of one prompt report ``cache(prompt)`` cached tokens, when set."""
+        self.cache_field = "usage"  # or "timings": where the cached count goes (llama.cpp has both)
+        self.hold_s = 0.0  # every request waits this long: lets requests overlap
+        self.in_flight = self.most_in_flight = 0
         self._lock = threading.Lock()
         fake = self
 
@@ -61,7 +73,18 @@ class FakeCompletions:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake._lock:
                     fake.received.append(Received(body, dict(self.headers)))
-                    reply = fake.script.pop(0) if fake.script else Reply()
+                    reply = fake.script.pop(0) if fake.script else fake.unscripted(body)
+                    fake.in_flight += 1
+                    fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
+                try:
+                    self.answer(body, reply)
+                finally:
+                    with fake._lock:
+                        fake.in_flight -= 1
+
+            def answer(self, body: dict[str, Any], reply: Reply) -> None:
+                if fake.hold_s and fake.stopping.wait(fake.hold_s):
+                    return
                 if reply.delay_s and fake.stopping.wait(reply.delay_s):
                     return
                 if reply.raw is not None:
@@ -91,6 +114,12 @@ class FakeCompletions:
 
     def prompts(self, request: int) -> list[list[int]]:
         return [list(p) for p in self.received[request].body["prompt"]]
+
+    def unscripted(self, body: dict[str, Any]) -> Reply:
+        if self.cache is None or len(body["prompt"]) != 1:
+            return Reply()
+        cached = self.cache(body["prompt"][0])
+        return Reply(cached_tokens=cached) if self.cache_field == "usage" else Reply(cache_n=cached)
 
 
 def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
@@ -122,13 +151,16 @@ def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
     }
     if reply.cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
-    return {
+    response = {
         "id": "cmpl-test",
         "object": "text_completion",
         "model": body["model"],
         "choices": choices,
         "usage": usage,
     }
+    if reply.cache_n is not None:
+        response["timings"] = {"cache_n": reply.cache_n, "prompt_n": usage["prompt_tokens"] - reply.cache_n}
+    return response
 
 
 @pytest.fixture
@@ -171,11 +203,13 @@ THREE = (item("a", [1, 2, 3]), item("b", [10, 20]), item("c", [100, 200, 300, 40
 
 
 class Harness:
-    """An engine on ``server`` whose sleeps are recorded and whose jitter is seeded."""
+    """An engine on ``server`` whose sleeps are recorded and whose jitter is seeded; several prompts
+    per request (``requests=budget``) unless ``options`` say otherwise."""
 
     def __init__(self, server: FakeCompletions, **options: str) -> None:
         self.sleeps: list[float] = []
-        settings = parse_options({"url": server.url, "backoff_ms": "10", "backoff_max_ms": "25", **options})
+        defaults = {"url": server.url, "requests": "budget", "backoff_ms": "10", "backoff_max_ms": "25"}
+        settings = parse_options({**defaults, **options})
         self.engine = OpenAICompletionsEngine(settings, sleep=self.sleeps.append, rng=random.Random(7))
 
 
@@ -273,6 +307,79 @@ def test_cached_tokens_in_usage_mean_cache_hit(server: FakeCompletions) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# One request per item (the default)
+
+
+def test_each_item_goes_in_a_request_of_its_own_and_keeps_its_order(server: FakeCompletions) -> None:
+    results = from_options({"url": server.url}).run(batch(*THREE))
+
+    assert sorted(r.body["prompt"] for r in server.received) == [
+        [[1, 2, 3]],
+        [[10, 20]],
+        [[100, 200, 300, 400]],
+    ]
+    assert [r.item_id for r in results] == ["a", "b", "c"]
+    assert [r.output for r in results] == [b"sum=6 n=3 max=8", b"sum=30 n=2 max=8", b"sum=1000 n=4 max=8"]
+    assert [r.output_tokens for r in results] == [3, 2, 4]
+
+
+def test_each_items_cached_tokens_are_its_own_requests_usage(server: FakeCompletions) -> None:
+    server.cache = lambda prompt: len(prompt) - 1  # all but the last token, as llama.cpp reports a repeat
+    results = Harness(server, requests="item").engine.run(batch(*THREE))
+
+    assert [r.cached_tokens for r in results] == [2, 1, 3]
+    assert all(r.cache_hit for r in results)
+
+
+def test_llama_cpp_timings_cache_n_counts_when_usage_has_no_details(server: FakeCompletions) -> None:
+    server.cache, server.cache_field = (lambda prompt: 1 if prompt[0] == 10 else 0), "timings"
+    results = Harness(server, requests="item").engine.run(batch(*THREE))
+
+    assert [(r.cached_tokens, r.cache_hit) for r in results] == [(0, False), (1, True), (0, False)]
+
+
+def test_a_cached_count_above_the_prompt_is_held_to_the_prompt(server: FakeCompletions) -> None:
+    server.script = [Reply(cached_tokens=99)]
+    (result,) = Harness(server, requests="item").engine.run(batch(item("a", [1, 2, 3])))
+    assert result.cached_tokens == 3
+
+
+def test_without_usage_details_nothing_counts_as_cached(server: FakeCompletions) -> None:
+    results = Harness(server, requests="item").engine.run(batch(*THREE))
+    assert [(r.cached_tokens, r.cache_hit) for r in results] == [(0, False)] * 3
+
+
+def test_a_request_of_several_prompts_reports_no_cached_tokens_per_item(server: FakeCompletions) -> None:
+    """Its usage is the request's (llama.cpp: the first prompt's), so no item gets a count; the old
+    per-request flag stays."""
+    server.script = [Reply(cached_tokens=16)]
+    results = Harness(server, requests="budget").engine.run(batch(*THREE))
+    assert [(r.cached_tokens, r.cache_hit) for r in results] == [(0, True)] * 3
+
+
+def test_requests_overlap_up_to_the_concurrency_and_no_further(server: FakeCompletions) -> None:
+    server.hold_s = 0.15
+    items = [item(f"i{n}", [n + 1]) for n in range(6)]
+    engine = Harness(server, requests="item", concurrency="3").engine
+    try:
+        results = engine.run(batch(*items))
+    finally:
+        engine.close()
+
+    assert [r.status for r in results] == ["ok"] * 6
+    assert [r.output for r in results] == [f"sum={n + 1} n=1 max=8".encode() for n in range(6)]
+    assert server.most_in_flight == 3
+
+
+def test_one_items_failed_request_leaves_the_others_ok(server: FakeCompletions) -> None:
+    server.script = [Reply(status=400)]  # the first request to arrive, whichever item it carries
+    results = Harness(server, requests="item", concurrency="1").engine.run(batch(*THREE))
+
+    assert [r.status for r in results] == ["failed", "ok", "ok"]
+    assert "HTTP 400" in (results[0].reason or "") and "not retried" in (results[0].reason or "")
+
+
+# --------------------------------------------------------------------------------------------------
 # Retries and failures
 
 
@@ -327,7 +434,9 @@ def test_connection_refused_is_retried_then_fails() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed when the block ends: nothing listens there
     sleeps: list[float] = []
-    settings = parse_options({"url": f"http://127.0.0.1:{port}", "retries": "2", "backoff_ms": "1"})
+    settings = parse_options(
+        {"url": f"http://127.0.0.1:{port}", "requests": "budget", "retries": "2", "backoff_ms": "1"}
+    )
     results = OpenAICompletionsEngine(settings, sleep=sleeps.append).run(batch(*THREE))
 
     assert [r.status for r in results] == ["failed", "failed", "failed"]
@@ -365,7 +474,14 @@ def test_deadline_stops_retries_early(server: FakeCompletions) -> None:
         now[0] += seconds
 
     settings = parse_options(
-        {"url": server.url, "retries": "9", "backoff_ms": "400", "backoff_max_ms": "400", "deadline_s": "1"}
+        {
+            "url": server.url,
+            "requests": "budget",
+            "retries": "9",
+            "backoff_ms": "400",
+            "backoff_max_ms": "400",
+            "deadline_s": "1",
+        }
     )
     engine = OpenAICompletionsEngine(settings, sleep=sleep, clock=lambda: now[0], rng=random.Random(1))
     results = engine.run(batch(*THREE))
@@ -430,6 +546,8 @@ def test_registry_builds_the_engine() -> None:
         ({"url": "http://h", "backoff_ms": "100", "backoff_max_ms": "50"}, "backoff_max_ms"),
         ({"url": "http://h", "api_key_env": "TF_TEST_SURELY_UNSET_VAR"}, "api_key_env"),
         ({"url": "http://h", "api_key": "sk-123"}, "api_key"),
+        ({"url": "http://h", "requests": "batch"}, "requests"),
+        ({"url": "http://h", "concurrency": "0"}, "concurrency"),
     ],
 )
 def test_bad_options_raise_one_line_naming_the_option(options: dict[str, str], names: str) -> None:

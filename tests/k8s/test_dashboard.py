@@ -17,6 +17,9 @@ DASHBOARD = ROOT / "k8s" / "grafana-dashboard.json"
 #: Grafana's macros, replaced by what they expand to before PromQL parses the query.
 MACROS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 
+#: Series Prometheus makes itself (target health), not exported by tokenfabric.
+PROMETHEUS_OWN = {"up"}
+
 #: Suffixes a histogram or counter series has beyond its documented family name.
 SERIES_SUFFIXES = ("_bucket", "_count", "_sum")
 
@@ -61,7 +64,8 @@ def metric_names(expr: str) -> set[str]:
 
 
 def queried(board: dict[str, Any]) -> set[str]:
-    return {name for _, expr in exprs(board) for name in metric_names(expr)}
+    """Every tokenfabric metric the board selects (Prometheus' own ``up`` left out)."""
+    return {name for _, expr in exprs(board) for name in metric_names(expr)} - PROMETHEUS_OWN
 
 
 def test_every_query_parses_and_names_a_documented_metric() -> None:
@@ -74,13 +78,13 @@ def test_every_query_parses_and_names_a_documented_metric() -> None:
     for title, expr in pairs:
         names = metric_names(expr)  # raises on PromQL that does not parse
         assert names, f"{title}: {expr} selects no metric"
-        for name in names:
+        for name in names - PROMETHEUS_OWN:
             family = next((name.removesuffix(s) for s in SERIES_SUFFIXES if name.endswith(s)), name)
             assert name in documented or family in documented, f"{title}: {name} is not in docs/metrics.md"
 
 
 def test_the_dashboard_covers_what_an_operator_watches() -> None:
-    names = queried(dashboard())
+    names = {name for _, expr in exprs(dashboard()) for name in metric_names(expr)}
     for needed in (
         "tokenfabric_ledger_imbalance_tokens",  # ledger balance
         "tokenfabric_completed_tokens_total",  # tokens/s
@@ -90,12 +94,29 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
         "tokenfabric_consumer_app_lag_batches",  # lag per consumer
         "tokenfabric_item_queued_seconds_bucket",  # latency histograms
         "tokenfabric_consumer_app_end_to_end_seconds_bucket",
+        "up",  # target health
+        "tokenfabric_pipeline_checkpoint_age_seconds",  # STALE processors
+        "tokenfabric_pipeline_ingest_lag_messages",  # the group's lag
+        "tokenfabric_ingest_owned_partitions",  # partitions without a live owner
     ):
         assert needed in names
     board = dashboard()
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert rows[0] == "Health" and "Per instance" in rows
+    by_instance = [e for title, e in exprs(board) if "by (instance" in e]
+    assert len(by_instance) >= 5, "the per-instance row lost its panels"
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     assert board["templating"]["list"][0]["type"] == "datasource"
+
+
+def test_sums_that_are_zero_when_nothing_is_exported_say_0_instead_of_no_data() -> None:
+    """An aggregation without ``by`` over series that may be absent (nothing lags, nothing is
+    unserved) reads 0, not a gap: ``or vector(0)``. Quantiles and per-label figures are left alone."""
+    for title, expr in exprs(dashboard()):
+        outer = expr.split(" or ")[0]
+        if outer.startswith(("sum(", "max(")) and "_ratio" not in outer and "ledger_ok" not in outer:
+            assert "or vector(0)" in expr, f"{title}: {expr} shows no data where 0 is the truth"
 
 
 def test_the_parser_finds_every_selector() -> None:

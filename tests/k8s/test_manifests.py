@@ -83,9 +83,12 @@ def _flag(args: list[str], flag: str) -> str | None:
 
 def test_there_is_something_to_check() -> None:
     kinds = sorted({d["kind"] for d in DOCS})
-    assert kinds == ["ConfigMap", "Deployment", "Job", "Kustomization", "Secret", "Service", "StatefulSet"]
+    assert kinds == [
+        "ConfigMap", "Deployment", "Job", "Kustomization", "PersistentVolumeClaim", "Secret", "Service",
+        "StatefulSet",
+    ]  # fmt: skip
     commands = sorted({c["args"][0] for _, _, c in CONTAINERS})
-    assert commands == ["consumer", "processor", "topics"]
+    assert commands == ["collector", "consumer", "processor", "submit", "topics"]
 
 
 @pytest.mark.parametrize(("where", "pod", "container"), CONTAINERS, ids=IDS)
@@ -166,9 +169,10 @@ def test_secret_refs_name_the_example_secret() -> None:
                 assert ref["key"] in keys, where
                 assert e["name"].startswith(ENV_PREFIX), f"{where}: a secret must reach librdkafka only"
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    assert "sasl-secret.example.yaml" not in kustomization["resources"]
+    examples = {p.name for p in K8S.glob("*.example.yaml")}  # a Secret to make, a Job per job: not applied
+    assert examples == {"sasl-secret.example.yaml", "submit-job.example.yaml"}
     listed = set(kustomization["resources"])
-    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "sasl-secret.example.yaml"}
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", *examples}
 
 
 @pytest.mark.parametrize(
@@ -246,7 +250,10 @@ def test_kubectl_kustomize_renders_the_set() -> None:
     )
     assert out.returncode == 0, out.stderr
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(out.stdout))
-    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Job", "Service", "Service", "StatefulSet"]
+    assert kinds == [
+        "ConfigMap", "ConfigMap", "Deployment", "Deployment", "Job", "PersistentVolumeClaim", "Service",
+        "Service", "StatefulSet",
+    ]  # fmt: skip
 
 
 def test_the_topics_job_creates_every_consumers_batch_topic() -> None:
@@ -256,3 +263,18 @@ def test_the_topics_job_creates_every_consumers_batch_topic() -> None:
     created = {args[i + 1] for i, a in enumerate(args) if a == "--consumer"}
     ids = {_flag(_expanded_args(c), "--id") for _, _, c in CONTAINERS if c["args"][0] == "consumer"}
     assert ids and ids <= created, f"consumer ids {sorted(ids - created)} missing from the topics Job"
+
+
+def test_each_consumers_engine_options_build_its_engine() -> None:
+    """The manifest's --engine-opt pairs are the engine's real options (an unknown or missing one,
+    a url left out, would stop the pod at start)."""
+    from processor.cli.options import engine_options
+    from processor.engines.base import make_engine
+
+    consumers = [(where, c) for where, _, c in CONTAINERS if c["args"][0] == "consumer"]
+    assert consumers
+    for where, container in consumers:
+        args = build_parser("consumer").parse_args(_expanded_args(container))
+        engine = make_engine(args.engine, engine_options(args))
+        assert engine.name == args.engine == "openai", where
+        engine.close()

@@ -35,7 +35,8 @@ def test_a_delivery_failure_exits_75_unless_no_restart_can_deliver() -> None:
     assert exit_code(DeliveryFailed("topic not there yet", KafkaError(KafkaError._UNKNOWN_TOPIC))) == 75
     assert exit_code(DeliveryFailed("3 still unacknowledged after 60 s")) == 75
     assert exit_code(DeliveryFailed("too large", KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))) == 1
-    assert exit_code(DeliveryFailed("no rights", KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))) == 1
+    # missing rights: 77, the authorizer's refusal (test_an_authorization_failure_is_fatal_...)
+    assert exit_code(DeliveryFailed("no rights", KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))) == 77
     assert exit_code(DeliveryFailed("fenced", KafkaError(KafkaError._FENCED, fatal=True))) == 1
     assert exit_code(ConsumerAppError("not open")) == 1
     assert exit_code(ValueError("a bug")) == 1
@@ -171,3 +172,39 @@ def test_every_row_of_the_exit_table_names_tests_that_exist() -> None:
         assert named, f"exit {row[0]} ({row[1][:40]}...) names no test"
         for path, test in named:
             assert f"def {test}(" in (root / path).read_text(), f"{path}::{test} does not exist"
+
+
+def test_an_authorization_failure_is_fatal_one_line_and_exits_77() -> None:
+    """librdkafka reports a refused Read or Write as a plain (non-fatal, non-retriable) error and
+    retries; tokenfabric ends on it with one line naming what was refused, never a retry loop."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from processor.kafka.exits import EXIT_REFUSED, Refused, ended_by, exit_code, fatal, refusal
+
+    group = KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, "FindCoordinator response error")
+    assert not group.fatal() and fatal(group)
+    conf = {"group.id": "p-consumer-gpu0", "sasl.username": "cons", "sasl.password": "s3cret"}
+    ended = ended_by(KafkaException(group), "consumer gpu0 of pipeline p", 0.0, 10.0, conf=conf)
+    assert isinstance(ended, Refused) and exit_code(ended) == EXIT_REFUSED == 77
+    line = str(ended)
+    assert line.startswith("consumer gpu0 of pipeline p: refused by the cluster's authorizer: ")
+    assert "Read on group 'p-consumer-gpu0' for User:cons" in line and "\n" not in line
+    assert "s3cret" not in line
+
+    txn = KafkaError(
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional Id authorization failed"
+    )
+    refused = refusal(KafkaException(txn), {"transactional.id": "p-processor-p0"})
+    assert refused is not None and "Write on transactional id 'p-processor-p0'" in str(refused)
+
+    topic = KafkaError(
+        KafkaError.TOPIC_AUTHORIZATION_FAILED, "Subscribed topic not available: p.ingest: Broker: ..."
+    )
+    refused = refusal(topic, {"ssl.keystore.location": "/etc/tf/client.p12"})
+    assert refused is not None
+    assert "on topic 'p.ingest' for the principal of the certificate in /etc/tf/client.p12" in str(refused)
+    # a delivery refused by the authorizer exits 77 too, and no other error is a refusal
+    from processor.kafka.exits import DeliveryFailed
+
+    assert exit_code(DeliveryFailed("lost", KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))) == 77
+    assert refusal(KafkaException(KafkaError(KafkaError._TIMED_OUT))) is None

@@ -44,3 +44,39 @@ def test_a_stop_before_the_first_probe_returns_at_once(caplog: pytest.LogCapture
     with caplog.at_level(logging.INFO):
         assert wait_for_cluster(DEAD, stop, logging.getLogger("tokenfabric.test.reach")) is False
     assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    ("said", "line"),
+    [
+        (
+            "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: "
+            "broker certificate could not be verified, verify that ssl.ca.location is correctly "
+            "configured (after 5ms)",
+            "the broker's certificate is not signed by the CA this client trusts (ssl.ca.location=/ca.pem)",
+        ),
+        (
+            "Receive failed: error:0A000416:SSL routines::ssl/tls alert certificate unknown: "
+            "SSL alert number 46",
+            "it does not accept this client's certificate (/me.p12): expired",
+        ),
+        (
+            "SASL authentication error: Authentication failed during authentication due to "
+            "invalid credentials with SASL mechanism SCRAM-SHA-512 (after 318ms in state AUTH_REQ)",
+            "SASL login refused for user 'carol' (SCRAM-SHA-512)",
+        ),
+    ],
+)
+def test_a_refused_handshake_or_login_is_named_from_what_librdkafka_said(said: str, line: str) -> None:
+    from processor.kafka.reach import refused_line
+
+    conf = {
+        "ssl.ca.location": "/ca.pem",
+        "ssl.keystore.location": "/me.p12",
+        "sasl.username": "carol",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.password": "hunter2",
+    }
+    found = refused_line(["Connect to ipv4#127.0.0.1:9 failed: Connection refused", said], conf)
+    assert found is not None and line in found and "hunter2" not in found
+    assert refused_line(["Connect to ipv4#127.0.0.1:9 failed: Connection refused"], conf) is None

@@ -34,3 +34,31 @@ def test_default_state_dir_follows_tokenfabric_home(monkeypatch: pytest.MonkeyPa
     assert kafka_local.default_state_dir() == tmp_path / "kafka"
     monkeypatch.delenv("TOKENFABRIC_HOME")
     assert kafka_local.default_state_dir() == Path.home() / ".cache" / "tokenfabric" / "run" / "kafka"
+
+
+def test_users_need_a_secured_start_and_nothing_starts_without_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from processor.cli import kafka as kafka_cli
+
+    assert kafka_cli.main(["--state-dir", str(tmp_path / "k"), "start", "--user", "alice"]) == 2
+    assert "--user needs --secure" in capsys.readouterr().err
+    assert not (tmp_path / "k" / "broker.json").exists()
+
+
+def test_kafkas_tools_are_passed_their_arguments_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tokenfabric kafka [--state-dir D] consumer-groups ARGS``: ARGS go to ConsumerGroupCommand."""
+    from processor.cli import kafka as kafka_cli
+    from processor.local import jars
+
+    monkeypatch.setattr(jars, "jars_dir", lambda: Path("/jars"))
+    assert kafka_cli._tool_call(
+        ["--state-dir", "/s", "transactions", "--bootstrap-server", "b:1", "list"]
+    ) == (
+        "transactions",
+        ["--bootstrap-server", "b:1", "list"],
+    )
+    assert kafka_cli._tool_call(["start", "--port", "9092"]) is None
+    command = jars.tool_command("java", "consumer-groups", ["--list", "--bootstrap-server", "b:1"])
+    assert command[-4:] == [jars.TOOLS["consumer-groups"], "--list", "--bootstrap-server", "b:1"]
+    assert command[command.index("-cp") + 1] == "/jars/*"

@@ -13,8 +13,12 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from processor.apps.observe import ServiceCounters, ServiceObserver
+from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger
 from processor.core.scheduler import Scheduler
+from processor.kafka.factory import ClientFactory, ConsumerClient
+from processor.kafka.memory import MemoryKafka
+from processor.kafka.topics import TopicNames, topic_specs
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -35,6 +39,18 @@ class FakeService:
     restoring_since_s: float | None = None
     observer: ServiceObserver = field(default_factory=ServiceObserver)
     clock_ms: int = 0
+    owned: frozenset[int] = frozenset({0, 1})
+    kafka: MemoryKafka = field(default_factory=MemoryKafka)
+    """The pipeline's topics, for the pipeline view (processor.ops.pipeline_view); empty unless a test
+    writes to them."""
+    topics: TopicNames = field(default_factory=lambda: TopicNames("fake"))
+    settings: ProcessorSettings = field(default_factory=lambda: ProcessorSettings(group_id="fake-proc"))
+    conf: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.kafka.create_topics(topic_specs(self.topics, ingest_partitions=3))
+        self.clients: ClientFactory = self.kafka.clients()
+        self.ingest: ConsumerClient = self.clients.consumer({"group.id": self.settings.group_id})
 
     def now_ms(self) -> int:
         return self.clock_ms

@@ -29,7 +29,9 @@ from tests.ops.helpers import OPENMETRICS_ACCEPT, FakeService, parse, parse_open
 @pytest.fixture
 def served() -> Iterator[tuple[FakeService, ObservabilityServer]]:
     svc = FakeService()
-    server = ObservabilityServer(processor_registry(svc), ProcessorHealth(svc), "127.0.0.1", 0)
+    server = ObservabilityServer(
+        processor_registry(svc, pipeline_in_background=False), ProcessorHealth(svc), "127.0.0.1", 0
+    )
     try:
         code, body = get(server.url + "/healthz")
         assert code == 503 and json.loads(body)["reason"].startswith("starting"), body

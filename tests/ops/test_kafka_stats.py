@@ -97,3 +97,19 @@ def test_a_client_that_went_quiet_is_forgotten(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr("processor.ops.kafka_stats.time.monotonic", lambda: seen + 3.5)
     assert all(not family.samples for family in kafka.collect())
     assert kafka.clients == {}
+
+
+def test_partitions_the_client_gave_up_leave_at_once_and_positions_are_kept() -> None:
+    """After a rebalance librdkafka still reports a revoked partition (fetch_state ``none``) with its
+    last lag: it must not be exported. Fetched partitions give their position and stable end."""
+    doc = json.loads(_doc())
+    parts = doc["topics"]["tokenfabric.batches.gpu0"]["partitions"]
+    parts["0"] |= {"fetch_state": "active", "app_offset": 10, "ls_offset": 17}
+    parts["2"] |= {"fetch_state": "none", "app_offset": 4, "ls_offset": 7}  # revoked
+    parts["1"] |= {"fetch_state": "active", "app_offset": -1, "ls_offset": 3}  # no position yet
+    # handed back, as a real document shows it after a rebalance (tests/broker/test_metrics.py)
+    parts["3"] = {"fetch_state": "stopped", "consumer_lag_stored": 611, "app_offset": -1001, "ls_offset": 8}
+    stats = parse_stats(json.dumps(doc))
+    topic = "tokenfabric.batches.gpu0"
+    assert stats.lag == ((topic, "0", 7),)
+    assert [(p.partition, p.position, p.stable_end) for p in stats.positions] == [(0, 10, 17)]

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from processor import __version__
 from processor.apps.consumer import ConsumerApp
 from processor.core.contract import Contract
-from processor.core.item import Item
+from processor.core.item import Item, ItemOutcome
 from processor.ops.consumer_metrics import ConsumerMetrics
 from processor.ops.histograms import FastHistograms
 from processor.ops.kafka_stats import KafkaStats
@@ -44,7 +44,7 @@ def test_the_collector_reports_the_ledger_lanes_and_consumers() -> None:
     core.ledger.cache("card", True)
     svc.counters.consumed = 6
     svc.lag = {0: 3, 1: 0}
-    registry = processor_registry(svc)
+    registry = processor_registry(svc, pipeline_in_background=False)
     svc.observer.committed(0.004)
     svc.observer.checkpointed(0.0002)
     svc.observer.dispatched(batch, 2000)
@@ -118,7 +118,7 @@ def test_a_ledger_that_does_not_balance_reads_non_zero() -> None:
     svc = FakeService()
     svc.core.submit(Item("a", "m", 1, 100, 0), 0)
     svc.core.ledger.models["m"].queued.tokens -= 7  # a leak: tokens counted received, held nowhere
-    m = read_registry(processor_registry(svc))
+    m = read_registry(processor_registry(svc, pipeline_in_background=False))
     assert value(m, "tokenfabric_ledger_imbalance_tokens", model="m", equation="received") == 7
     assert value(m, "tokenfabric_ledger_imbalance_tokens", model="m", equation="routed") == 0
 
@@ -132,11 +132,11 @@ def test_oldest_waiting_age_skips_dispatched_items() -> None:
     (batch,) = core.dispatch(4000)
     assert [it.id for it in batch.items] == ["old"]
     svc.clock_ms = 10_000
-    m = read_registry(processor_registry(svc))
+    m = read_registry(processor_registry(svc, pipeline_in_background=False))
     assert value(m, "tokenfabric_oldest_waiting_age_seconds", model="m") == pytest.approx(6.0)
     core.item_done(batch.batch_id, "old", True, 10_000)
     core.dispatch(10_000)  # "young" leaves too: nothing waits
-    m = read_registry(processor_registry(svc))
+    m = read_registry(processor_registry(svc, pipeline_in_background=False))
     assert value(m, "tokenfabric_oldest_waiting_age_seconds", model="m") == 0
 
 
@@ -221,12 +221,16 @@ def test_docs_metrics_lists_every_metric_and_no_other() -> None:
     svc = FakeService()
     svc.core.set_contract(Contract("c", "m", budget_tokens=1024, max_items=4))
     svc.core.submit(Item("a", "m", 1, 10, 0), 0)
-    svc.core.dispatch(0)
+    svc.core.submit(Item("b", "m", 1, 10, 0), 0)
+    (batch,) = svc.core.dispatch(0)
+    svc.core.items_done(batch.batch_id, [ItemOutcome("a", True)], 0, [4])  # prompt counts exported
     svc.lag = {0: 0}
     exposed = {
         f.name
         for f in text_string_to_metric_families(
-            generate_latest(processor_registry(svc, extra=[KafkaStats()])).decode()
+            generate_latest(
+                processor_registry(svc, extra=[KafkaStats()], pipeline_in_background=False)
+            ).decode()
         )
     }
     consumer = ConsumerMetrics("c")
@@ -266,9 +270,89 @@ def test_jobs_tokens_and_shares_are_exposed_per_job() -> None:
     svc.core.submit(Item("a", "m", 1, 10, 0, job="big"), 0)
     svc.core.submit(Item("b", "m", 1, 10, 0, job="big"), 0)
     svc.core.dispatch(0)
-    samples = parse(generate_latest(processor_registry(svc)).decode())
+    samples = parse(generate_latest(processor_registry(svc, pipeline_in_background=False)).decode())
     assert value(samples, "tokenfabric_job_tokens", job="big", stage="routed") == 10
     assert value(samples, "tokenfabric_job_tokens", job="big", stage="queued") == 10
     assert value(samples, "tokenfabric_job_weight", job="big") == 3
     assert value(samples, "tokenfabric_job_quota_tokens", job="big") == 15
     assert value(samples, "tokenfabric_job_capped", job="big") == 1  # 5 tokens left: not even one item
+
+
+def test_the_ingest_lag_of_a_partition_given_up_leaves_at_once() -> None:
+    """The service keeps the last lag of every partition it ever held; only those it owns now are
+    exported, and the owned count with them."""
+    svc = FakeService(owned=frozenset({0, 1}))
+    svc.lag = {0: 3, 1: 0, 2: 9}  # partition 2 was handed to another instance in a rebalance
+    registry = processor_registry(svc, pipeline_in_background=False)
+    m = read_registry(registry)
+    lags = {dict(k[1])["partition"]: v for k, v in m.items() if k[0] == "tokenfabric_ingest_lag_messages"}
+    assert lags == {"0": 3, "1": 0}
+    assert value(m, "tokenfabric_ingest_owned_partitions") == 2
+    svc.owned = frozenset()  # revoked (exactly-once lets go of everything until the next assignment)
+    m = read_registry(registry)
+    assert not [k for k in m if k[0] == "tokenfabric_ingest_lag_messages"]
+    assert value(m, "tokenfabric_ingest_owned_partitions") == 0
+
+
+def test_the_consumer_apps_lag_counts_batches_not_offsets() -> None:
+    """Three batches on the topic after the app's position, whose last stable offset is five further
+    on (as if two commit markers took offsets): the lag is 3 batches, not 5."""
+    import json
+
+    from processor.engines.sim import SimEngine
+    from processor.kafka.memory import MemoryKafka
+    from processor.kafka.topics import TopicNames, topic_specs
+
+    kafka = MemoryKafka()
+    topics = TopicNames("lagtest")
+    kafka.create_topics(topic_specs(topics, consumers=["card"]))
+    contract = Contract("card", "m", budget_tokens=4096, max_items=8)
+    metrics = ConsumerMetrics("card")
+    app = ConsumerApp({}, topics, contract, SimEngine(CardSpec(), 0.0), clients=kafka.clients())
+    metrics.watch(app)
+    producer = kafka.clients().producer({})
+    for n in range(4):
+        producer.produce(app.batch_topic, f"batch {n}".encode(), f"b{n}".encode())
+    producer.flush()
+    key = {"consumer": "card", "model": "m"}
+    m = read_registry(metrics.registry)
+    assert ("tokenfabric_consumer_app_lag_batches", frozenset(key.items())) not in m  # no statistics yet
+
+    def stats(position: int, stable_end: int) -> str:
+        part = {"fetch_state": "active", "app_offset": position, "ls_offset": stable_end, "consumer_lag": 0}
+        doc = {
+            "name": "rdkafka#consumer-1",
+            "type": "consumer",
+            "topics": {app.batch_topic: {"partitions": {"0": part}}},
+        }
+        return json.dumps(doc)
+
+    metrics.kafka.on_stats(stats(1, 6))
+    assert value(read_registry(metrics.registry), "tokenfabric_consumer_app_lag_batches", **key) == 3
+    metrics.kafka.on_stats(stats(6, 6))  # read to the end: nothing to count
+    assert value(read_registry(metrics.registry), "tokenfabric_consumer_app_lag_batches", **key) == 0
+    app.engine.close()
+
+
+def test_cached_and_computed_prompt_tokens_are_exported_once_consumers_report_them() -> None:
+    svc = FakeService()
+    core = svc.core
+    core.set_contract(Contract("card", "m", budget_tokens=4096, max_items=8, pad_multiple=8, max_inflight=1))
+    for n in range(3):
+        core.submit(Item(f"i{n}", "m", 0xA, 100, arrival_ms=0, job="j"), 0)
+    (batch,) = core.dispatch(0)
+    names = {
+        f.name
+        for f in text_string_to_metric_families(
+            generate_latest(processor_registry(svc, pipeline_in_background=False)).decode()
+        )
+    }
+    assert "tokenfabric_cached_prompt_tokens" not in names  # nothing reported: nothing claimed
+    core.items_done(batch.batch_id, [ItemOutcome(f"i{n}", n < 2) for n in range(3)], 10, [90, 40, 100])
+    m = read_registry(processor_registry(svc, pipeline_in_background=False))
+    assert value(m, "tokenfabric_cached_prompt_tokens_total", model="m") == 130  # the failed item's 100: not
+    assert value(m, "tokenfabric_prefill_tokens_total", model="m") == 70
+    assert value(m, "tokenfabric_consumer_cached_prompt_tokens_total", consumer="card") == 130
+    assert value(m, "tokenfabric_consumer_prefill_tokens_total", consumer="card") == 70
+    assert value(m, "tokenfabric_job_tokens", job="j", stage="cached_prompt") == 130
+    assert value(m, "tokenfabric_job_tokens", job="j", stage="prefill") == 70

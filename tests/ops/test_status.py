@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -89,10 +90,37 @@ def test_dead_instances_and_consumers_are_marked_stale_and_unserved_work_is_name
     assert [(u.model, u.items, u.tokens, u.consumers) for u in rep.unserved] == [
         ("llama-70b", 100, 40_000, ["gpu-old"])
     ]
-    assert rep.ingest.state == "flowing"
+    # p1 died holding 3 of the 6 partitions and nobody took them over yet: ingest is stalled there
+    assert (rep.ingest.state, rep.ingest.stalled_partitions, rep.ingest.partitions) == ("stalled", 3, 6)
     text = render_text(rep)
     assert "UNSERVED" in text and "llama-70b" in text and "(gpu-old not up)" in text
     assert "STALE" in text
+    assert "STALLED: 3 of 6 partitions have no live owner (owner STALE)" in text
+
+
+def test_a_stale_instances_partitions_count_once_and_show_as_handed_over() -> None:
+    view = busy_view()
+    live = view.checkpoints["tokenfabric-processor-0"]
+    view.checkpoints[live.instance] = replace(live, counters={**live.counters, "owned_partitions": 6})
+    rep = report(view, TopicNames(), stale_s=30)
+    rows = {p.instance: (p.owned_partitions, p.handed_over) for p in rep.processors}
+    assert rows == {"tokenfabric-processor-0": (6, 0), "tokenfabric-processor-1": (0, 3)}
+    assert (rep.ingest.state, rep.ingest.stalled_partitions) == ("flowing", 0)
+    assert "0/6 partitions (3 handed over)" in render_text(rep)
+
+
+def test_a_member_answering_nothing_while_batches_wait_is_silent_and_unread_stays_in_the_limit() -> None:
+    view = busy_view()
+    for name, cp in view.checkpoints.items():  # its last completion 40 s ago, a batch in flight
+        quiet = {**cp.per_consumer[LONG], "last_completion_ms": NOW - 40_000}
+        view.checkpoints[name] = replace(cp, per_consumer={LONG: quiet})
+    view.groups[LONG] = GroupFacts(1, committed=3, end=10, unread=7)  # read apart: more than its limit
+    row = next(c for c in report(view, TopicNames(), stale_s=30).consumers if c.consumer == LONG)
+    assert row.state == "silent" and row.last_seen_age_s == pytest.approx(40)
+    assert row.unread_batches == 2  # its contract's in-flight limit
+    assert "SILENT: in its group, batches wait for it, no answer for 40 s" in render_text(
+        report(view, TopicNames(), stale_s=30)
+    )
 
 
 def test_budget_fill_leaves_oversized_batches_out_and_never_passes_100_percent() -> None:

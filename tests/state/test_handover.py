@@ -164,6 +164,7 @@ class Changelog:
     batches: list[tuple[int, changelog.BatchEntry]] = field(default_factory=list)  # (partition, entry)
     heads: dict[tuple[int, int], ItemHead] = field(default_factory=dict)  # items of the batches
     contracts: dict[str, Contract] = field(default_factory=lambda: {CARD.consumer: CARD})
+    stamps: dict[tuple[int, int], int] = field(default_factory=dict)  # ref -> message timestamp (0: none)
     asked: list[tuple[str, list[int] | None]] = field(default_factory=list)
 
     def restore(self, partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
@@ -178,7 +179,7 @@ class Changelog:
             state.apply(changelog.batch_key(entry.batch_id), entry.value(), partition)
         on_contracts(self.contracts)
         for ref, home in state.waiting.items():
-            on_waiting(ref, home, self.waiting[ref][1])
+            on_waiting(ref, home, self.waiting[ref][1], self.stamps.get(ref, 0))
         return RestoredState(sorted(partitions), state, dict(self.heads), self.contracts, seconds=0.5)
 
 
@@ -256,6 +257,17 @@ def test_adopted_waiting_items_are_logged_where_their_records_live(restored: Cha
     committer = svc.committer
     assert isinstance(committer, TransactionalCommitter)
     assert [it.id for it in committer._new_items] == ["gone-a"] and committer._finished == ["b2"]
+
+
+def test_restored_items_keep_their_first_arrival_and_are_adopted_oldest_first(restored: Changelog) -> None:
+    """Waiting ages go on across a restart: an item's arrival is its ingest message's timestamp (the
+    core's clock is epoch ms; now is 1,000 here), unless that is missing or ahead of now."""
+    restored.stamps = {(0, 10): 700, (1, 5): 300, (0, 11): 5_000}  # w2's producer clock runs fast
+    svc = Service()
+    assign(svc, [0, 1])
+    arrival = {it.id: it.arrival_ms for it in svc.core.table.waiting()}
+    assert (arrival["w1"], arrival["w3"], arrival["w2"]) == (700, 300, 1_000)
+    assert svc.core.oldest_waiting_ms(MODEL, 10) == 300  # the arrival queue starts with the oldest
 
 
 def test_a_revocation_commits_then_lets_go_of_everything(restored: Changelog) -> None:

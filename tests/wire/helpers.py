@@ -199,6 +199,7 @@ def completion_rec(**changes: Any) -> CompletionRecord:
         "queued_ms": 12,
         "engine_ms": 340,
         "completed_ms": 1_732_000_000_500,
+        "cached_tokens": 64,
         "cache_hit": True,
     }
     fields.update(changes)
@@ -265,6 +266,7 @@ completions = st.builds(
     queued_ms=int64,
     engine_ms=int64,
     completed_ms=int64,
+    cached_tokens=int32,
     cache_hit=st.booleans(),
 )
 outcomes = st.builds(
@@ -272,6 +274,7 @@ outcomes = st.builds(
     item_id=text,
     status=st.sampled_from(STATUSES),
     cache_hit=st.booleans(),
+    cached_tokens=int32,
     job_id=text,
     reason=st.none() | text,
     input_tokens=int32,

@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]  # not tests.common: this file also runs as a script
 GOLDEN = ROOT / "schemas" / "golden"
 MESSAGES = GOLDEN / "messages.json"
+PREVIOUS_MESSAGES = GOLDEN / "previous.json"
 BATCH_CANONICAL = GOLDEN / "Batch.canonical.avsc"
 
 if __name__ == "__main__":  # run as a script: make the repo importable without an install
@@ -45,8 +46,11 @@ from processor.core.shares import JobPolicy  # noqa: E402
 from processor.jobs import codec as jobs_codec  # noqa: E402
 from processor.jobs.model import BadRow, JobRecord  # noqa: E402
 from processor.wire.completions import (  # noqa: E402
+    PREVIOUS_COMPLETION,
+    PREVIOUS_COMPLETION_BATCH,
     decode_completion,
     decode_completion_batch,
+    decode_completions,
     encode_completion,
     encode_completion_batch,
 )
@@ -58,13 +62,17 @@ from processor.wire.control import (  # noqa: E402
     encode_dead_letter,
     encode_ledger_snapshot,
 )
+from processor.wire.fastavro_io import PreviousSchema  # noqa: E402
+from processor.wire.heads import decode_completions_head  # noqa: E402
 from processor.wire.items import decode_batch, decode_token_item, encode_batch_record, encode_token_item  # noqa: E402
 from processor.wire.records import (  # noqa: E402
+    BATCH_COMPLETION_FIELDS,
     BatchRecord,
     CompletionBatchRecord,
     CompletionRecord,
     ContractRecord,
     DeadLetterRecord,
+    ItemOutcomeRecord,
     LedgerSnapshotRecord,
     TokenItemRecord,
     new_token_item,
@@ -137,7 +145,8 @@ def completion_of(item: TokenItemRecord, **outcome: Any) -> CompletionRecord:
     )
 
 
-OK = completion_of(ITEM, status="ok", output_tokens=2, output=b"Hi!", cache_hit=True)
+OK = completion_of(ITEM, status="ok", output_tokens=2, output=b"Hi!", cached_tokens=2, cache_hit=True)
+"""Two of its three prompt tokens served from the engine's prefix cache (one computed)."""
 
 FAILED = completion_of(PLAIN_ITEM, status="failed", reason="engine error: RuntimeError: out of memory")
 
@@ -218,6 +227,48 @@ GOLDEN_RECORDS = [
 ]
 
 GOLDEN_BY_NAME = {g.name: g for g in GOLDEN_RECORDS}
+
+
+def _as_previous(rec: CompletionRecord) -> CompletionRecord:
+    """``rec`` as a consumer older than ``cached_tokens`` wrote it, and as readers now read that."""
+    return CompletionRecord(**{**_fields_of(rec), "cached_tokens": 0})
+
+
+def _fields_of(rec: CompletionRecord) -> dict[str, Any]:
+    return {name: getattr(rec, name) for name in CompletionRecord.__dataclass_fields__}
+
+
+PREVIOUS_BATCH = CompletionBatchRecord.of([_as_previous(OK), _as_previous(FAILED)])
+
+
+def _previous_batch_message(rec: CompletionBatchRecord) -> bytes:
+    fields = {name: getattr(rec, name) for name in BATCH_COMPLETION_FIELDS}
+    items = [{n: getattr(o, n) for n in ItemOutcomeRecord.__dataclass_fields__} for o in rec.items]
+    return PREVIOUS_COMPLETION_BATCH.encode({**fields, "items": items})
+
+
+PREVIOUS_RECORDS: list[tuple[PreviousSchema, Golden]] = [
+    (
+        PREVIOUS_COMPLETION,
+        Golden(
+            "Completion",
+            _as_previous(OK),
+            lambda rec: PREVIOUS_COMPLETION.encode(_fields_of(rec)),
+            decode_completion,
+        ),
+    ),
+    (
+        PREVIOUS_COMPLETION_BATCH,
+        Golden(
+            "CompletionBatch",
+            PREVIOUS_BATCH,
+            _previous_batch_message,
+            decode_completion_batch,
+        ),
+    ),
+]
+"""Messages in a record's previous schema (before ``cached_tokens``): what consumers not yet
+upgraded write, and what the results topic holds from before. Readers read them with 0 there."""
 
 JOB_RECORDS = ("Job", "JobShare")
 
@@ -330,13 +381,40 @@ def golden_document() -> dict[str, Any]:
     }
 
 
+def previous_document() -> dict[str, Any]:
+    """What schemas/golden/previous.json holds: each previous schema's message of the fixed values."""
+    records = []
+    for previous, g in PREVIOUS_RECORDS:
+        message = g.encode(g.value)
+        records.append(
+            {
+                "record": g.name,
+                "header_hex": previous.header.hex(),
+                "canonical_form": to_parsing_canonical_form(previous.schema),
+                "fields": generic_read(previous.schema, message),
+                "message_hex": message.hex(),
+            }
+        )
+    return {
+        "description": (
+            "Messages written with a record's previous schema, before it gained fields with defaults "
+            "(Completion and CompletionBatch before cached_tokens): what a writer not yet upgraded "
+            "sends. Readers still read them, filling the new fields' defaults "
+            "(tests/wire/test_golden.py; keys as in messages.json)."
+        ),
+        "records": records,
+    }
+
+
 def write() -> None:
     GOLDEN.mkdir(exist_ok=True)
     document = json.dumps(golden_document(), indent=2, ensure_ascii=False) + "\n"
     MESSAGES.write_text(document, encoding="utf-8")
+    previous = json.dumps(previous_document(), indent=2, ensure_ascii=False) + "\n"
+    PREVIOUS_MESSAGES.write_text(previous, encoding="utf-8")
     # No newline: the file's bytes are exactly the canonical form the fingerprint is computed over.
     BATCH_CANONICAL.write_text(CANONICAL_FORMS["Batch"], encoding="utf-8")
-    print(f"wrote {MESSAGES} and {BATCH_CANONICAL}")
+    print(f"wrote {MESSAGES}, {PREVIOUS_MESSAGES} and {BATCH_CANONICAL}")
 
 
 def shipped() -> dict[str, dict[str, Any]]:
@@ -416,6 +494,36 @@ def test_the_golden_batch_is_one_its_consumer_would_run() -> None:
     assert [c.item_id for c in (OK, FAILED)] == [item.item_id for item in BATCH.items]
     assert all(c.queued_ms > 0 for c in (OK, FAILED))
     assert FAILED.output == b"" and FAILED.output_tokens == 0 and FAILED.reason
+
+
+def test_the_previous_file_is_what_the_generator_writes() -> None:
+    assert json.loads(PREVIOUS_MESSAGES.read_text(encoding="utf-8")) == previous_document()
+
+
+@pytest.mark.parametrize("index", range(len(PREVIOUS_RECORDS)), ids=[g.name for _p, g in PREVIOUS_RECORDS])
+def test_a_message_in_the_previous_schema_still_reads_with_the_new_fields_defaults(index: int) -> None:
+    """Every reader: the codec, ``decode_completions`` and the processor's head read the previous
+    message as the fixed value with ``cached_tokens`` 0 and the rest as written."""
+    previous, g = PREVIOUS_RECORDS[index]
+    golden = json.loads(PREVIOUS_MESSAGES.read_text(encoding="utf-8"))["records"][index]
+    message = bytes.fromhex(golden["message_hex"])
+    assert message[:HEADER_SIZE] == previous.header != CODEC_HEADERS[g.name]
+    assert generic_read(previous.schema, message) == golden["fields"]
+    assert "cached_tokens" not in golden["canonical_form"]
+    assert g.decode(message) == g.value
+    completions = decode_completions(message)
+    assert [c.cached_tokens for c in completions] == [0] * len(completions)
+    assert completions[0].cache_hit and completions[0].output == b"Hi!"
+    head = decode_completions_head(message)
+    assert head.items == [(c.item_id, c.status == "ok", c.cache_hit) for c in completions]
+    assert head.cached_tokens == [0] * len(completions)
+
+
+def test_the_new_golden_messages_carry_the_cached_count_to_every_reader() -> None:
+    for name in ("Completion", "CompletionBatch"):
+        message = bytes.fromhex(shipped()[name]["message_hex"])
+        assert decode_completions(message)[0].cached_tokens == 2
+        assert decode_completions_head(message).cached_tokens[0] == 2
 
 
 if __name__ == "__main__":

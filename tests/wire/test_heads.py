@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from processor.core.item import Batch, Item
 from processor.wire.completions import (
+    PREVIOUS_COMPLETION,
+    PREVIOUS_COMPLETION_BATCH,
     decode_completion,
     decode_completions,
     encode_completion,
@@ -155,10 +157,15 @@ def test_a_batch_of_spliced_messages_is_byte_identical_to_one_of_records(
     assert encode_batch(batch(messages)) == encode_batch(batch(records))
 
 
+def head_of(rec: CompletionRecord) -> tuple[str, str, str, bool, bool, int]:
+    """What :func:`decode_completion_head` should say of ``rec``."""
+    return (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit, rec.cached_tokens)
+
+
 @given(completions)
 def test_the_completion_head_matches_the_full_decoder(rec: CompletionRecord) -> None:
     value = encode_completion(rec)
-    expected = (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit)
+    expected = head_of(rec)
     assert decode_completion_head(value) == expected
     assert decode_completion_head_strict(value) == expected
 
@@ -178,24 +185,25 @@ def test_a_damaged_completion_is_refused_whenever_the_full_decoder_refuses_it(
     quick = outcome(decode_completion_head, bytes(value))
     # the quick reader parses only the leading fields: whatever it accepts, it reads as the full one
     if not isinstance(full, str) and quick != "avro-decode":  # avro-decode: where fastavro is lax
-        assert quick == (full.item_id, full.batch_id, full.consumer, full.status == "ok", full.cache_hit)
+        assert quick == head_of(full)
     if isinstance(full, str):
         # fastavro reads over-long varints and negative union indexes the spec forbids; the hand
         # decoder may refuse more (avro-decode), never less
         assert isinstance(head, str), (full, head)
     elif not isinstance(head, str):
-        assert head == (full.item_id, full.batch_id, full.consumer, full.status == "ok", full.cache_hit)
+        assert head == head_of(full)
     else:
         assert head == "avro-decode"
 
 
-def heads_of(records: list[CompletionRecord]) -> tuple[str, str, list[tuple[str, bool, bool]]]:
+def heads_of(records: list[CompletionRecord]) -> tuple[str, str, list[tuple[str, bool, bool]], list[int]]:
     """What :func:`decode_completions_head` should say of a message holding ``records``."""
     first = records[0] if records else None
     return (
         first.batch_id if first else "",
         first.consumer if first else "",
         [(r.item_id, r.status == "ok", r.cache_hit) for r in records],
+        [r.cached_tokens for r in records],
     )
 
 
@@ -213,9 +221,32 @@ def test_the_completions_head_of_a_batch_matches_the_full_decoder(rec: Completio
         rec.batch_id,
         rec.consumer,
         [(o.item_id, o.status == "ok", o.cache_hit) for o in rec.items],
+        [o.cached_tokens for o in rec.items],
     )
     if rec.items:
         assert head == heads_of(decode_completions(value))
+
+
+@given(completions, completion_batches)
+def test_messages_written_before_cached_tokens_read_the_same_with_zero_there(
+    rec: CompletionRecord, batch: CompletionBatchRecord
+) -> None:
+    """A consumer not yet upgraded writes the previous schemas: every reader still reads them."""
+    fields_of_rec = {n: getattr(rec, n) for n in CompletionRecord.__dataclass_fields__}
+    old = PREVIOUS_COMPLETION.encode(fields_of_rec)
+    expected = (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit, 0)
+    assert decode_completion_head(old) == decode_completion_head_strict(old) == expected
+    assert decode_completions(old) == [CompletionRecord(**{**fields_of_rec, "cached_tokens": 0})]
+    fields = {
+        n: getattr(batch, n)
+        for n in ("batch_id", "consumer", "model", "padded_tokens", "engine_ms", "completed_ms")
+    }
+    items = [{n: getattr(o, n) for n in o.__dataclass_fields__} for o in batch.items]
+    old_batch = PREVIOUS_COMPLETION_BATCH.encode({**fields, "items": items})
+    head = decode_completions_head(old_batch)
+    assert head.items == [(o.item_id, o.status == "ok", o.cache_hit) for o in batch.items]
+    assert head.cached_tokens == [0] * len(batch.items)
+    assert [c.cached_tokens for c in decode_completions(old_batch)] == [0] * len(batch.items)
 
 
 @st.composite

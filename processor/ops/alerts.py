@@ -1,0 +1,231 @@
+"""The Prometheus alert rules that ship with tokenfabric, with their thresholds as named settings.
+
+Why in Python rather than only as YAML: every threshold is a documented setting (:class:`AlertSettings`,
+docs/alerts.md), the shipped rule file ``k8s/prometheus/tokenfabric-alerts.yml`` and its
+PrometheusRule are this module's rendering with the defaults (tests/k8s checks both are), and the
+broker test renders the same rules with short thresholds to watch each one fire in seconds
+(tests/broker/test_alerts.py). ``python -m processor.ops.alerts > k8s/prometheus/tokenfabric-alerts.yml``
+writes the file again after a change.
+
+The rules need no job names: a tokenfabric target is one that exported ``tokenfabric_build_info``,
+a processor one that exports ``tokenfabric_step_age_seconds``. Figures about the whole pipeline come
+from ``tokenfabric_pipeline_*``, which every live processor exports alike (processor.ops.pipeline_view),
+so the rules take their ``max``/``min`` over reporters: an instance that dies leaves the others' series,
+and an alert's ``for:`` clock is not restarted by the death of the instance that held the work.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+GROUP = "tokenfabric"
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSettings:
+    """Every threshold of the shipped rules (seconds unless named otherwise; docs/alerts.md)."""
+
+    down_for_s: int = 60
+    """A tokenfabric target unscraped (``up == 0``) this long: TokenfabricTargetDown."""
+    seen_within_s: int = 86_400
+    """A target counts as tokenfabric's if it exported ``tokenfabric_build_info`` within this."""
+    no_processor_for_s: int = 60
+    """No processor scraped at all this long: TokenfabricNoProcessor."""
+    stale_s: int = 30
+    """A processor whose last checkpoint is older is STALE (``tokenfabric status --stale-s``)."""
+    stale_for_s: int = 30
+    unowned_for_s: int = 60
+    """Ingest partitions without a live owner this long: longer than a rebalance's restore."""
+    lag_min_messages: int = 100
+    """Ingest lag below this never counts as growing."""
+    lag_window_s: int = 300
+    lag_for_s: int = 300
+    unserved_for_s: int = 600
+    """Items waiting this long for a model no consumer announced: TokenfabricWorkNobodyServes."""
+    wait_s: int = 300
+    """The oldest waiting item's age (from its first arrival) past this: TokenfabricItemsWaitTooLong."""
+    wait_for_s: int = 60
+    consumer_silent_s: int = 120
+    """A consumer holding batches that answered nothing for this long: TokenfabricConsumerStalled."""
+    imbalance_for_s: int = 120
+    dead_letter_window_s: int = 300
+    """TokenfabricDeadLetters fires while a message was dead-lettered within this window."""
+
+
+def duration(seconds: int) -> str:
+    """A Prometheus duration: ``90`` -> ``90s``, ``120`` -> ``2m``, ``86400`` -> ``1d``."""
+    if seconds < 0:
+        raise ValueError(f"a duration must be >= 0 s, got {seconds}")
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _rule(alert: str, expr: str, for_s: int, severity: str, summary: str, description: str) -> dict[str, Any]:
+    return {
+        "alert": alert,
+        "expr": expr,
+        "for": duration(for_s),
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "description": description},
+    }
+
+
+def rules(s: AlertSettings | None = None) -> list[dict[str, Any]]:
+    """The alert rules, in the order docs/alerts.md describes them."""
+    s = s or AlertSettings()
+    silent = duration(s.consumer_silent_s)
+    seen, lag_window, dead_window = (
+        duration(x) for x in (s.seen_within_s, s.lag_window_s, s.dead_letter_window_s)
+    )
+    return [
+        _rule(
+            "TokenfabricTargetDown",
+            f"up == 0 and on (job, instance) max_over_time(tokenfabric_build_info[{seen}])",
+            s.down_for_s,
+            "critical",
+            "tokenfabric target {{ $labels.instance }} ({{ $labels.job }}) is down or unscraped",
+            "Prometheus cannot scrape {{ $labels.instance }}: the process is dead, hung before it serves "
+            "/metrics, or unreachable. A processor's partitions wait for the group to hand them over "
+            "(session timeout); a consumer's batches in flight wait for it. Check the pod (kubectl "
+            "describe, logs, exit code 75 means restart me) and `tokenfabric status`.",
+        ),
+        _rule(
+            "TokenfabricNoProcessor",
+            "absent(tokenfabric_step_age_seconds)",
+            s.no_processor_for_s,
+            "critical",
+            "no tokenfabric processor is scraped",
+            "No processor exports metrics, so nothing takes ingest and nothing dispatches. Check the "
+            "StatefulSet and the scrape configuration; `tokenfabric status` reads Kafka directly.",
+        ),
+        _rule(
+            "TokenfabricProcessorStale",
+            f"min by (processor) (tokenfabric_pipeline_checkpoint_age_seconds) > {s.stale_s}",
+            s.stale_for_s,
+            "critical",
+            "processor {{ $labels.processor }} is STALE: last checkpoint {{ $value | humanizeDuration }} ago",
+            f"The instance has not checkpointed for over {s.stale_s} s: dead, stuck, or restoring for "
+            "that long (status shows it STALE). Its partitions and waiting items are held until it "
+            "comes back or the group hands them over. Restart it; if it is gone for good, "
+            "`tokenfabric status --forget-processor {{ $labels.processor }}`.",
+        ),
+        _rule(
+            "TokenfabricIngestPartitionsUnowned",
+            "max(tokenfabric_pipeline_ingest_partitions)\n"
+            "- (sum(tokenfabric_ingest_owned_partitions) or vector(0)) > 0",
+            s.unowned_for_s,
+            "critical",
+            "{{ $value }} ingest partitions have no live owner",
+            "No scraped processor owns these ingest partitions: their items are neither read nor "
+            "dispatched. After a crash the group hands them over once the session timeout expires; if "
+            "this lasts, look for a STALE or down processor and restart it, or add an instance.",
+        ),
+        _rule(
+            "TokenfabricIngestLagGrowing",
+            f"min by (partition) (tokenfabric_pipeline_ingest_lag_messages) > {s.lag_min_messages}\n"
+            "and min by (partition) (\n"
+            f"  delta(tokenfabric_pipeline_ingest_lag_messages[{lag_window}])\n"
+            ") > 0",
+            s.lag_for_s,
+            "warning",
+            "ingest partition {{ $labels.partition }} lag is growing ({{ $value }} messages)",
+            "The processors' group falls behind on this partition: its owner is dead, stuck, paused by "
+            "backpressure, or slower than the producers. Check TokenfabricIngestPartitionsUnowned, "
+            "tokenfabric_ingest_paused and the processors' CPU; add instances (up to the partition count).",
+        ),
+        _rule(
+            "TokenfabricWorkNobodyServes",
+            "max by (model) (tokenfabric_pipeline_unserved_items) > 0",
+            s.unserved_for_s,
+            "warning",
+            "{{ $value }} items of model {{ $labels.model }} wait and no consumer serves the model",
+            "Items wait for a model no consumer has announced a contract for. Start a consumer for "
+            "the model (or fix the producers' model name); `tokenfabric status` lists them.",
+        ),
+        _rule(
+            "TokenfabricItemsWaitTooLong",
+            f"max by (model) (tokenfabric_oldest_waiting_age_seconds) > {s.wait_s}",
+            s.wait_for_s,
+            "warning",
+            "the oldest item of model {{ $labels.model }} has waited {{ $value | humanizeDuration }}",
+            "Items of this model wait longer than expected: too few consumers for the load, consumers "
+            "stalled, or a job capped by its quota. Compare the model's queued tokens with its "
+            "consumers' completed rate; add consumers or lift the quota.",
+        ),
+        _rule(
+            "TokenfabricConsumerStalled",
+            "sum by (consumer) (tokenfabric_consumer_in_flight_batches) > 0\n"
+            "unless on (consumer) (\n"
+            f"  sum by (consumer) (increase(tokenfabric_consumer_completed_items_total[{silent}]))\n"
+            f"  + sum by (consumer) (increase(tokenfabric_consumer_failed_items_total[{silent}])) > 0\n"
+            ")",
+            s.consumer_silent_s,
+            "critical",
+            "consumer {{ $labels.consumer }} holds {{ $value }} batches and answered nothing for " + silent,
+            "The consumer has batches in flight and no completion came back: its process is dead or "
+            "hung, its engine is stuck, or it cannot write to the results topic. Its batches wait "
+            "for it. Check its pod and logs; if it is gone for good, `tokenfabric status "
+            "--retire-consumer {{ $labels.consumer }}` hands its batches to the others.",
+        ),
+        _rule(
+            "TokenfabricLedgerImbalance",
+            "abs(tokenfabric_ledger_imbalance_tokens) > 0 or tokenfabric_ledger_ok == 0",
+            s.imbalance_for_s,
+            "critical",
+            "the ledger of {{ $labels.instance }} does not balance",
+            "A ledger equation fails (tokens counted in and out differ): a bug. The processor stops "
+            "without committing and restarts from its last commit. Keep its logs, run "
+            "`tokenfabric audit`, and report it.",
+        ),
+        _rule(
+            "TokenfabricDeadLetters",
+            f"(sum(increase(tokenfabric_dead_lettered_messages_total[{dead_window}])) or vector(0))\n"
+            "+ (\n"
+            "  sum(increase(tokenfabric_consumer_app_dead_lettered_batches_total"
+            f"[{dead_window}])) or vector(0)\n"
+            ")\n"
+            "> 0",
+            0,
+            "warning",
+            "{{ $value }} messages dead-lettered in the last " + dead_window,
+            "Messages went to the dead-letter topic: undecodable or invalid ingest messages, repeated "
+            "item ids, or batches a consumer could not decode. Read the dead-letter topic (each record "
+            "says its reason) and fix the producer.",
+        ),
+    ]
+
+
+def rule_groups(s: AlertSettings | None = None) -> dict[str, Any]:
+    """The rule file's content: ``{"groups": [...]}``, as ``promtool check rules`` reads it."""
+    return {"groups": [{"name": GROUP, "rules": rules(s)}]}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings as ``|`` blocks, so the PromQL reads as written."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+HEADER = (
+    "# tokenfabric's alert rules (docs/alerts.md), rendered by processor/ops/alerts.py with its default\n"
+    "# thresholds: python -m processor.ops.alerts > k8s/prometheus/tokenfabric-alerts.yml\n"
+)
+
+
+def render(s: AlertSettings | None = None) -> str:
+    """The rule file as text, the header comment first."""
+    return HEADER + yaml.dump(rule_groups(s), Dumper=_Dumper, sort_keys=False, width=200)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
