@@ -10,8 +10,8 @@ Progress goes to the jobs topic (what ``tokenfabric jobs`` shows) at most every
 ``--progress-every-s`` per job, and when a job completes. A job whose dataset cannot be read here
 (say, it was submitted from another machine) is logged once and skipped.
 
-Stops on SIGTERM or Ctrl-C, after the read in progress; exit status 0, or 2 for bad arguments, 1 if
-Kafka fails.
+Stops on SIGTERM or Ctrl-C, after the read in progress; exit status 0, or 2 for bad arguments or a
+``--topic-prefix`` with no pipeline behind it (one line naming the prefixes there), 1 if Kafka fails.
 """
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.jobs.datasets import need_pyarrow
     from processor.jobs.topic import JobsTopicError
     from processor.kafka.config import ConfigError
+    from processor.kafka.pipelines import NoSuchPipeline, check_pipeline
     from processor.kafka.reach import wait_for_cluster
 
     try:
@@ -191,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
         if not wait_for_cluster(conf, stop, log):  # said once, retried until the cluster answers
             log.info("stopped before Kafka answered")
             return 0
+        try:
+            check_pipeline(conf, topics)
+        except NoSuchPipeline as exc:  # a typo in --topic-prefix: collect nothing under it
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
         service = CollectorService(conf, topics, out_dir, args.format, progress_every_s=args.progress_every_s)
         serve(service, stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
         open_jobs = sorted(service.collection.collectors)

@@ -21,6 +21,7 @@ COMMANDS = {
     "jobs": ["jobs"],
     "audit": ["audit"],
     "collect": ["collect", "--job", "j", "--out", "{tmp}/out.jsonl"],
+    "collector": ["collector", "--out-dir", "{tmp}/out", "--once"],
     "share": ["share", "j", "--weight", "2"],
     "produce": ["produce", "--trace", "data/traces/templated_trace.jsonl.gz", "--limit", "1"],
     "submit": ["submit", "{tmp}/rows.jsonl", "--job", "j", "--template", "{tmp}/t.toml"],
