@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.sim.columns import fitted
 
 if TYPE_CHECKING:
     from processor.core.shares import JobPolicy
@@ -126,41 +127,9 @@ def run(args: argparse.Namespace) -> int:
         )
         for job in ordered
     ]
-    for line in _fitted([header, *lines], shutil.get_terminal_size((120, 24)).columns, left=(0, 1, 8, 9)):
+    for line in fitted([header, *lines], shutil.get_terminal_size((120, 24)).columns, left=(0, 1, 8, 9)):
         print(line)
     return 0
-
-
-def _fitted(rows: list[tuple[str, ...]], width: int, left: tuple[int, ...]) -> list[str]:
-    """The table in as few parts as fit ``width``: each part the job column and the next columns that
-    fit beside it, parts separated by a blank line. Names stay whole (a pipe or a script gets them),
-    so a name wider than the terminal makes its lines wider, never cut."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    parts: list[list[int]] = [[0]]
-    for col in range(1, len(widths)):
-        used = sum(widths[c] + 2 for c in parts[-1])
-        if len(parts[-1]) > 1 and used + widths[col] > width:
-            parts.append([0])
-        parts[-1].append(col)
-    out: list[str] = []
-    for part in parts:
-        if out:
-            out.append("")
-        out += _aligned(
-            [tuple(r[c] for c in part) for r in rows], left=tuple(part.index(c) for c in part if c in left)
-        )
-    return out
-
-
-def _aligned(rows: list[tuple[str, ...]], left: tuple[int, ...]) -> list[str]:
-    """Plain columns (no width limit, so a pipe or a narrow terminal gets whole names)."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        ).rstrip()
-        for r in rows
-    ]
 
 
 def _detail(job: JobRecord) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         out = reports[0].to_dict() if len(reports) == 1 else {r.label: r.to_dict() for r in reports}
         print(json.dumps(out, indent=2))
     else:
-        print(render_table(reports))
+        print(render_table(reports, shutil.get_terminal_size((120, 24)).columns))
     if args.plot:
         from processor.sim.plots import plot_simulation
 

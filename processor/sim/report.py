@@ -11,6 +11,7 @@ from typing import Any
 
 from processor.core.item import Batch
 from processor.core.measures import padding_waste
+from processor.sim.columns import fitted
 
 
 @dataclass(slots=True)
@@ -274,8 +275,9 @@ def batch_line(batch: Batch) -> str:
     )
 
 
-def render_table(reports: Iterable[SimReport]) -> str:
-    """A human table: one column per policy (per policy and batching mode when the run chose modes)."""
+def render_table(reports: Iterable[SimReport], width: int = 10_000) -> str:
+    """A human table: one column per policy (per policy and batching mode when the run chose modes),
+    in parts that fit ``width`` (processor/sim/columns.py)."""
     reports = list(reports)
     rows: list[tuple[str, Callable[[SimReport], str]]] = [
         ("items", lambda r: f"{r.items:,}"),
@@ -307,17 +309,8 @@ def render_table(reports: Iterable[SimReport]) -> str:
             ("KV bytes peak / memory_bytes", lambda r: f"{r.kv_peak_fill:.1%}"),
             ("batches over memory_bytes", lambda r: f"{r.over_memory:,}"),
         ]
-    width = max(len(name) for name, _ in rows)
-    cols = [[fmt(r) for _, fmt in rows] for r in reports]
-    col_w = [max(len(r.label), *(len(v) for v in col)) for r, col in zip(reports, cols, strict=True)]
-    lines = [
-        "".ljust(width) + "  " + "  ".join(r.label.rjust(w) for r, w in zip(reports, col_w, strict=True))
-    ]
-    for i, (name, _) in enumerate(rows):
-        lines.append(
-            name.ljust(width) + "  " + "  ".join(col[i].rjust(w) for col, w in zip(cols, col_w, strict=True))
-        )
-    return "\n".join(lines)
+    table = [["", *(r.label for r in reports)], *([name, *(fmt(r) for r in reports)] for name, fmt in rows)]
+    return "\n".join(fitted(table, width))
 
 
 def _job_rows(reports: list[SimReport]) -> list[tuple[str, Callable[[SimReport], str]]]:

@@ -1,8 +1,9 @@
-"""``tokenfabric jobs``'s table: whole where it fits the terminal, else in parts that do."""
+"""``tokenfabric jobs``' table (processor/sim/columns.py): whole where it fits the terminal, else in
+parts that do."""
 
 from __future__ import annotations
 
-from processor.cli.jobs import _fitted
+from processor.sim.columns import fitted
 
 HEADER = (
     "job", "state", "rows", "bad", "ok", "failed", "missing", "tokens in", "counted",
@@ -20,13 +21,13 @@ LEFT = (0, 1, 8, 9)
 
 
 def test_a_wide_terminal_gets_one_table() -> None:
-    wide = _fitted(ROWS, 200, LEFT)
+    wide = fitted(ROWS, 200, LEFT)
     assert len(wide) == 3 and wide[0].split()[-4:] == ["share", "routed", "padded", "cached"]
 
 
 def test_a_narrow_terminal_gets_parts_no_wider_than_it_each_with_whole_job_names() -> None:
     for width in (80, 120):
-        narrow = _fitted(ROWS, width, LEFT)
+        narrow = fitted(ROWS, width, LEFT)
         assert max(len(line) for line in narrow) <= width, "\n".join(narrow)
         parts = "\n".join(narrow).split("\n\n")
         assert len(parts) >= 2

@@ -245,3 +245,16 @@ def test_simulate_rejects_bad_setups(
     with pytest.raises(ValueError) as info:
         simulate(mixed[:10], consumers, **kwargs)  # type: ignore[arg-type]
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_table_folds_into_parts_that_fit_the_terminal(mixed: list[TraceRecord], width: int) -> None:
+    wide = render_table([run(mixed, p, backlog=True) for p in POLICIES])
+    table = render_table([run(mixed, p, backlog=True) for p in POLICIES], width)
+    assert (
+        max(len(line) for line in table.splitlines()) <= width < max(len(line) for line in wide.splitlines())
+    )
+    parts = table.split("\n\n")
+    assert len(parts) > 1
+    assert [p for part in parts for p in part.splitlines()[0].split()] == list(POLICIES)  # each policy once
+    assert all(part.splitlines()[1].startswith("items ") for part in parts)  # the names repeat
