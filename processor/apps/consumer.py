@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from processor.apps.deadletters import dead_letter_of
 from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.accounting import prompt_split
 from processor.core.contract import Contract, contract_violation
@@ -72,7 +73,6 @@ from processor.wire.records import (
     CompletionForm,
     CompletionRecord,
     ContractRecord,
-    DeadLetterRecord,
     Status,
     TokenItemRecord,
 )
@@ -477,7 +477,6 @@ class ConsumerApp:
             self.stats.rejected += 1
 
     def _dead_letter(self, msg: Message, exc: DecodeError) -> None:
-        value = msg.value() or b""
         log.warning(
             "%s[%d]@%d: undecodable batch (%s: %s): dead-lettered",
             msg.topic(),
@@ -486,16 +485,8 @@ class ConsumerApp:
             exc.reason,
             exc,
         )
-        rec = DeadLetterRecord(
-            reason=exc.reason,
-            detail=str(exc),
-            source_topic=msg.topic() or self.batch_topic,
-            partition=msg.partition() or 0,
-            offset=msg.offset() or 0,
-            original=value,
-            original_key=msg.key(),
-            dead_ms=_now_ms(),
-        )
+        topic, partition, offset = msg.topic() or self.batch_topic, msg.partition() or 0, msg.offset() or 0
+        rec = dead_letter_of(msg, exc.reason, str(exc), topic, partition, offset)
         self._produce(self.topics.dead_letter, msg.key(), encode_dead_letter(rec))
         self._flush("dead letter")
         self.stats.dead_lettered += 1

@@ -35,6 +35,17 @@ class ServiceCounters:
     assignments: int = 0
     replayed_completions: int = 0
 
+    def missed(self, items: int, batch_id: str, instance: str, replay: bool) -> None:
+        """Completions of ``items`` items this instance did not apply: replays of the results topic,
+        batches of its own id (``<instance>-<start ms>-<n>``, any incarnation) it does not hold, or
+        other instances' batches (every instance reads the whole results topic)."""
+        if replay:
+            self.replayed_completions += items
+        elif batch_id.rsplit("-", 2)[0] == instance:
+            self.unknown_completions += items
+        else:
+            self.foreign_completions += items
+
 
 class ServiceObserver:
     """Hooks the metrics layer implements; the default observes nothing.

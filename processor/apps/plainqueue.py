@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from processor.apps.consumer import PRODUCER_SETTINGS, ConsumerStats, item_completion
+from processor.apps.deadletters import dead_letter_of
 from processor.apps.settings import MAX_COMPLETION_BYTES, PlainQueueSettings
 from processor.core.contract import BatchRule, Contract
 from processor.engines.base import Engine, ItemResult
@@ -40,7 +41,7 @@ from processor.wire.completions import encode_completion_batches
 from processor.wire.control import encode_dead_letter
 from processor.wire.errors import DecodeError
 from processor.wire.items import decode_token_item
-from processor.wire.records import BatchRecord, CompletionBatchRecord, DeadLetterRecord, TokenItemRecord
+from processor.wire.records import BatchRecord, CompletionBatchRecord, TokenItemRecord
 
 log = logging.getLogger("tokenfabric.plainqueue")
 
@@ -269,15 +270,6 @@ class PlainQueueApp:
     def _dead_letter(self, r: _Read) -> None:
         assert self._producer is not None
         assert r.error is not None
-        rec = DeadLetterRecord(
-            reason=r.error.reason,
-            detail=str(r.error),
-            source_topic=self.topics.ingest,
-            partition=r.partition,
-            offset=r.offset,
-            original=r.msg.value() or b"",
-            original_key=r.msg.key(),
-            dead_ms=time.time_ns() // 1_000_000,
-        )
+        rec = dead_letter_of(r.msg, r.error.reason, str(r.error), self.topics.ingest, r.partition, r.offset)
         self._producer.produce(self.topics.dead_letter, encode_dead_letter(rec), r.msg.key())
         self.stats.dead_lettered += 1

@@ -34,6 +34,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from processor.apps.checkpoint import checkpoint_record, share_counters
+from processor.apps.deadletters import dead_letter_of
 from processor.apps.observe import ServiceCounters, ServiceObserver, UnservedWatch
 from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger, LedgerImbalance
@@ -68,7 +69,7 @@ from processor.wire.control import (
 from processor.wire.errors import DecodeError
 from processor.wire.heads import ItemHead, decode_completions_head, decode_item_head
 from processor.wire.items import encode_batch
-from processor.wire.records import DeadLetterRecord, LedgerSnapshotRecord
+from processor.wire.records import LedgerSnapshotRecord
 
 log = logging.getLogger("tokenfabric.processor")
 
@@ -428,16 +429,7 @@ class ProcessorService:
         self.counters.duplicates += 1
 
     def _dead_letter(self, msg: Any, reason: str, detail: str, partition: int, offset: int) -> None:
-        record = DeadLetterRecord(
-            reason=reason,
-            detail=detail,
-            source_topic=msg.topic(),
-            partition=partition,
-            offset=offset,
-            original=bytes(msg.value() or b""),
-            original_key=msg.key(),
-            dead_ms=int(time.time() * 1000),
-        )
+        record = dead_letter_of(msg, reason, detail, msg.topic(), partition, offset)
         self.committer.produce(
             self.topics.dead_letter,
             encode_dead_letter(record),
@@ -508,12 +500,6 @@ class ProcessorService:
         self.counters.contracts += 1
         log.info("contract %s", rec.contract)
 
-    def _made_here(self, batch_id: str) -> bool:
-        """True for a batch id of this instance id (``<instance>-<start ms>-<n>``, any incarnation):
-        the only completions whose batch this instance should know. Every instance reads the whole
-        results topic, so the other instances' batches are foreign, not unknown."""
-        return batch_id.rsplit("-", 2)[0] == self.settings.instance
-
     def _completion(self, msg: Any, now: int) -> None:
         """Apply a results message: one item's completion, or several items of one batch."""
         try:
@@ -531,13 +517,7 @@ class ProcessorService:
         if applied and answered is not None:
             self.observer.answered(answered, applied, now)
         if applied < len(items):
-            missed = len(items) - applied
-            if replay:
-                counters.replayed_completions += missed
-            elif self._made_here(batch_id):
-                counters.unknown_completions += missed
-            else:
-                counters.foreign_completions += missed
+            counters.missed(len(items) - applied, batch_id, self.settings.instance, replay)
         if not applied:
             return
         hit = self._cache_hit.setdefault(batch_id, items[0][2])  # the batch's first answer says

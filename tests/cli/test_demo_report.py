@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from processor.cli.demo import RUNS, _report, cards_for
+from processor.cli.demo import cards_for
+from processor.cli.demo_report import RUNS
+from processor.cli.demo_report import report as _report
 from processor.local.compare import CardFigures, RunFigures
 from processor.sim.traces import TraceRecord
 
