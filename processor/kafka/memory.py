@@ -208,7 +208,7 @@ class MemoryKafka:
         topics = {}
         for name in names:
             if name in self.topics:
-                parts = {p: SimpleNamespace(id=p) for p in range(len(self.topics[name]))}
+                parts = {p: SimpleNamespace(id=p, leader=1) for p in range(len(self.topics[name]))}
                 topics[name] = SimpleNamespace(topic=name, partitions=parts, error=None)
             else:
                 topics[name] = SimpleNamespace(

@@ -13,8 +13,9 @@ accounting and jobs are compacted: the latest value per key is the state, and a 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 DEFAULT_PREFIX = "tokenfabric"
 
@@ -129,7 +130,12 @@ def create_topics(
     timeout_s: float = 30.0,
     clients: ClientFactory | None = None,
 ) -> list[str]:
-    """Create what does not exist yet; returns the names created. Existing topics are left alone."""
+    """Create what does not exist yet; returns the names created. Existing topics are left alone.
+
+    Returns once every named topic is in the cluster's metadata: a broker answers CreateTopics before
+    its metadata cache holds the new topic, and a command run right after ``topics create`` (or a
+    test's first check) must not be told the pipeline does not exist.
+    """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
@@ -155,4 +161,20 @@ def create_topics(
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+    _await_metadata(admin, {t.topic for t in new}, timeout_s)
     return created
+
+
+def _await_metadata(admin: Any, names: set[str], timeout_s: float, poll_s: float = 0.05) -> None:
+    """Wait (at most ``timeout_s``) until every topic in ``names`` shows in metadata with a leader for
+    each partition; a topic still missing then is left for the caller's own check to name."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = admin.list_topics(timeout=timeout_s).topics
+        ready = all(
+            n in listed and listed[n].partitions and all(p.leader >= 0 for p in listed[n].partitions.values())
+            for n in names
+        )
+        if ready or time.monotonic() >= deadline:
+            return
+        time.sleep(poll_s)
