@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_codec.py            # about a minute
     .venv/bin/python benchmarks/bench_codec.py --quick    # a few seconds, rougher
+    .venv/bin/python benchmarks/bench_codec.py --requests # only with vs without a request
 
 For 100, 1000 and 8000-token items it prints items/s for:
 
@@ -12,6 +13,10 @@ For 100, 1000 and 8000-token items it prints items/s for:
 * a batch read by ``decode_batch`` and by ``fastpath.decode_batch_head`` (no token copied);
 * ``fastavro array<int>``: the same TokenItem schema with ``tokens`` as ``array<int>`` instead of
   packed ``bytes``, read by fastavro (the design question: why tokens travel as bytes);
+* ingest decode with a request against without one, side by side (``TokenItem.request``): the
+  processor's head and the full decoder over a cycle of distinct messages, for a job-wide request
+  (every item's request bytes equal), one with an adapter and a JSON schema, and a request per row
+  (a seed of its own: every request's bytes differ, none is read from the cache of requests);
 
 then encode speeds. Token ids are random below 128,256 (a Llama-3-sized vocabulary), so varint
 sizes in the array<int> variant are realistic. Each figure is the best of several timed runs.
@@ -20,10 +25,13 @@ sizes in the array<int> variant are realistic. Each figure is the best of severa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
+import itertools
 import json
 import random
 import sys
+import time
 import timeit
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,7 @@ from processor.wire import heads as fastpath
 from processor.wire.fastavro_io import decode_token_item_fastavro
 from processor.wire.items import decode_batch, decode_token_item, encode_batch, encode_token_item
 from processor.wire.records import TokenItemRecord, new_token_item
+from processor.wire.request import GenerationRequest
 from processor.wire.schemas import HEADER_SIZE, parsed_schema, schema_dir
 
 SIZES = (100, 1000, 8000)
@@ -46,11 +55,12 @@ BATCH_SHAPES = ((32, 100), (8, 1000), (1, 8000))
 VOCAB = 128_256
 
 
-def rate(fn: Any, arg: Any, seconds: float) -> float:
-    """Calls per second of ``fn(arg)``: best of 5 runs of about ``seconds / 5`` each."""
-    number = max(1, int(timeit.Timer(lambda: fn(arg)).autorange()[0]))
+def rate(fn: Any, arg: Any, seconds: float, timer: Any = timeit.default_timer) -> float:
+    """Calls per second of ``fn(arg)``: best of 5 runs of about ``seconds / 5`` each, timed by
+    ``timer`` (wall-clock unless given)."""
+    number = max(1, int(timeit.Timer(lambda: fn(arg), timer=timer).autorange()[0]))
     loops = max(1, int(number * (seconds / 5) / 0.2))
-    best = min(timeit.repeat(lambda: fn(arg), number=loops, repeat=5))
+    best = min(timeit.repeat(lambda: fn(arg), number=loops, repeat=5, timer=timer))
     return loops / best
 
 
@@ -83,6 +93,68 @@ def sample_batch(n_items: int, n: int, rng: random.Random) -> Batch:
     )
 
 
+SCHEMA = (
+    '{"type":"object","properties":{"label":{"enum":["positive","negative","neutral"]}},"required":["label"]}'
+)
+
+#: What an item's request may be, by the name the benchmark prints: a function of the item's index.
+REQUESTS: dict[str, Any] = {
+    "no request": lambda i: None,
+    "job-wide request": lambda i: GenerationRequest(temperature=0.0, stop=("\n",)),
+    "adapter + schema": lambda i: GenerationRequest(
+        adapter="support-tone", temperature=0.0, json_schema=SCHEMA
+    ),
+    "per-row seed": lambda i: GenerationRequest(temperature=0.8, top_p=0.95, seed=i),
+}
+
+DISTINCT_MESSAGES = 4096
+"""Messages cycled through per case: more than the cache of requests holds, so no per-row request
+is ever answered from it (each has its own seed), as in a job of millions of rows."""
+
+
+ROUNDS = 3
+"""Each case is measured once per round, the cases in turn, and its best round kept: a machine
+whose load changes over the run then changes every case's figures alike."""
+
+
+def print_request_costs(rng: random.Random, seconds: float) -> None:
+    """Ingest decode of items with a request against items without one (the first case), side by
+    side: each case decodes the same items (ids, tokens, timestamps) and only the request differs.
+    Timed in CPU time (``time.process_time``), so other processes on a shared machine count less."""
+    print("\ningest decode with and without a request (TokenItem.request), items per CPU second;")
+    print("ratio to no request; each case cycles through its own distinct messages")
+    print(
+        f"{'tokens':>7} {'request':<18} {'msg bytes':>9} {'head':>10} {'ratio':>6} {'full':>10} {'ratio':>6}"
+    )
+    for n in (100, 1000):
+        base = [sample_item(n, rng) for _ in range(64)]
+        cases = {
+            name: [
+                encode_token_item(dataclasses.replace(base[i % len(base)], request=request_of(i)))
+                for i in range(DISTINCT_MESSAGES)
+            ]
+            for name, request_of in REQUESTS.items()
+        }
+        best = {name: (0.0, 0.0) for name in cases}
+        for _round in range(ROUNDS):
+            for name, messages in cases.items():
+                head = cycled_rate(fastpath.decode_item_head, messages, seconds / ROUNDS)
+                full = cycled_rate(decode_token_item, messages, seconds / ROUNDS)
+                best[name] = (max(best[name][0], head), max(best[name][1], full))
+        first_head, first_full = best["no request"]
+        for name, (head, full) in best.items():
+            print(
+                f"{n:>7} {name:<18} {len(cases[name][0]):>9} {head:>10,.0f} {head / first_head:>5.2f}x"
+                f" {full:>10,.0f} {full / first_full:>5.2f}x"
+            )
+
+
+def cycled_rate(fn: Any, messages: list[bytes], seconds: float) -> float:
+    """Calls per CPU second of ``fn`` on ``messages`` in turn (:func:`rate` of a call on the next)."""
+    turn = itertools.cycle(messages)
+    return rate(lambda _: fn(next(turn)), None, seconds, time.process_time)
+
+
 def array_int_schema() -> Any:
     raw = json.loads((schema_dir() / "TokenItem.avsc").read_text(encoding="utf-8"))
     raw["name"] = "TokenItemArrayInt"
@@ -97,9 +169,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="shorter runs, rougher numbers")
+    parser.add_argument(
+        "--requests", action="store_true", help="only ingest decode with vs without a request"
+    )
     args = parser.parse_args()
     seconds = 0.5 if args.quick else 3.0
     rng = random.Random(7)
+    if args.requests:
+        print(f"python {sys.version.split()[0]}")
+        print_request_costs(rng, seconds)
+        return
     schema_ints = array_int_schema()
 
     print(f"python {sys.version.split()[0]}, fastavro {fastavro.__version__}")
@@ -124,6 +203,7 @@ def main() -> None:
             "produced_ms": rec.produced_ms,
             "output_budget": rec.output_budget,
             "metadata": None,
+            "request": None,
         }
         out = io.BytesIO()
         fastavro.schemaless_writer(out, schema_ints, as_ints)
@@ -137,6 +217,8 @@ def main() -> None:
         usual = rate(fastpath.decode_item_head, value, seconds)
         general = rate(fastpath.general_item_head, value, seconds)
         print(f"{n:>7} {usual:>10,.0f} {general:>10,.0f} {usual / general:>6.2f}x")
+
+    print_request_costs(rng, seconds)
 
     print("\nreading a batch: decode_batch vs fastpath.decode_batch_head (no token copied), items/s")
     for n_items, n in BATCH_SHAPES:

@@ -7,8 +7,10 @@ Lifecycle of :meth:`ConsumerApp.run`:
    broker's acknowledgement: the processor learns the consumer exists and what it accepts.
 3. Read the batch topic in the group ``<prefix>-consumer-<id>`` (``read_committed``, so batches of
    an aborted processor transaction are never run; no auto-commit).
-4. For each batch: decode it, check it against the consumer's *own* contract, run the engine, produce
-   its completions to the results topic, flush, and only then commit the batch's offset. By default
+4. For each batch: decode it, check it against the consumer's *own* contract (by serving key: an
+   adapter's consumer takes only that adapter's items, processor.apps.served), run the engine (with
+   the batch's real model), produce its completions to the results topic, flush, and only then
+   commit the batch's offset. By default
    (``completions="batch"``) that is one ``CompletionBatch`` message keyed by ``batch_id``, split into
    several only past ``MAX_COMPLETION_BYTES``; ``completions="item"`` writes one ``Completion`` per
    item keyed by ``item_id``, for results readers that only understand that record.
@@ -42,6 +44,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from processor.apps.deadletters import dead_letter_of
+from processor.apps.served import checked_view, engine_view
 from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.accounting import prompt_split
 from processor.core.contract import Contract, contract_violation
@@ -387,7 +390,7 @@ class ConsumerApp:
         if not batch.items:
             log.warning("batch %s has no items: nothing to answer", batch.batch_id)
             return
-        violation = contract_violation(self.contract, batch)
+        violation = contract_violation(self.contract, checked_view(batch))
         engine_ms = 0
         if violation is not None:
             log.warning("batch %s rejected: %s", batch.batch_id, violation)
@@ -433,7 +436,7 @@ class ConsumerApp:
     def _run_engine(self, batch: BatchRecord) -> list[ItemResult]:
         """The engine's results, or every item failed with why (see processor.engines)."""
         try:
-            results = self.engine.run(batch)
+            results = self.engine.run(engine_view(batch))
         except Exception as exc:  # the engine contract: raising fails the whole batch, not the app
             log.warning(
                 "batch %s failed in engine %s: %s: %s",

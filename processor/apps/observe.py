@@ -34,6 +34,8 @@ class ServiceCounters:
     restore_seconds: float = 0.0
     assignments: int = 0
     replayed_completions: int = 0
+    ended_items: int = 0
+    """Items of cancelled or expired jobs this instance answered (processor/apps/endings.py)."""
 
     def missed(self, items: int, batch_id: str, instance: str, replay: bool) -> None:
         """Completions of ``items`` items this instance did not apply: replays of the results topic,

@@ -38,6 +38,7 @@ from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.topics import TopicNames
 from processor.wire.items import encode_token_item
 from processor.wire.records import TokenItemRecord
+from processor.wire.request import GenerationRequest
 
 # Measured on the local broker (2-core machine, broker on the same host): the first 3000 items of
 # mooncake_conversation (40.5 M tokens) with synthetic tokens (17-bit ids as little-endian uint32),
@@ -171,12 +172,15 @@ class TokenProducer:
         output_budget: int | None = None,
         metadata: Mapping[str, str] | None = None,
         produced_ms: int | None = None,
+        request: GenerationRequest | None = None,
     ) -> int:
         """Queue one item; returns its shape signature.
 
         ``tokens`` is packed little-endian uint32 (:func:`processor.wire.records.tokens_from_ids` or
         :func:`synthetic_tokens`). ``shape`` wins over ``components``; with neither the shape is the
-        signature of no components. Raises ``ValueError`` for an item the processor would refuse.
+        signature of no components. ``request`` is what the item asks of the model (per-item sampling
+        settings, structured output, a LoRA adapter: docs/producers.md); None leaves it all to the
+        consumer. Raises ``ValueError`` for an item the processor would refuse.
         """
         if len(tokens) % 4:
             raise ValueError(f"item {item_id!r}: {len(tokens)} token bytes is not a multiple of 4")
@@ -193,6 +197,7 @@ class TokenProducer:
             produced_ms=_now_ms() if produced_ms is None else produced_ms,
             output_budget=output_budget,
             metadata=None if metadata is None else dict(metadata),
+            request=request,
         )
         self.send_record(rec)
         return shape

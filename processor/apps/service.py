@@ -35,14 +35,14 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from processor.apps.checkpoint import checkpoint_record, share_counters
 from processor.apps.deadletters import dead_letter_of
+from processor.apps.endings import SharesCatchUp, answer_ended, apply_job_share_message
 from processor.apps.observe import ServiceCounters, ServiceObserver, UnservedWatch
 from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
-from processor.core.shares import JobPolicy, Shares
-from processor.jobs.codec import decode_job_share
+from processor.core.shares import Shares
 from processor.kafka.clients import (
     batch_producer_settings,
     control_settings,
@@ -132,6 +132,8 @@ class ProcessorService:
         self.ingest_paused = False
         self.credits = CreditBook(0)
         self.results = ResultsCursor()
+        self.shares_read = SharesCatchUp()
+        """The job-shares topic read to its end since the last (re)assignment: dispatch waits for it."""
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
 
@@ -352,9 +354,11 @@ class ProcessorService:
         if items:  # one pass for the poll's items, as ``submit`` on each in turn would place them
             self.core.submit_many(items, [now] * len(items))
         self._control(now)
-        for batch in self.core.dispatch(now):
-            self._send_batch(batch)
-            self.observer.dispatched(batch, now)
+        if self.shares_read.ready(self.control, self._clock()):
+            for batch in self.core.dispatch(now):
+                self._send_batch(batch)
+                self.observer.dispatched(batch, now)
+        self._answer_ended()
         self.producer.poll(0)
         self.committer.check_delivered()
         self.counters.batches_delivered = self.committer.batches_delivered
@@ -449,7 +453,7 @@ class ProcessorService:
             if msg.topic() == self.topics.contracts:
                 self._contract(msg, now)
             elif msg.topic() == self.topics.job_shares:
-                self._job_share(msg)
+                self._job_share(msg, now)
             else:
                 self._completion(msg, now)
 
@@ -457,28 +461,25 @@ class ProcessorService:
 
     def _job_shares_assignment(self) -> list[TopicPartition]:
         """The job-shares topic from the beginning (compacted: every instance, a restarted one too,
-        ends up with the latest policy per job); none when the topic does not exist (a pipeline
-        created before it: every job then has weight 1, until ``tokenfabric topics create``)."""
+        ends up with the latest policy and lifecycle per job), and where it ends now, which dispatch
+        waits for (``shares_read``); none when the topic does not exist (a pipeline created before
+        it: every job then has weight 1, until ``tokenfabric topics create``)."""
+        topic = self.topics.job_shares
         try:
-            parts = self._partitions(self.topics.job_shares)
+            parts = self._partitions(topic)
         except KafkaException as exc:
-            log.warning("%s: %s; every job has weight 1, no quota", self.topics.job_shares, exc)
+            log.warning("%s: %s; every job has weight 1, no quota", topic, exc)
             return []
-        return [TopicPartition(self.topics.job_shares, p, OFFSET_BEGINNING) for p in parts]
+        return self.shares_read.expect(self.control, topic, parts, self._clock())
 
-    def _job_share(self, msg: Any) -> None:
-        job = (msg.key() or b"").decode("utf-8", "replace")
-        if msg.value() is None:
-            self.core.shares.set_policy(job, JobPolicy())
-            log.info("job %r: share cleared (weight 1, no quota)", job)
-            return
-        try:
-            job, policy, _set_ms = decode_job_share(msg.value())
-        except DecodeError as exc:
-            log.error("%s: undecodable share for %r: %s", self.topics.job_shares, job, exc)
-            return
-        self.core.shares.set_policy(job, policy)
-        log.info("job %r: share %s", job, policy)
+    def _job_share(self, msg: Any, now: int) -> None:
+        """A job's share and lifecycle (processor/apps/endings.py): its policy, its deadline, a cancel."""
+        self.shares_read.read(msg.partition(), msg.offset())
+        apply_job_share_message(self.core, msg, now, self.topics.job_shares)
+
+    def _answer_ended(self) -> None:
+        """Answer the items of jobs that ended since the last call (processor/apps/endings.py)."""
+        self.counters.ended_items += answer_ended(self.core, self.committer, self.topics, self.now_ms())
 
     def _contract(self, msg: Any, now: int) -> None:
         value = msg.value()
@@ -508,6 +509,8 @@ class ProcessorService:
             log.error("results: undecodable completion at %d: %s", msg.offset(), exc)
             return
         replay = self.results.applied(msg.partition(), msg.offset())
+        if not head.batch_id:  # the processor's own answers to items of a job that ended: no batch
+            return
         batch_id, items, counters = head.batch_id, head.items, self.counters
         last = self._last_completion_ms
         last[head.consumer] = max(last.get(head.consumer, 0), msg.timestamp()[1])  # replays are older
@@ -551,6 +554,7 @@ class ProcessorService:
         except LedgerImbalance as exc:
             self.ledger_error = str(exc)
             raise
+        self._answer_ended()  # the ledger checkpointed below counts them: their answers go with it
         with guarded(self.watchdog, "the transaction commit"):
             seconds = self.committer.commit(self._snapshot_bytes)
         self.counters.batches_delivered = self.committer.batches_delivered

@@ -1,9 +1,17 @@
 """``tokenfabric collect --job NAME --out FILE``: a job's results, one per row, next to the input rows.
 
-Reads the results topic (``read_committed``) for the job's completions, keeps the first per row, and
-writes ``FILE`` (``.jsonl`` or ``.parquet``) in dataset row order: each row's result fields and its
-input row under ``input``. Rows submit refused are there too, with status ``invalid``; rows with no
-result yet are not (the summary counts them as missing).
+Reads the results topic (``read_committed``) for the job's completions, keeps one per row (the
+first, unless a later attempt's supersedes it), and writes ``FILE`` (``.jsonl`` or ``.parquet``) in
+dataset row order: each row's result fields and its input row under ``input``. Rows submit refused
+are there too, with status ``invalid``; rows with no result yet are not (the summary counts them as
+missing).
+
+``--format openai`` writes ``FILE`` as the OpenAI Batch API's output file (the ok rows) and
+``--errors`` (default ``FILE`` with ``.errors.jsonl`` for ``.jsonl``) as its error file (every other
+row), one line per row keyed by ``custom_id`` (processor/jobs/openai_output.py).
+
+A job's retry attempts (``submit --retry-failed NAME``: jobs ``NAME.r2``, ...) are collected with it:
+each row's result is the one from the last attempt that ran it (processor/jobs/retry.py).
 
 Restarts are safe and cheap: ``FILE.journal`` keeps every row collected and the offsets read so far
 (processor/jobs/journal.py), so a second run reads only what is new, never writes a row twice, and
@@ -43,6 +51,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", required=True, help="output file, .jsonl or .parquet (FILE.journal sits beside it)"
     )
+    p.add_argument(
+        "--format",
+        choices=("jsonl", "parquet", "openai"),
+        default=None,
+        help="output format (default: from --out's extension); openai: the OpenAI batch output file, "
+        "with the error file at --errors",
+    )
+    p.add_argument(
+        "--errors",
+        default=None,
+        help="with --format openai: the error file (default: --out with .errors.jsonl)",
+    )
     p.add_argument("--dataset", default=None, help="the job's dataset, if not at the path submit recorded")
     p.add_argument("--wait", action="store_true", help="keep collecting until every row has a result")
     p.add_argument("--timeout-s", type=float, default=None, help="with --wait: give up after this long")
@@ -54,7 +74,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from processor.jobs.collect import CollectError, Collection, JobCollector
+    from processor.jobs.collect import CollectError, Collection, JobCollector, attempts_of
     from processor.jobs.datasets import DatasetError, need_pyarrow, output_format
     from processor.jobs.journal import JournalError
     from processor.jobs.topic import JobsTopicError, JobWriter, read_jobs
@@ -65,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
         if not args.poll_s > 0:
             raise ValueError(f"--poll-s must be > 0, got {args.poll_s}")
+        _check_format(args)
         if output_format(args.out) == "parquet":
             need_pyarrow()
         conf, topics = kafka_settings(args, pipeline=True)
@@ -74,15 +95,19 @@ def run(args: argparse.Namespace) -> int:
     collection: Collection | None = None
     writer: JobWriter | None = None
     try:
-        job = read_jobs(conf, topics).get(args.job)
-        if job is None:
-            print(
-                f"{PROG}: error: no job {args.job!r} on {topics.jobs} ('tokenfabric jobs' lists them)",
-                file=sys.stderr,
+        jobs = read_jobs(conf, topics)
+        job = jobs.get(args.job)
+        if job is None or job.retry_of is not None:
+            why = (
+                "('tokenfabric jobs' lists them)"
+                if job is None
+                else f"is attempt {job.attempt} of job {job.retry_of}: 'collect --job {job.retry_of}' "
+                "merges it into that job's output"
             )
+            print(f"{PROG}: error: no job {args.job!r} on {topics.jobs} {why}", file=sys.stderr)
             return 2
         try:
-            collector = JobCollector.open(job, args.out, args.dataset)
+            collector = JobCollector.open(job, args.out, args.dataset, attempts_of(job.name, jobs))
         except (DatasetError, JournalError, OSError) as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
@@ -96,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             _collect(collection, collector, topics, conf, args, stop)
         except KeyboardInterrupt:  # a second signal, or SIGINT from an embedding caller
             stopped_by.append(signal.SIGINT)
-        written = collector.materialize()
+        written, errors = _materialize(collector, args)
         _record_progress(writer, collector)
     except (CollectError, JobsTopicError, KafkaException) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -112,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
     if summary.missing:
         for line in _why_missing(conf, topics, collector.job.name, collector.job.model):
             print(f"missing: {line}")
-    print(f"wrote {written:,} rows to {args.out}")
+    if errors is None:
+        print(f"wrote {written:,} rows to {args.out}")
+    else:
+        print(f"wrote {written:,} rows to {args.out} and {errors:,} to {_errors_path(args)}")
     if stopped_by:
         return 128 + stopped_by[0].value
     return 0 if summary.complete else 3
@@ -130,6 +158,7 @@ def _collect(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from processor.jobs.collect import attempts_of
     from processor.jobs.topic import read_jobs
 
     deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
@@ -154,12 +183,46 @@ def _collect(
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 return
-            if not collector.job.is_submitted and time.monotonic() >= next_refresh:
-                latest = read_jobs(conf, topics).get(collector.job.name)
-                if latest is not None:
-                    collector.update(latest)
+            if time.monotonic() >= next_refresh and _waits_for_a_record(collector):
+                jobs = read_jobs(conf, topics)
+                for rec in (jobs.get(collector.job.name), *attempts_of(collector.job.name, jobs)):
+                    if rec is not None and not collection.add_attempt(rec):
+                        collector.update(rec)
                 next_refresh = time.monotonic() + JOB_REFRESH_S
             stop.wait(args.poll_s)
+
+
+def _waits_for_a_record(collector: JobCollector) -> bool:
+    """Whether the job or one of its attempts is still being submitted (its counts are not final)."""
+    return not all(rec.is_submitted for rec in (collector.job, *collector.attempts.values()))
+
+
+def _check_format(args: argparse.Namespace) -> None:
+    """ValueError unless ``--format`` fits ``--out`` (openai writes JSON lines) and ``--errors``
+    is given only with openai."""
+    from processor.jobs.datasets import output_format
+
+    inferred = output_format(args.out)
+    wanted = "jsonl" if args.format == "openai" else args.format
+    if wanted is not None and wanted != inferred:
+        raise ValueError(f"--format {args.format} writes {wanted}, but --out {args.out} is {inferred}")
+    if args.errors is not None and args.format != "openai":
+        raise ValueError("--errors is the OpenAI error file: give it with --format openai")
+
+
+def _errors_path(args: argparse.Namespace) -> str:
+    from processor.jobs.openai_output import errors_path
+
+    return str(args.errors or errors_path(args.out))
+
+
+def _materialize(collector: JobCollector, args: argparse.Namespace) -> tuple[int, int | None]:
+    """Write the output (and, for openai, the error file); the rows in each (None: no error file)."""
+    from pathlib import Path
+
+    if args.format == "openai":
+        return collector.materialize_openai(Path(_errors_path(args)))
+    return collector.materialize(), None
 
 
 def _why_missing(conf: dict[str, str], topics: TopicNames, job: str, model: str) -> list[str]:
@@ -184,10 +247,8 @@ def _record_progress(writer: JobWriter, collector: JobCollector) -> None:
 
     from processor.jobs.topic import JobsTopicError
 
-    rec = collector.progress_record(time.time_ns() // 1_000_000)
-    if rec is None:
-        return
     try:
-        writer.write(rec)
+        for rec in collector.progress_records(time.time_ns() // 1_000_000):
+            writer.write(rec)
     except (JobsTopicError, KafkaException) as exc:
         print(f"{PROG}: warning: progress not recorded on the jobs topic: {exc}", file=sys.stderr)

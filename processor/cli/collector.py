@@ -6,6 +6,11 @@ keeps ``DIR/<job>.<format>.journal`` meanwhile: the rows collected so far, one J
 of either resumes where it stopped. All jobs share one reader of the results topic, so each
 completion is read once however many jobs are open.
 
+``--format openai`` writes ``DIR/<job>.jsonl`` as the OpenAI batch output file and
+``DIR/<job>.errors.jsonl`` as its error file. A job's retry attempts (``NAME.r2``, ...) are collected
+into the job's own output, not files of their own; an attempt that appears after its job was
+written reopens the job, whose output is then written again with the attempt's results.
+
 Progress goes to the jobs topic (what ``tokenfabric jobs`` shows) at most every
 ``--progress-every-s`` per job, and when a job completes. A job whose dataset cannot be read here
 (say, it was submitted from another machine) is logged once and skipped.
@@ -30,7 +35,7 @@ from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import add_kafka_arguments, kafka_settings
 
 if TYPE_CHECKING:
-    from processor.jobs.collect import Collection
+    from processor.jobs.collect import Collection, JobCollector
     from processor.jobs.model import JobRecord
     from processor.jobs.topic import JobWriter
     from processor.kafka.topics import TopicNames
@@ -42,7 +47,11 @@ log = logging.getLogger("tokenfabric.collector")
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True, help="folder for <job>.jsonl (or .parquet) and its journal")
     p.add_argument(
-        "--format", choices=("jsonl", "parquet"), default="jsonl", help="output format (default: jsonl)"
+        "--format",
+        choices=("jsonl", "parquet", "openai"),
+        default="jsonl",
+        help="output format (default: jsonl); openai: <job>.jsonl and <job>.errors.jsonl, the OpenAI "
+        "batch output and error files",
     )
     p.add_argument("--poll-s", type=float, default=1.0, help="pause when nothing is new (default: 1)")
     p.add_argument(
@@ -85,33 +94,49 @@ class CollectorService:
         self.done: set[str] = set()
         self.skipped: dict[str, str] = {}
         self._progress_at: dict[str, float] = {}
+        #: Per job written, the retry attempts its output includes.
+        self._written_with: dict[str, set[str]] = {}
 
     def output(self, job: str) -> Path:
-        return self.out_dir / f"{job}.{self.fmt}"
+        return self.out_dir / f"{job}.{'jsonl' if self.fmt == 'openai' else self.fmt}"
 
     def refresh(self) -> None:
-        """Read the jobs topic: start collecting new jobs, update the records of open ones."""
+        """Read the jobs topic: start collecting new jobs, update the records of open ones, and
+        hand each retry attempt to its job's collector (reopening a job already written)."""
+        from processor.jobs.collect import attempts_of
         from processor.jobs.topic import read_jobs
 
-        for name, job in read_jobs(self.conf, self.topics).items():
+        jobs = read_jobs(self.conf, self.topics)
+        for name, job in jobs.items():
+            if job.retry_of is not None:
+                continue
+            attempts = attempts_of(name, jobs)
             open_collector = self.collection.collectors.get(name)
             if open_collector is not None:
                 open_collector.update(job)
+                for attempt in attempts:
+                    self.collection.add_attempt(attempt)
+            elif name in self.done and any(a.name not in self._written_with.get(name, ()) for a in attempts):
+                self.done.discard(name)  # a retry attempt since the output was written
+                self._start(job, attempts)
             elif name not in self.done and name not in self.skipped:
-                self._start(job)
+                self._start(job, attempts)
 
-    def _start(self, job: JobRecord) -> None:
+    def _start(self, job: JobRecord, attempts: list[JobRecord]) -> None:
         from processor.jobs.collect import JobCollector, journal_path
         from processor.jobs.datasets import DatasetError
         from processor.jobs.journal import JournalError
 
         out = self.output(job.name)
         journal = journal_path(out)
-        if job.finished_ms is not None and out.exists() and not _newer(journal, out):
-            self.done.add(job.name)  # written, from a journal that has not changed since (or was deleted)
+        finished = all(rec.finished_ms is not None for rec in (job, *attempts))
+        if finished and out.exists() and not _newer(journal, out):
+            # written, from a journal that has not changed since (or was deleted)
+            self.done.add(job.name)
+            self._written_with[job.name] = {a.name for a in attempts}
             return
         try:
-            collector = JobCollector.open(job, out)
+            collector = JobCollector.open(job, out, attempts=attempts)
         except (DatasetError, JournalError, OSError) as exc:
             self.skipped[job.name] = str(exc)
             log.error("job %s: not collected: %s", job.name, exc)
@@ -125,7 +150,8 @@ class CollectorService:
         now = time.monotonic()
         for name, c in list(self.collection.collectors.items()):
             if c.complete:
-                c.materialize()
+                self._materialize(c)
+                self._written_with[name] = set(c.attempts)
                 self._write_progress(name)
                 for line in c.summary().lines():
                     log.info("%s", line)
@@ -137,18 +163,25 @@ class CollectorService:
                 self._write_progress(name)
         return added
 
+    def _materialize(self, c: JobCollector) -> int:
+        """Write ``c``'s output (and, for openai, its error file); returns the rows written."""
+        if self.fmt == "openai":
+            from processor.jobs.openai_output import errors_path
+
+            return sum(c.materialize_openai(errors_path(c.out)))
+        return c.materialize()
+
     def _write_progress(self, name: str) -> None:
         c = self.collection.collectors[name]
-        rec = c.progress_record(time.time_ns() // 1_000_000)
         self._progress_at[name] = time.monotonic()
-        if rec is not None:
+        for rec in c.progress_records(time.time_ns() // 1_000_000):
             self.writer.write(rec)
             c.update(rec)
 
     def write_partial(self) -> None:
         """Write the outputs of the jobs still open, with the rows collected so far (``--once``)."""
         for name, c in self.collection.collectors.items():
-            rows = c.materialize()
+            rows = self._materialize(c)
             self._write_progress(name)
             log.info("job %s: %d rows so far in %s", name, rows, c.out)
 

@@ -29,6 +29,7 @@ from processor.cli.options import (
     watchdog_from,
 )
 from processor.core.contract import BATCHING_MODES, Contract
+from processor.core.serving import SEPARATOR, serving_key
 from processor.engines.base import ENGINES
 from processor.ops.health import CONSUMER_PORT, add_http_arguments, http_settings
 from processor.wire.records import COMPLETION_FORMS
@@ -40,6 +41,13 @@ PROG = "tokenfabric consumer"
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True, help="consumer id: names its batch topic and consumer group")
     p.add_argument("--model", help="the model this consumer serves (required unless --retire)")
+    p.add_argument(
+        "--adapter",
+        default="",
+        metavar="NAME",
+        help="the one LoRA adapter of --model this consumer serves (default: the base model); run one "
+        "consumer per adapter, against the same server if it serves several (docs/consumers.md, Adapters)",
+    )
     p.add_argument(
         "--budget", type=int, help="padded tokens per batch (required in tokens batching unless --retire)"
     )
@@ -108,8 +116,16 @@ MEMORY_FLAGS = ("memory_bytes", "kv_bytes_per_token", "default_output_tokens")
 
 
 def _contract(args: argparse.Namespace) -> Contract:
-    """The contract the flags describe. Memory flags outside memory batching, or a memory contract
-    without its two numbers, are refused naming the flags; ``Contract`` refuses bad values."""
+    """The contract the flags describe; its model is the serving key of ``--model`` and ``--adapter``.
+    Memory flags outside memory batching, a memory contract without its two numbers, or a model or
+    adapter name holding the serving key's separator are refused naming the flags; ``Contract``
+    refuses bad values."""
+    for flag, name in (("--model", args.model), ("--adapter", args.adapter)):
+        if SEPARATOR in name:
+            raise ValueError(
+                f"{flag} {name!r} contains {SEPARATOR!r}: the processor keys an adapter's work as "
+                f"model{SEPARATOR}adapter, so neither name may hold it"
+            )
     given = [n for n in MEMORY_FLAGS if getattr(args, n) is not None]
     if args.batching != "memory" and given:
         raise ValueError(f"--{given[0].replace('_', '-')} applies to --batching memory only")
@@ -118,7 +134,7 @@ def _contract(args: argparse.Namespace) -> Contract:
         raise ValueError(f"--batching memory needs {' and '.join(missing)}")
     return Contract(
         args.id,
-        args.model,
+        serving_key(args.model, args.adapter),
         UNBOUNDED_TOKENS if args.budget is None else args.budget,
         args.items,
         args.pad,

@@ -8,6 +8,11 @@ topic's beginning), once for all of them.
 
 With a NAME it prints that job in full, every bad row included.
 
+Beside tokenfabric's state each job shows its OpenAI Batch API status (``openai``: validating,
+in_progress, finalizing, completed, failed, expired, cancelling, cancelled) and request counts
+(``requests``: total/completed/failed), mapped from the record by processor/jobs/states.py. A retry
+attempt (``NAME.r2``, from ``submit --retry-failed``) is a job of its own, listed after its job.
+
 Each job's token share and cost (docs/shares.md) come beside it: its weight and quotas from the
 job-shares topic, and the tokens the processors routed and padded for it from their latest
 checkpoints on the accounting topic (its tail, as ``tokenfabric status`` reads it), with the share
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.jobs.collect import CollectError, scan_progress
+    from processor.jobs.states import openai_view
     from processor.jobs.topic import read_job_shares, read_jobs
     from processor.kafka.config import ConfigError
     from processor.ops.status import gather
@@ -81,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
                     jobs[name],
                     results_ok=p.ok,
                     results_failed=p.failed,
+                    results_cancelled=p.cancelled,
+                    results_expired=p.expired,
                     output_tokens=p.output_tokens,
                     progress_ms=now_ms,
                 )
@@ -104,15 +112,18 @@ def run(args: argparse.Namespace) -> int:
     if not jobs:
         print(f"no jobs on {topics.jobs}")
         return 0
-    ordered = sorted(jobs.values(), key=lambda j: j.started_ms)
+    ordered = sorted(jobs.values(), key=lambda j: _listing_order(j, jobs))
+    views = {job.name: openai_view(job) for job in ordered}
     header = (
-        "job", "state", "rows", "bad", "ok", "failed", "missing", "tokens in", "counted",
-        "share", "routed", "padded", "cached",
+        "job", "state", "openai", "requests", "rows", "bad", "ok", "failed", "missing", "tokens in",
+        "counted", "share", "routed", "padded", "cached",
     )  # fmt: skip
     lines = [
         (
             job.name,
             job.state,
+            views[job.name].status,
+            views[job.name].counts,
             f"{job.rows:,}",
             f"{len(job.bad_rows):,}",
             f"{job.results_ok:,}",
@@ -127,24 +138,41 @@ def run(args: argparse.Namespace) -> int:
         )
         for job in ordered
     ]
-    for line in fitted([header, *lines], shutil.get_terminal_size((120, 24)).columns, left=(0, 1, 8, 9)):
+    for line in fitted([header, *lines], shutil.get_terminal_size((120, 24)).columns, left=(0, 1, 2, 10, 11)):
         print(line)
     return 0
 
 
+def _listing_order(job: JobRecord, jobs: dict[str, JobRecord]) -> tuple[int, int, str]:
+    """Jobs by start, each job's retry attempts right after it."""
+    base = jobs.get(job.retry_of) if job.retry_of is not None else None
+    return ((base or job).started_ms, job.attempt, job.name)
+
+
 def _detail(job: JobRecord) -> None:
     from processor.jobs.model import bad_rows_text
+    from processor.jobs.states import openai_view
 
+    view = openai_view(job)
+    never_ran = f"{job.results_cancelled:,} cancelled, {job.results_expired:,} expired"
     for label, value in (
-        ("job", job.name),
+        ("job", job.name + (f" (attempt {job.attempt} of {job.retry_of})" if job.retry_of else "")),
         ("state", job.state + (f" ({job.error})" if job.error else "")),
+        (
+            "openai",
+            f"{view.status}: request_counts total {view.total:,}, completed {view.completed:,}, "
+            f"failed {view.failed:,}",
+        ),
         ("dataset", f"{job.dataset} (sha256 {job.dataset_sha256[:16]}...)"),
         ("template", job.template),
         ("model", job.model),
         ("tokenizer", job.tokenizer),
         ("shape", f"{job.shape:016x}"),
         ("rows", f"{job.rows:,} read, {job.items:,} submitted, {len(job.bad_rows):,} bad"),
-        ("results", f"{job.results_ok:,} ok, {job.results_failed:,} failed, {_missing(job)} missing"),
+        (
+            "results",
+            f"{job.results_ok:,} ok, {job.results_failed:,} failed ({never_ran}), {_missing(job)} missing",
+        ),
         ("tokens", f"{job.input_tokens:,} in, {job.output_tokens:,} out"),
         ("started", _when(job.started_ms)),
         ("submitted", _when(job.submitted_ms)),

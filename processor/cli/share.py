@@ -2,7 +2,9 @@
 
 The policy goes to the compacted job-shares topic keyed by the job's name; every processor instance
 reads that topic from the beginning and applies each record as it arrives, so all of them, and one
-restarted later, agree (docs/shares.md). ``--clear`` writes a tombstone: weight 1, no quota.
+restarted later, agree (docs/shares.md). The record also carries the job's lifecycle (cancelled, its
+deadline: processor/ops/lifecycle.py), which a change of share keeps. ``--clear`` puts the job back to
+weight 1, no quota: a tombstone, or, for a job cancelled or with a deadline, a record that keeps those.
 """
 
 from __future__ import annotations
@@ -32,8 +34,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from processor.jobs.topic import JobsTopicError, JobWriter, read_job_shares
+    from processor.core.shares import JobPolicy
     from processor.kafka.config import ConfigError
+    from processor.ops.lifecycle import (
+        LifecycleError,
+        change_job_share,
+        describe_lifecycle,
+        read_job_share,
+        write_job_share,
+    )
 
     try:
         policy = job_policy_from(args)
@@ -44,18 +53,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     try:
+        current = read_job_share(conf, topics, args.job)
         if policy is None and not args.clear:
-            current = read_job_shares(conf, topics).get(args.job)
-            print(
-                f"job {args.job}: {describe_policy(current) if current else 'weight 1 (default), no quota'}"
-            )
+            shown = describe_policy(current.policy) if current else "weight 1 (default), no quota"
+            lifecycle = describe_lifecycle(current)
+            print(f"job {args.job}: {shown}{'; ' + lifecycle if lifecycle else ''}")
             return 0
-        writer = JobWriter(conf, topics)
-        try:
-            writer.write_share(args.job, policy, time.time_ns() // 1_000_000)
-        finally:
-            writer.close()
-    except (KafkaException, JobsTopicError) as exc:
+        now_ms = time.time_ns() // 1_000_000
+        if policy is None and (
+            current is None or (current.cancelled_ms, current.deadline_ms) == (None, None)
+        ):
+            write_job_share(conf, topics, None, args.job)
+        else:
+            change_job_share(conf, topics, args.job, now_ms, policy=policy or JobPolicy())
+    except (KafkaException, LifecycleError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     print(

@@ -216,7 +216,7 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
     if rep.retired_processors:
         lines.append("  retired (--forget-processor): " + ", ".join(rep.retired_processors))
     if rep.unserved:
-        lines += ["", "UNSERVED: items wait for a model no live consumer serves"]
+        lines += ["", "UNSERVED: items wait for a model (or model@adapter) no live consumer serves"]
         rows = [
             [u.model, f"{u.items:,} items", f"{u.tokens:,} tokens",
              f"({', '.join(u.consumers)} not up)" if u.consumers else "(no contract)"]

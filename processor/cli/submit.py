@@ -1,20 +1,26 @@
 """``tokenfabric submit DATASET --job NAME --template T``: a dataset becomes a job's items, then exit.
 
-Each data row is rendered with the template, tokenised with a real tokenizer and produced as one
-TokenItem with ``job_id=NAME``, ``item_id=NAME:<row>`` and the template's shape. The job is recorded
+Each data row is rendered (with the prompt template; or its chat ``messages`` with the model's chat
+template, ``--messages-column``; or, for an OpenAI batch input file, its body's ``prompt`` or
+``messages``), tokenised with a real tokenizer and produced as one TokenItem with ``job_id=NAME``,
+``item_id=NAME:<row>``, the job's shape and the row's generation settings (``--request``,
+``--request-column``, an OpenAI body's): processor/jobs/prepare.py has the rules. The job is recorded
 on the jobs topic twice: ``submitting`` before the first item (so collectors know it exists) and
 ``submitted`` once every item is acknowledged, with the rows, items, tokens and bad rows. Results are
 gathered later, by ``tokenfabric collect`` or the ``collector`` service (decoupled: nothing waits).
 
-Bad rows (unparseable, a missing or null column, refused by the tokenizer) are never skipped quietly:
-each is printed to stderr with its row number and listed in the job record, and ``collect`` writes it
-to the output with status ``invalid``. Submit carries on past them, because one bad row in a million
-should not hold up the rest, but exits 3 so a script notices; ``--allow-bad-rows`` makes that 0.
+Bad rows (unparseable, a missing or null column, invalid settings, refused by the chat template or
+the tokenizer) are never skipped quietly: each is printed to stderr with its row number and listed in
+the job record, and ``collect`` writes it to the output with status ``invalid``. Submit carries on
+past them, because one bad row in a million should not hold up the rest, but exits 3 so a script
+notices; ``--allow-bad-rows`` makes that 0.
 More than ``--max-bad-rows`` (default 100, at most 1,000) usually means a wrong template or dataset:
 submit then stops, records the job as ``aborted`` and exits 1.
 
 Job names are single-use: item ids are ``NAME:<row>``, so a second submission under one name could
-not be told apart from the first on the results topic.
+not be told apart from the first on the results topic. The options that decide how rows become items
+are recorded with the job, so ``--retry-failed NAME`` (processor/cli/retry_failed.py) renders the
+rows it runs again exactly as the job did.
 
 Exit status: 0 every row submitted (or bad rows allowed); 3 submitted, some rows bad; 2 bad
 arguments, unreadable template/dataset/tokenizer, a job name in use, a missing topic; 1 aborted (too
@@ -28,7 +34,7 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,11 +46,14 @@ from processor.cli.options import (
     kafka_settings,
 )
 from processor.jobs.model import MAX_BAD_ROWS, BadRow, JobRecord, check_job_name, item_id
-from processor.jobs.templates import RowError, Template
+from processor.jobs.prepare import JobRows, prepare
+from processor.jobs.templates import Template
 
 if TYPE_CHECKING:
     from processor.apps.producer import TokenProducer
+    from processor.jobs.chat import ChatTemplate, Message
     from processor.jobs.datasets import Dataset, DatasetRow
+    from processor.jobs.prepare import RowReader, SettingsSource
     from processor.jobs.textprep import TextTokenizer
     from processor.jobs.topic import JobWriter
     from processor.kafka.topics import TopicNames
@@ -55,9 +64,53 @@ PRINTED_BAD_ROWS = 20
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dataset", help="rows to submit: .jsonl, .csv or .parquet (.jsonl.gz and .csv.gz too)")
-    p.add_argument("--job", required=True, help="job name: 1-100 of A-Z a-z 0-9 . _ -, not used before")
-    p.add_argument("--template", required=True, help="prompt template, .toml or .json (docs/jobs.md)")
+    p.add_argument(
+        "dataset",
+        nargs="?",
+        help="rows to submit: .jsonl, .csv or .parquet (.jsonl.gz and .csv.gz too); with --retry-failed, "
+        "where the job's dataset is if not at its recorded path",
+    )
+    p.add_argument("--job", help="job name: 1-100 of A-Z a-z 0-9 . _ -, not used before")
+    p.add_argument(
+        "--retry-failed",
+        metavar="NAME",
+        default=None,
+        help="submit a new attempt for the rows of finished job NAME that failed or expired (docs/jobs.md)",
+    )
+    p.add_argument(
+        "--template", metavar="T", default=None, help="prompt template, .toml or .json (docs/jobs.md)"
+    )
+    p.add_argument(
+        "--messages-column",
+        metavar="COL",
+        default=None,
+        help="chat rows: the column holding each row's messages, rendered with the chat template",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="PATH",
+        default=None,
+        help="a tokenizer_config.json, a .jinja file or a model folder (default: the tokenizer's folder's)",
+    )
+    p.add_argument(
+        "--input-format",
+        choices=("auto", "rows", "openai"),
+        default="auto",
+        help="openai: an OpenAI batch input .jsonl; auto (default): openai when the first line has "
+        "custom_id and body and no --template/--messages-column is given",
+    )
+    p.add_argument(
+        "--request",
+        metavar="JSON",
+        default=None,
+        help="generation settings of every row: a JSON object, or @FILE (docs/jobs.md, per-row settings)",
+    )
+    p.add_argument(
+        "--request-column",
+        metavar="COL",
+        default=None,
+        help="the column holding each row's own settings (a JSON object), over --request field by field",
+    )
     p.add_argument(
         "--model", default=None, help="model of every item (default: the template's, else 'default')"
     )
@@ -79,6 +132,18 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=100,
         help=f"abort past this many bad rows (default: 100, at most {MAX_BAD_ROWS:,})",
     )
+    p.add_argument(
+        "--window",
+        metavar="DURATION",
+        default=None,
+        help="completion window: rows not dispatched within this long (24h, 90m, 30s) end 'expired'",
+    )
+    p.add_argument(
+        "--deadline",
+        metavar="ISO-TIME",
+        default=None,
+        help="rows not dispatched by then (ISO 8601, UTC unless zoned) end 'expired'",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_job_policy_arguments(p)
     add_kafka_arguments(p)
@@ -86,15 +151,33 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SubmitPlan:
-    """Everything submit needs, checked before anything is produced."""
+    """Everything submit needs, checked before anything is produced.
+
+    ``rows`` says how rows become items; None means the prompt ``template`` with no settings.
+    ``output_budget`` is every item's unless the row's settings give ``max_tokens``.
+    """
 
     job: str
-    template: Template
+    template: Template | None
     dataset: Dataset
     tokenizer: TextTokenizer
     model: str
     output_budget: int | None
     max_bad_rows: int
+    rows: JobRows | None = None
+    options: str | None = None
+    """The options that decide how rows become items, as the job record keeps them (for retries)."""
+    adapter: str = ""
+    """The job-wide ``--request``'s LoRA adapter ("" for the base model): what submit warns about
+    when no consumer serves it (an adapter a row's own settings name is not known before its row)."""
+
+    @property
+    def job_rows(self) -> JobRows:
+        if self.rows is not None:
+            return self.rows
+        if self.template is None:
+            raise ValueError("a plan needs a template or rows")
+        return JobRows.from_template(self.template)
 
 
 class Aborted(RuntimeError):
@@ -102,28 +185,141 @@ class Aborted(RuntimeError):
 
 
 def plan_from(args: argparse.Namespace) -> SubmitPlan:
-    """Raises ValueError (TemplateError, DatasetError, TokenizerError) with one line to print."""
+    """Raises ValueError (TemplateError, DatasetError, TokenizerError, ChatTemplateError,
+    SettingsError) with one line to print. Chat and OpenAI inputs are read once here (prepare.scan)."""
     from processor.jobs.datasets import Dataset
+    from processor.jobs.prepare import SettingsSource
+    from processor.jobs.retry import item_options
+    from processor.jobs.settings import load_job_settings
     from processor.jobs.templates import load_template
     from processor.jobs.textprep import TextTokenizer
 
+    if args.dataset is None or args.job is None:
+        raise ValueError("give DATASET and --job NAME (or --retry-failed NAME)")
     job = check_job_name(args.job)
     if not 0 <= args.max_bad_rows <= MAX_BAD_ROWS:
         raise ValueError(f"--max-bad-rows must be 0-{MAX_BAD_ROWS:,} (the job record lists every bad row)")
     if args.output_budget is not None and args.output_budget < 0:
         raise ValueError(f"--output-budget must be >= 0, got {args.output_budget}")
-    template = load_template(Path(args.template).resolve())
     dataset = Dataset(args.dataset)
-    if dataset.columns is not None:
-        absent = [c for c in template.columns if c not in dataset.columns]
-        if absent:
-            raise ValueError(
-                f"template {args.template} uses column(s) {', '.join(map(repr, absent))} that {args.dataset} "
-                f"does not have (its columns: {', '.join(dataset.columns)})"
-            )
-    model = args.model or template.model or "default"
-    budget = args.output_budget if args.output_budget is not None else template.output_budget
-    return SubmitPlan(job, template, dataset, TextTokenizer(args.tokenizer), model, budget, args.max_bad_rows)
+    tokenizer = TextTokenizer(args.tokenizer)
+    settings = SettingsSource(load_job_settings(args.request) if args.request else {}, args.request_column)
+    kind = _input_kind(args, dataset)
+    budget = args.output_budget
+    if kind == "openai":
+        rows, model = _openai_rows(args, dataset, tokenizer, settings)
+        template = None
+    elif kind == "chat":
+        _check_columns(dataset, [args.messages_column], f"--messages-column {args.messages_column}")
+        rows, model, template = _chat_rows(args, dataset, tokenizer, settings), args.model or "default", None
+    else:
+        template = load_template(Path(args.template).resolve())
+        _check_columns(dataset, template.columns, f"template {args.template}")
+        rows = JobRows.from_template(template, settings)
+        model = args.model or template.model or "default"
+        budget = budget if budget is not None else template.output_budget
+    if args.request_column is not None:
+        _check_columns(dataset, [args.request_column], f"--request-column {args.request_column}")
+    options = item_options(args)
+    adapter = str(settings.job.get("adapter") or "")
+    return SubmitPlan(
+        job, template, dataset, tokenizer, model, budget, args.max_bad_rows, rows, options, adapter
+    )
+
+
+def _input_kind(args: argparse.Namespace, dataset: Dataset) -> str:
+    """``openai``, ``chat`` or ``template``, from the arguments and (``--input-format auto``) the
+    first parsed line of a JSONL dataset."""
+    from processor.jobs.openai_input import looks_like_openai_batch
+
+    prompt_args = [a for a in ("template", "messages_column") if getattr(args, a) is not None]
+    openai = args.input_format == "openai"
+    if args.input_format == "auto" and not prompt_args and dataset.format == "jsonl":
+        first = next((r for r in dataset.rows() if r.values is not None), None)
+        openai = first is not None and looks_like_openai_batch(first.values)
+    if openai:
+        if dataset.format != "jsonl":
+            raise ValueError(f"an OpenAI batch input is a .jsonl file, not {dataset.path.name}")
+        extra = prompt_args + (["request_column"] if args.request_column is not None else [])
+        if extra:
+            flags = ", ".join("--" + a.replace("_", "-") for a in extra)
+            raise ValueError(f"{flags}: an OpenAI batch input carries its prompts and settings in each body")
+        return "openai"
+    if len(prompt_args) != 1:
+        raise ValueError(
+            "give --template T (rows rendered with a prompt template) or --messages-column COL (chat rows), "
+            "not both; an OpenAI batch input .jsonl needs neither"
+        )
+    return "template" if args.template is not None else "chat"
+
+
+def _check_columns(dataset: Dataset, columns: Iterable[str], user: str) -> None:
+    """A setup error when a CSV's or Parquet's header lacks a column ``user`` needs (JSONL has none)."""
+    if dataset.columns is None:
+        return
+    absent = [c for c in columns if c not in dataset.columns]
+    if absent:
+        raise ValueError(
+            f"{user} uses column(s) {', '.join(map(repr, absent))} that {dataset.path.name} "
+            f"does not have (its columns: {', '.join(dataset.columns)})"
+        )
+
+
+def _chat_template(args: argparse.Namespace, tokenizer: TextTokenizer) -> ChatTemplate:
+    """``--chat-template``, else the one in the tokenizer's folder (a Hugging Face model folder's)."""
+    from processor.jobs.chat import find_chat_template, load_chat_template
+
+    if args.chat_template is not None:
+        return load_chat_template(Path(args.chat_template))
+    found = find_chat_template(tokenizer.path.parent)
+    if found is None:
+        raise ValueError(
+            f"chat messages need the model's chat template: pass --chat-template (a tokenizer_config.json, "
+            f"a .jinja file or the model's folder); {tokenizer.path.parent} has none"
+        )
+    return load_chat_template(found)
+
+
+def _chat_rows(
+    args: argparse.Namespace, dataset: Dataset, tokenizer: TextTokenizer, settings: SettingsSource
+) -> JobRows:
+    from processor.jobs.prepare import ChatRows, scan
+
+    reader = ChatRows(args.messages_column, settings)
+    return _with_chat(args, tokenizer, reader, scan(reader, dataset.rows()).leading, str)
+
+
+def _openai_rows(
+    args: argparse.Namespace, dataset: Dataset, tokenizer: TextTokenizer, settings: SettingsSource
+) -> tuple[JobRows, str]:
+    """The rows of an OpenAI batch input and the job's model: ``--model``, else the first line's."""
+    from processor.jobs.chat import NO_SHAPE
+    from processor.jobs.openai_input import job_template_field
+    from processor.jobs.prepare import OpenAIRows, Shaper, scan
+
+    reader = OpenAIRows(settings, model=args.model, override=args.model is not None)
+    found = scan(reader, dataset.rows())
+    model = args.model or found.first_model or "default"
+    reader.model = model
+    if not found.has_messages:
+        return JobRows(reader, Shaper(), NO_SHAPE, job_template_field(None)), model
+    return _with_chat(args, tokenizer, reader, found.leading, job_template_field), model
+
+
+def _with_chat(
+    args: argparse.Namespace,
+    tokenizer: TextTokenizer,
+    reader: RowReader,
+    leading: Sequence[Message],
+    source: Callable[[str], str],
+) -> JobRows:
+    """Rows read by ``reader`` rendered with the chat template, shaped by the ``leading`` messages
+    they share; ``source(chat template path)`` is the job record's ``template``."""
+    from processor.jobs.prepare import chat_shaper
+
+    chat = _chat_template(args, tokenizer)
+    shaper = chat_shaper(chat, leading, tokenizer)
+    return JobRows(reader, shaper, shaper.prefix.shape, source(chat.source))
 
 
 def _chunks(rows: Iterable[DatasetRow], size: int) -> Iterator[list[DatasetRow]]:
@@ -152,14 +348,15 @@ def submit(
     from processor.jobs.datasets import file_sha256
     from processor.wire.records import tokens_from_ids
 
-    t = plan.template
+    job_rows = plan.job_rows
     record = JobRecord(
         name=plan.job,
         state="submitting",
         dataset=str(plan.dataset.path),
         dataset_sha256=file_sha256(plan.dataset.path),
-        template=str(t.source),
-        shape=t.shape,
+        template=job_rows.source,
+        shape=job_rows.shape,
+        options=plan.options,
         model=plan.model,
         tokenizer=str(plan.tokenizer.path),
         started_ms=_now_ms(),
@@ -180,34 +377,24 @@ def submit(
 
     try:
         for chunk in _chunks(plan.dataset.rows(), CHUNK_ROWS):
-            texts: list[str] = []
-            good: list[int] = []
-            found: list[BadRow] = []
-            for drow in chunk:
-                rows += 1
-                if drow.error is not None or drow.values is None:
-                    found.append(BadRow(drow.row, drow.error or "no values"))
-                    continue
-                try:
-                    texts.append(t.render(drow.values))
-                    good.append(drow.row)
-                except RowError as exc:
-                    found.append(BadRow(drow.row, str(exc)))
-            for row, enc in zip(good, plan.tokenizer.encode_many(texts), strict=True):
-                if enc.error is not None or not enc.ids:
-                    found.append(BadRow(row, enc.error or "the prompt has no tokens"))
-                    continue
+            rows += len(chunk)
+            ready, found = prepare(
+                [job_rows.reader.read(drow) for drow in chunk], plan.tokenizer, job_rows.shaper
+            )
+            for item in ready:
+                budget = item.settings.output_budget
                 producer.send(
-                    item_id(plan.job, row),
+                    item_id(plan.job, item.row),
                     plan.model,
-                    tokens_from_ids(enc.ids),
-                    shape=t.shape,
+                    tokens_from_ids(item.ids),
+                    shape=item.shape,
                     job_id=plan.job,
-                    output_budget=plan.output_budget,
+                    output_budget=plan.output_budget if budget is None else budget,
+                    request=item.settings.request,
                 )
                 items += 1
-                tokens += len(enc.ids)
-            for b in sorted(found, key=lambda b: b.row):
+                tokens += len(item.ids)
+            for b in found:
                 bad.append(b)
                 on_bad(b)
             on_rows(rows, tokens)
@@ -238,10 +425,16 @@ def run(args: argparse.Namespace) -> int:
     from processor.apps.producer import MissingTopicError, ProduceError, TokenProducer
     from processor.jobs.topic import JobsTopicError, JobWriter, read_jobs
     from processor.kafka.config import ConfigError
+    from processor.ops.lifecycle import LifecycleError, deadline_from, record_deadline
 
+    if args.retry_failed is not None:
+        from processor.cli.retry_failed import run_retry_failed
+
+        return run_retry_failed(args)
     try:
         plan = plan_from(args)
         policy = job_policy_from(args)
+        deadline_ms = deadline_from(args.window, args.deadline, time.time_ns() // 1_000_000)
         conf, topics = kafka_settings(args, pipeline=True)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -272,12 +465,14 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        _warn_if_unserved(plan.model, conf, topics)
+        _warn_if_unserved(plan.model, plan.adapter, conf, topics)
         if policy is not None:  # before the first item, so the processors weigh it from the start
             writer.write_share(plan.job, policy, time.time_ns() // 1_000_000)
+        if deadline_ms is not None:  # after the share, which writes the record without a deadline
+            record_deadline(conf, topics, plan.job, deadline_ms, time.time_ns() // 1_000_000)
         with _progress(not args.no_progress) as on_rows:
             final = submit(plan, producer, writer, on_bad=on_bad, on_rows=on_rows)
-    except (Aborted, KafkaException, ProduceError, JobsTopicError) as exc:
+    except (Aborted, KafkaException, ProduceError, JobsTopicError, LifecycleError) as exc:
         print(f"{PROG}: error: job {plan.job} aborted: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -301,15 +496,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_if_unserved(model: str, conf: dict[str, str], topics: TopicNames) -> None:
-    """One line when no consumer has announced ``model``: the job's items would wait, parked, until
-    one does, and ``collect --wait`` would count them missing without saying why."""
-    from processor.ops.contracts import announced_contracts, consumers_of
+def _warn_if_unserved(model: str, adapter: str, conf: dict[str, str], topics: TopicNames) -> None:
+    """One line when no consumer has announced ``model`` (with ``adapter``): the job's items would
+    wait, parked, until one does, and ``collect --wait`` would count them missing without saying why."""
+    from processor.ops.contracts import announced_contracts, unserved_keys, unserved_names
 
-    if not consumers_of(model, announced_contracts(conf, topics)):
+    missing = unserved_keys(model, [adapter], announced_contracts(conf, topics))
+    if missing:
         print(
-            f"{PROG}: warning: no consumer serves model {model!r} on {topics.contracts}; the job's items "
-            "wait until one announces it ('tokenfabric status' lists them as UNSERVED)",
+            f"{PROG}: warning: no consumer serves {unserved_names(missing)} on {topics.contracts}; "
+            "the job's items wait until one announces it ('tokenfabric status' lists them as UNSERVED)",
             file=sys.stderr,
         )
 

@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "jobs": ("processor.cli.jobs", "list jobs and their progress"),
     "share": ("processor.cli.share", "show or change a job's token share: its weight and quotas"),
+    "cancel": (
+        "processor.cli.cancel",
+        "cancel a job: its waiting items never go out, batches in flight finish",
+    ),
     "acls": ("processor.cli.acls", "print or create the Kafka ACLs each role of a pipeline needs"),
 }
 

@@ -15,6 +15,8 @@ keeps stable ("What is stable" there); import them from ``processor.core``. The 
   (what consumers hold) and ``scheduler`` (:class:`Scheduler`, the one object a caller drives);
 - ``view``: :class:`SchedulerView` (``Scheduler.view``) and the frozen snapshots it returns;
 - ``shares``: token shares between jobs (:class:`Shares`, :class:`JobPolicy`, :class:`ShareSettings`);
+- ``endings``: jobs that end before their items are dispatched, cancelled or past their deadline
+  (``Scheduler.end_job``, ``Scheduler.set_deadline``, ``Scheduler.take_ended``);
 - ``accounting``: the :class:`Ledger` of items and tokens at each stage, its books and
   :class:`LedgerImbalance`; ``measures``: :func:`padding_waste`, the one formula every report uses.
 

@@ -2,7 +2,7 @@
 
 Two equations hold at every instant, in items and in tokens, per model and in total:
 
-    received + adopted_queued  = queued + routed + released_queued
+    received + adopted_queued  = queued + routed + cancelled + expired + released_queued
     routed   + adopted_in_flight = completed + in_flight + failed + released_in_flight
 
 They are written once, as ``RECEIVED`` and ``ROUTED`` (:class:`Equation`): the checks below and the
@@ -34,6 +34,11 @@ caller never passes cached counts (``finished(..., cached_tokens=None)``) still 
 prompt computed, but leaves the prompt counters out of its snapshot (``prompts_counted``): a
 checkpoint then claims nothing about the cache, and the audit compares nothing.
 
+``cancelled`` and ``expired`` are waiting items that left the lanes without being routed: their job
+was cancelled (``tokenfabric cancel``), or its deadline passed first (``Scheduler.end_job``). The
+processor answers each with a completion of that status; an item in flight when its job ends is not
+touched, and ends completed or failed as any other.
+
 A producer's repeat of an item id (``duplicate``) is dead-lettered, never received: it is counted
 beside the equations, in ``dead_lettered`` too.
 
@@ -47,6 +52,7 @@ from processor.core.books import (
     CONSUMER_COUNTERS,
     CONSUMER_SNAPSHOT,
     CONSUMER_STAGES,
+    ENDINGS,
     HANDOVER,
     JOB_COUNTERS,
     JOB_SNAPSHOT,
@@ -78,6 +84,7 @@ from processor.core.ledger_keys import keys_of, parse_key
 __all__ = [
     "CONSUMER_COUNTERS",
     "CONSUMER_STAGES",
+    "ENDINGS",
     "HANDOVER",
     "JOB_COUNTERS",
     "PROMPT_COUNTERS",
@@ -140,6 +147,15 @@ class Ledger:
         self._model(model).duplicate.add(1, tokens)
         self.job(job).duplicate.add(1, tokens)
         self.dead_lettered += 1
+
+    def ended(self, model: str, job: str, ending: str, items: int, tokens: int) -> None:
+        """Waiting items of ``job`` left the lanes unrouted: ``ending`` is ``cancelled`` or ``expired``
+        (``ENDINGS``), the stage of the model's book and the job's they move to from ``queued``."""
+        if ending not in ENDINGS:
+            raise ValueError(f"ending {ending!r} is not one of {ENDINGS}")
+        for book in (self._model(model), self.job(job)):
+            book.queued.add(-items, -tokens)
+            getattr(book, ending).add(items, tokens)
 
     def routed(
         self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int, oversized: bool

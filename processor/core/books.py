@@ -44,6 +44,12 @@ class ModelBook:
     duplicate: Tally
     """A producer's repeats of an item id within the dedupe window: dead-lettered, never received,
     so outside both equations."""
+    cancelled: Tally
+    """Items of a cancelled job that left the lanes undispatched (``Scheduler.end_job``): answered by
+    the processor with a ``cancelled`` completion, never routed."""
+    expired: Tally
+    """Items of a job whose deadline passed before they were dispatched: as ``cancelled``, status
+    ``expired``."""
     cached_prompt_tokens: int = 0
     """Prompt tokens of completed items the engine served from its prefix cache."""
     prefill_tokens: int = 0
@@ -52,7 +58,7 @@ class ModelBook:
     @classmethod
     def empty(cls) -> ModelBook:
         t = Tally  # one per stage (written out: the int counters follow them)
-        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
+        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
 
 
 @dataclass(slots=True)
@@ -93,11 +99,24 @@ class JobBook(ModelBook):
     @classmethod
     def empty(cls) -> JobBook:
         t = Tally  # one per ModelBook stage (written out: the int counters follow them)
-        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
+        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
 
 
 HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
-STAGES = ("received", "queued", "routed", "completed", "failed", "in_flight", *HANDOVER, "duplicate")
+ENDINGS = ("cancelled", "expired")
+"""How a waiting item leaves the lanes without being routed (its job was cancelled, or its deadline
+passed): a stage of models and jobs each, on the right of ``RECEIVED``."""
+STAGES = (
+    "received",
+    "queued",
+    "routed",
+    "completed",
+    "failed",
+    "in_flight",
+    *HANDOVER,
+    "duplicate",
+    *ENDINGS,
+)
 PROMPT_COUNTERS = ("cached_prompt_tokens", "prefill_tokens")
 """How completed prompts were served, in every book (``PROMPTS``): from the prefix cache, or computed."""
 JOB_COUNTERS = ("batches", "padded_tokens")
@@ -164,8 +183,11 @@ class Equation:
         )
 
 
-RECEIVED = Equation("received", ("received", "adopted_queued"), ("queued", "routed", "released_queued"))
-"""What arrived (or was adopted) waits, went out, or was handed over: models and jobs."""
+RECEIVED = Equation(
+    "received", ("received", "adopted_queued"), ("queued", "routed", *ENDINGS, "released_queued")
+)
+"""What arrived (or was adopted) waits, went out, ended unrouted (cancelled or expired), or was handed
+over: models and jobs."""
 
 ROUTED = Equation(
     "routed",

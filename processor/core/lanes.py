@@ -404,6 +404,27 @@ class LaneTable:
             self._quiet[(sl.key, lane.id)] = now_ms
         return taken, rule.padded_length(longest)
 
+    def withdraw(self, sl: ShapeLanes, now_ms: int) -> list[Item]:
+        """Take every waiting item out of ``sl``'s lanes, undispatched (its job ended: cancelled or
+        expired); returns them, marked ``dispatched`` so the arrival queues and the changelog pass
+        over them as they pass over dispatched ones. The lanes stay, empty, and go quiet as lanes a
+        batch emptied do."""
+        out: list[Item] = []
+        for lane in sl.lanes.values():
+            if not lane.tokens:
+                continue
+            out += lane.items
+            lane.items = ByLength() if lane.by_length else deque()
+            lane.tokens = 0
+            del sl.ready[lane.id]
+            self._quiet[(sl.key, lane.id)] = now_ms
+        for item in out:
+            item.dispatched = True
+        self.waiting_items -= sl.waiting_items
+        self.waiting_tokens -= sl.waiting_tokens
+        sl.waiting_items = sl.waiting_tokens = 0
+        return out
+
     def reclaim_idle(self, now_ms: int) -> int:
         """Retire every lane that has been empty for ``idle_ms``; returns how many went quiet."""
         idle_ms = self.settings.idle_ms

@@ -19,6 +19,7 @@ from typing import Literal
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract, check_batch
 from processor.core.dispatch import DEADLINES, DispatchRules, DispatchSettings
+from processor.core.endings import Ending, JobEndings
 from processor.core.inflight import (
     Answers,
     ConsumerState,
@@ -69,6 +70,7 @@ class Scheduler:
         self._flights = InFlightTable()
         self._seq = 0
         self.oversized = 0
+        self.endings = JobEndings()
         self._rules = DispatchRules(
             self.settings,
             self.shares,
@@ -238,6 +240,10 @@ class Scheduler:
             else:
                 ledger.received(model, tokens, n)
             ledger.job_received(job, n, tokens, adopted=count == "adopted")
+        ended = self.endings.ended
+        if ended:
+            for job in {job for _model, job in added if job in ended}:
+                self._withdraw_job(job, ended[job], times[-1])
         arrivals = self._arrivals
         if len(added) == 1:  # one model and job, the common case (one item, always)
             ((only, _),) = added
@@ -262,6 +268,8 @@ class Scheduler:
 
     def dispatch(self, now_ms: int) -> list[Batch]:
         """Fill every free slot of every consumer that has work; consumers take turns, one batch each."""
+        if self.endings.deadlines:
+            self.expire(now_ms)
         out: list[Batch] = []
         states = list(self.consumers.values())  # emitting a batch adds or removes no consumer
         choose = self._rules.choose
@@ -284,6 +292,8 @@ class Scheduler:
         return self._next_batch(state, now_ms)
 
     def _next_batch(self, state: ConsumerState, now_ms: int) -> Batch | None:
+        if self.endings.deadlines:
+            self.expire(now_ms)
         choice = self._rules.choose(state, now_ms)
         return None if choice is None else self._emit(state, now_ms, *choice)
 
@@ -408,6 +418,44 @@ class Scheduler:
             item.dispatched = False
         self._enqueue_many(items, [now_ms] * len(items), None)
         return items
+
+    # -- jobs that end before their items are dispatched (core/endings.py) ------------------------
+
+    def end_job(self, job: str, ending: Ending, now_ms: int) -> int:
+        """``job`` is cancelled (or expired): its waiting items leave the lanes now, and any that
+        arrives later leaves as it arrives; batches in flight finish. Returns how many items left
+        now (0 as well when the job had ended already). The adapter answers them: :meth:`take_ended`."""
+        if not self.endings.end(job, ending):
+            return 0
+        self.shares.track(job)  # its items get lanes of their own, so that they can leave as a job
+        return self._withdraw_job(job, ending, now_ms)
+
+    def set_deadline(self, job: str, deadline_ms: int | None, now_ms: int) -> None:
+        """``job`` ends ``expired`` at ``deadline_ms`` (None: no deadline); at once if that has passed."""
+        self.endings.set_deadline(job, deadline_ms)
+        self.expire(now_ms)
+
+    def expire(self, now_ms: int) -> int:
+        """End every job whose deadline has come; returns how many items that withdrew."""
+        return sum(self.end_job(job, "expired", now_ms) for job in self.endings.due(now_ms))
+
+    def take_ended(self) -> list[tuple[Item, Ending]]:
+        """The items withdrawn since the last call, with how their job ended, in the order they left."""
+        out, self.endings.withdrawn = self.endings.withdrawn, []
+        return out
+
+    def _withdraw_job(self, job: str, ending: Ending, now_ms: int) -> int:
+        withdrawn = 0
+        for sl in [sl for sl in self.table.shapes.values() if sl.job == job and sl.waiting_items]:
+            model, tokens = sl.key[0], sl.waiting_tokens
+            items = self.table.withdraw(sl, now_ms)
+            self._order.taken_from(sl)
+            del self._active[model][sl.key]
+            self.shares.lanes_changed(model, job, -1)
+            self.ledger.ended(model, job, ending, len(items), tokens)
+            self.endings.withdrawn += [(item, ending) for item in items]
+            withdrawn += len(items)
+        return withdrawn
 
     def _finished(
         self,

@@ -20,24 +20,42 @@ from processor.core.shares import JobPolicy
 from processor.core.signature import to_signed, to_unsigned
 from processor.jobs.model import JOB_STATES, BadRow, JobRecord
 from processor.wire.errors import DecodeError
+from processor.wire.job_share import JobShareRecord, decode_job_share_record, encode_job_share_record
 from processor.wire.schemas import MAGIC, rabin_fingerprint, schema_dir
 
 SCHEMA_NAME = "Job"
+#: The fields the Job record gained after its first schema (retry attempts, cancelled and expired
+#: counts, the submit options), each with a default: records on the jobs topic written before them still read.
+ADDED_JOB_FIELDS = ("retry_of", "attempt", "results_cancelled", "results_expired", "options")
+
+
+def _raw(name: str) -> dict[str, Any]:
+    raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
+    assert isinstance(raw, dict)
+    return raw
 
 
 def _load(name: str = SCHEMA_NAME) -> tuple[Any, str]:
-    raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
-    parsed = parse_schema(raw)
+    parsed = parse_schema(_raw(name))
     return parsed, to_parsing_canonical_form(parsed)
+
+
+def _previous_job_schema() -> dict[str, Any]:
+    """The Job schema before :data:`ADDED_JOB_FIELDS`: today's less those fields, byte for byte the
+    schema the codec wrote with until then (tests/jobs/test_codec_previous.py holds its fingerprint)."""
+    raw = _raw(SCHEMA_NAME)
+    return {**raw, "fields": [f for f in raw["fields"] if f["name"] not in ADDED_JOB_FIELDS]}
 
 
 _SCHEMA, CANONICAL_FORM = _load()
 FINGERPRINT = rabin_fingerprint(CANONICAL_FORM.encode())
 HEADER = MAGIC + FINGERPRINT.to_bytes(8, "little")
+PREVIOUS_SCHEMA = parse_schema(_previous_job_schema())
+PREVIOUS_CANONICAL_FORM = to_parsing_canonical_form(PREVIOUS_SCHEMA)
+PREVIOUS_HEADER = MAGIC + rabin_fingerprint(PREVIOUS_CANONICAL_FORM.encode()).to_bytes(8, "little")
+#: The writer schema of each header the decoder reads: today's, and the one before retries.
+_WRITERS = {HEADER: _SCHEMA, PREVIOUS_HEADER: PREVIOUS_SCHEMA}
 
-SHARE_SCHEMA_NAME = "JobShare"
-_SHARE_SCHEMA, SHARE_CANONICAL_FORM = _load(SHARE_SCHEMA_NAME)
-SHARE_HEADER = MAGIC + rabin_fingerprint(SHARE_CANONICAL_FORM.encode()).to_bytes(8, "little")
 
 
 def encode_job(rec: JobRecord) -> bytes:
@@ -65,6 +83,11 @@ def encode_job(rec: JobRecord) -> bytes:
         "output_tokens": rec.output_tokens,
         "progress_ms": rec.progress_ms,
         "finished_ms": rec.finished_ms,
+        "retry_of": rec.retry_of,
+        "attempt": rec.attempt,
+        "results_cancelled": rec.results_cancelled,
+        "results_expired": rec.results_expired,
+        "options": rec.options,
     }
     out = io.BytesIO()
     out.write(HEADER)
@@ -76,16 +99,18 @@ def encode_job(rec: JobRecord) -> bytes:
 
 
 def decode_job(value: bytes | bytearray | memoryview | None) -> JobRecord:
-    """A message value as a job record; :class:`DecodeError` for anything else."""
+    """A message value as a job record (today's schema or the previous one, whose records get the
+    added fields' defaults); :class:`DecodeError` for anything else."""
     data = b"" if value is None else bytes(value)
     if len(data) < len(HEADER) or data[:2] != MAGIC:
         raise DecodeError("bad-magic", "not an Avro single-object message (expected tokenfabric.Job)")
-    if data[: len(HEADER)] != HEADER:
+    writer = _WRITERS.get(data[: len(HEADER)])
+    if writer is None:
         raise DecodeError("unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.Job")
     body = io.BytesIO(data)
     body.seek(len(HEADER))
     try:
-        d = fastavro.schemaless_reader(body, _SCHEMA, None)
+        d = fastavro.schemaless_reader(body, writer, _SCHEMA)
     except Exception as exc:  # fastavro raises many types on malformed input
         raise DecodeError("avro-decode", f"tokenfabric.Job: {exc}") from None
     if body.tell() != len(data):
@@ -114,48 +139,22 @@ def decode_job(value: bytes | bytearray | memoryview | None) -> JobRecord:
         output_tokens=d["output_tokens"],
         progress_ms=d["progress_ms"],
         finished_ms=d["finished_ms"],
+        retry_of=d["retry_of"],
+        attempt=d["attempt"],
+        results_cancelled=d["results_cancelled"],
+        results_expired=d["results_expired"],
+        options=d["options"],
     )
 
 
 def encode_job_share(job: str, policy: JobPolicy, set_ms: int) -> bytes:
-    """A job's share (weight and quotas: docs/shares.md) as a message value of the job-shares topic."""
-    d = {
-        "job": job,
-        "weight": float(policy.weight),
-        "max_tokens_per_s": policy.max_tokens_per_s,
-        "max_tokens": policy.max_tokens,
-        "burst_ms": policy.burst_ms,
-        "set_ms": set_ms,
-    }
-    out = io.BytesIO()
-    out.write(SHARE_HEADER)
-    fastavro.schemaless_writer(out, _SHARE_SCHEMA, d)
-    return out.getvalue()
+    """A job's share (weight and quotas: docs/shares.md) as a message value of the job-shares topic,
+    with no cancel and no deadline (the whole record: :mod:`processor.wire.job_share`)."""
+    return encode_job_share_record(JobShareRecord(job, policy, set_ms))
 
 
 def decode_job_share(value: bytes | bytearray | memoryview | None) -> tuple[str, JobPolicy, int]:
-    """(job, policy, set_ms) of a job-shares message; :class:`DecodeError` for anything else,
-    ``invalid-share`` for a policy :class:`JobPolicy` refuses (a weight of 0, say)."""
-    data = b"" if value is None else bytes(value)
-    if len(data) < len(SHARE_HEADER) or data[:2] != MAGIC:
-        raise DecodeError("bad-magic", "not an Avro single-object message (expected tokenfabric.JobShare)")
-    if data[: len(SHARE_HEADER)] != SHARE_HEADER:
-        raise DecodeError(
-            "unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.JobShare"
-        )
-    body = io.BytesIO(data)
-    body.seek(len(SHARE_HEADER))
-    try:
-        d = fastavro.schemaless_reader(body, _SHARE_SCHEMA, None)
-    except Exception as exc:  # fastavro raises many types on malformed input
-        raise DecodeError("avro-decode", f"tokenfabric.JobShare: {exc}") from None
-    if body.tell() != len(data):
-        raise DecodeError(
-            "trailing-bytes", f"tokenfabric.JobShare: {len(data) - body.tell()} bytes after the record"
-        )
-    assert isinstance(d, dict)
-    try:
-        policy = JobPolicy(d["weight"], d["max_tokens_per_s"], d["max_tokens"], d["burst_ms"])
-    except ValueError as exc:
-        raise DecodeError("invalid-share", f"job {d['job']!r}: {exc}") from None
-    return d["job"], policy, d["set_ms"]
+    """(job, policy, set_ms) of a job-shares message, current or previous schema; :class:`DecodeError`
+    for anything else, ``invalid-share`` for a policy :class:`JobPolicy` refuses (a weight of 0, say)."""
+    rec = decode_job_share_record(value)
+    return rec.job, rec.policy, rec.set_ms

@@ -4,9 +4,10 @@ Pieces, each with one job:
 
 * :class:`ResultsTail` reads the results topic (``read_committed``) with one long-lived consumer, from
   given offsets to the end, again and again (``collect --wait``, the collector service).
-* :class:`JobCollector` is one job's side: it takes the completions whose item ids are the job's,
-  keeps the first per row in its :class:`~processor.jobs.journal.Journal`, and writes the output file from
-  the journal joined with the dataset.
+* :class:`JobCollector` is one job's side: it takes the completions whose item ids are the job's or
+  one of its retry attempts' (``NAME.r2:<row>``, processor/jobs/retry.py), keeps one per row in its
+  :class:`~processor.jobs.journal.Journal` (the first, unless a later attempt or try supersedes it),
+  and writes the output file from the journal joined with the dataset.
 * Results come in two forms (docs/wire-format.md): a ``Completion`` keyed by its item id, routed by
   the key and decoded only when its job still needs the row, and a ``CompletionBatch`` keyed by its
   batch id, whose items may belong to several jobs: it is decoded once and each completion routed by
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from processor.jobs.model import (
     row_of,
     summarize,
 )
+from processor.jobs.openai_output import request_of_job, write_openai
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import position
 from processor.kafka.topics import TopicNames
@@ -148,9 +150,16 @@ class ResultsTail:
         self._consumer.close()
 
 
-def _row_result(row: int, c: CompletionRecord) -> RowResult:
+def _row_result(row: int, c: CompletionRecord, attempt: int) -> RowResult:
+    """``c`` as the result of ``row`` from job attempt ``attempt``; ``tries`` is the completion's
+    attempt count where the wire carries one (retries inside the pipeline), else 1."""
+    tries = getattr(c, "attempt", 1)
     return RowResult(
         row=row,
+        attempt=attempt,
+        tries=tries if isinstance(tries, int) and tries > 0 else 1,
+        cached_tokens=c.cached_tokens,
+        item_id=c.item_id,
         status=c.status,
         reason=c.reason,
         output=bytes(c.output),
@@ -179,12 +188,23 @@ class JobCollector:
     starts: dict[int, int] = field(default_factory=dict)
     stray: int = 0
     undecodable: int = 0
+    #: The job's retry attempts by job name (``NAME.r2``, ...), merged into its output.
+    attempts: dict[str, JobRecord] = field(default_factory=dict)
     _pending: list[RowResult] = field(default_factory=list)
     _bad: frozenset[int] = frozenset()
 
     @classmethod
-    def open(cls, job: JobRecord, out: str | Path, dataset: str | Path | None = None) -> JobCollector:
-        """Check the output name and the dataset, then open (and lock) the journal beside the output."""
+    def open(
+        cls,
+        job: JobRecord,
+        out: str | Path,
+        dataset: str | Path | None = None,
+        attempts: Iterable[JobRecord] = (),
+    ) -> JobCollector:
+        """Check the output name and the dataset, then open (and lock) the journal beside the output.
+
+        ``attempts``: the job's retry attempts known now (:func:`attempts_of`); more can be added
+        later with :meth:`add_attempt`."""
         target = Path(out)
         output_format(target)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -197,20 +217,51 @@ class JobCollector:
         journal = Journal.open(journal_path(target), job)
         c = cls(job, target, journal, ds)
         c._bad = frozenset(b.row for b in job.bad_rows)
+        for attempt in attempts:
+            c.add_attempt(attempt)
         return c
 
     def update(self, job: JobRecord) -> None:
-        """A newer record of the same submission (submit finished, or another collector's progress)."""
-        if job.started_ms == self.job.started_ms:
+        """A newer record of the same submission (submit finished, or another collector's progress),
+        or of one of its attempts."""
+        if job.name in self.attempts:
+            self.add_attempt(job)
+        elif job.name == self.job.name and job.started_ms == self.job.started_ms:
             self.job = job
             self._bad = frozenset(b.row for b in job.bad_rows)
 
+    def add_attempt(self, attempt: JobRecord) -> bool:
+        """Take in (or update) a retry attempt of this job; True when it is one this collector did
+        not know, so its results must be read from where it started (:meth:`rewind_for`)."""
+        if attempt.retry_of != self.job.name or attempt.started_ms < self.job.started_ms:
+            return False  # another job's, or an attempt of an earlier job of the same name
+        new = attempt.name not in self.attempts
+        self.attempts[attempt.name] = attempt
+        return new
+
+    def attempt_number(self, job_name: str) -> int | None:
+        """The attempt an item of job ``job_name`` belongs to: 1 for this job, k for ``NAME.rk``."""
+        if job_name == self.job.name:
+            return 1
+        attempt = self.attempts.get(job_name)
+        return None if attempt is None else attempt.attempt
+
     def resume_from(self, tail: ResultsTail) -> dict[int, int]:
-        """Where this job's reading starts: its checkpoint, or the results since it started."""
+        """Where this job's reading starts: its checkpoint, or the results since it started; and
+        from where each attempt the checkpoint does not cover started."""
         saved = self.journal.checkpoint
         base = saved if saved is not None else tail.offsets_at(self.job.started_ms - START_SLACK_MS)
         self.starts = {p: base.get(p, 0) for p in tail.partitions()}
+        for name in self.attempts:
+            if saved is not None and name not in self.journal.attempts:
+                self.rewind_for(self.attempts[name], tail)
         return self.starts
+
+    def rewind_for(self, attempt: JobRecord, tail: ResultsTail) -> None:
+        """Read again from where ``attempt`` started: its completions may have been passed over
+        before this collector knew the attempt (the journal drops what it already has)."""
+        since = tail.offsets_at(attempt.started_ms - START_SLACK_MS)
+        self.starts = {p: min(o, since.get(p, o)) for p, o in self.starts.items()}
 
     def offer(self, partition: int, offset: int, item: str, value: bytes | None) -> None:
         """A message whose key names one of this job's items: decoded only if that row is still open."""
@@ -226,24 +277,36 @@ class JobCollector:
 
     def take(self, partition: int, offset: int, completion: CompletionRecord) -> None:
         """A decoded completion of one of this job's items (from either form of results message)."""
-        row = self._open_row(partition, offset, completion.item_id)
-        if row is not None:
-            self._pending.append(_row_result(row, completion))
+        opened = self._open_row(partition, offset, completion.item_id)
+        if opened is not None:
+            row, attempt = opened
+            self._pending.append(_row_result(row, completion, attempt))
 
-    def _open_row(self, partition: int, offset: int, item: str) -> int | None:
-        """The row ``item`` names if this job still needs a result for it; counts stray item ids."""
+    def _open_row(self, partition: int, offset: int, item: str) -> tuple[int, int] | None:
+        """(row, attempt) of ``item`` if its result may still be this job's, for a row that has none
+        or one an attempt at least as late could supersede; counts stray item ids."""
         if offset < self.starts.get(partition, 0):
             return None  # already accounted for by this job's checkpoint
-        row = row_of(self.job.name, item)
-        if row is None or row in self._bad or (self.job.is_submitted and row >= self.job.rows):
+        name = job_of(item)
+        attempt = self.attempt_number(name)
+        row = None if attempt is None else row_of(name, item)
+        if (
+            attempt is None
+            or row is None
+            or row in self._bad
+            or (self.job.is_submitted and row >= self.job.rows)
+        ):
             self.stray += 1
             return None
-        return None if row in self.journal.results else row
+        held = self.journal.results.get(row)
+        if held is None or attempt > held.attempt or (attempt == held.attempt and held.status != "ok"):
+            return row, attempt  # a later try of a failed item may still come within one attempt
+        return None
 
     def commit(self, positions: Mapping[int, int]) -> int:
         """Append what was offered and the new checkpoint to the journal; returns the new rows."""
         checkpoint = {p: max(self.starts.get(p, 0), positions.get(p, 0)) for p in self.starts}
-        new = self.journal.add(self._pending, checkpoint)
+        new = self.journal.add(self._pending, checkpoint, frozenset(self.attempts))
         self._pending.clear()
         self.starts = checkpoint
         return new
@@ -254,60 +317,114 @@ class JobCollector:
 
     @property
     def complete(self) -> bool:
-        return self.job.is_submitted and self.done >= self.job.items
+        """Every row has a result, and every attempt's rows have theirs from it (or a later one)."""
+        if not (self.job.is_submitted and self.done >= self.job.items):
+            return False
+        return not self.attempts or self.summary().complete
 
     def summary(self) -> JobSummary:
         extra = {"stray completions": self.stray, "undecodable completions": self.undecodable}
-        return summarize(self.job, self.journal.results.values(), extra)
+        return summarize(self.job, self.journal.results.values(), extra, self.attempts.values())
 
-    def progress_record(self, now_ms: int) -> JobRecord | None:
-        """The job record with this collector's counts, or None when there is nothing new to say."""
-        s = self.summary()
-        if not self.job.is_submitted:
-            return None
-        rec = self.job.with_progress(s.ok, s.failed, s.output_tokens, now_ms)
-        same = (rec.results_ok, rec.results_failed, rec.output_tokens, rec.state) == (
-            self.job.results_ok,
-            self.job.results_failed,
-            self.job.output_tokens,
-            self.job.state,
-        )
-        return None if same else rec
+    def progress_records(self, now_ms: int) -> list[JobRecord]:
+        """The records with new counts: this job's (every row's latest result) and each attempt's
+        (the results of its rows from it or a later attempt); none that has nothing new to say."""
+        results = self.journal.results.values()
+        out: list[JobRecord] = []
+        for rec in (self.job, *sorted(self.attempts.values(), key=lambda a: a.attempt)):
+            if not rec.is_submitted:
+                continue
+            mine = results if rec is self.job else [r for r in results if r.attempt >= rec.attempt]
+            s = summarize(rec, mine)
+            new = rec.with_progress(
+                s.ok, s.failed, s.output_tokens, now_ms, cancelled=s.cancelled, expired=s.expired
+            )
+            if _counts(new) != _counts(rec):
+                out.append(new)
+        return out
+
+    def joined(self) -> Iterator[tuple[RowResult, dict[str, Any] | None]]:
+        """Each row's result (or ``invalid`` for a bad row) with its input values, in dataset row
+        order; rows with no result yet are left out."""
+        results = self.journal.results
+        bad = {b.row: b for b in self.job.bad_rows}
+        for drow in self.dataset.rows():
+            r = results.get(drow.row)
+            if r is None and drow.row in bad:
+                r = invalid_result(bad[drow.row])
+            if r is not None:
+                yield r, drow.values
 
     def materialize(self) -> int:
         """(Re)write the output from the journal, in dataset row order; returns the rows written."""
-        results = self.journal.results
-        bad = {b.row: b for b in self.job.bad_rows}
+        return write_output(self.out, self.joined(), self.dataset)
 
-        def joined() -> Iterator[tuple[RowResult, dict[str, Any] | None]]:
-            for drow in self.dataset.rows():
-                r = results.get(drow.row)
-                if r is None and drow.row in bad:
-                    r = invalid_result(bad[drow.row])
-                if r is not None:
-                    yield r, drow.values
-
-        return write_output(self.out, joined(), self.dataset)
+    def materialize_openai(self, errors: Path) -> tuple[int, int]:
+        """(Re)write the output as the OpenAI batch output file and ``errors`` as its error file
+        (processor/jobs/openai_output.py); returns the lines written to each."""
+        return write_openai(
+            self.out, errors, self.joined(), job=self.job.name, request_of=request_of_job(self.job)
+        )
 
     def close(self) -> None:
         self.journal.close()
 
 
+def _counts(rec: JobRecord) -> tuple[object, ...]:
+    """What a progress write changes: a record whose counts are these already needs none."""
+    return (
+        rec.results_ok,
+        rec.results_failed,
+        rec.results_cancelled,
+        rec.results_expired,
+        rec.output_tokens,
+        rec.state,
+    )
+
+
+def attempts_of(job: str, jobs: Mapping[str, JobRecord]) -> list[JobRecord]:
+    """The retry attempts of ``job`` among ``jobs`` (the jobs topic), in attempt order."""
+    return sorted((j for j in jobs.values() if j.retry_of == job), key=lambda j: j.attempt)
+
+
 class Collection:
-    """Several job collectors fed by one :class:`ResultsTail` (each completion is read once)."""
+    """Several job collectors fed by one :class:`ResultsTail` (each completion is read once).
+
+    Completions are routed by their item id's job name: a job's own, or one of its retry
+    attempts', both to the job's collector."""
 
     def __init__(self, conf: Mapping[str, str], topics: TopicNames) -> None:
         self.tail = ResultsTail(conf, topics)
         self.collectors: dict[str, JobCollector] = {}
+        self._routes: dict[str, JobCollector] = {}
         self._reassign = True
 
     def add(self, collector: JobCollector) -> None:
         collector.resume_from(self.tail)
         self.collectors[collector.job.name] = collector
+        self._routes[collector.job.name] = collector
+        for name in collector.attempts:
+            self._routes[name] = collector
         self._reassign = True
 
+    def add_attempt(self, attempt: JobRecord) -> bool:
+        """A retry attempt of an open job: routed to its collector, read from where it started.
+        False when its job is not open here."""
+        collector = self.collectors.get(attempt.retry_of or "")
+        if collector is None:
+            return False
+        if collector.add_attempt(attempt):
+            collector.rewind_for(attempt, self.tail)
+            self._routes[attempt.name] = collector
+            self._reassign = True
+        return True
+
     def remove(self, name: str) -> JobCollector | None:
-        return self.collectors.pop(name, None)
+        collector = self.collectors.pop(name, None)
+        if collector is not None:
+            for attempt in (name, *collector.attempts):
+                self._routes.pop(attempt, None)
+        return collector
 
     def step(self, max_s: float = 5.0) -> int:
         """Read what is new and hand it to the collectors; returns the rows added over all jobs."""
@@ -327,7 +444,7 @@ class Collection:
                 continue
             key = msg.key()
             item = key.decode("utf-8", "replace") if key else ""
-            collector = self.collectors.get(job_of(item))
+            collector = self._routes.get(job_of(item))
             if collector is not None:
                 collector.offer(*position(msg), item, value)
         positions = self.tail.positions
@@ -340,7 +457,7 @@ class Collection:
         except DecodeError:
             return  # keyed by a batch id: no job to count it against
         for completion in completions:
-            collector = self.collectors.get(job_of(completion.item_id))
+            collector = self._routes.get(job_of(completion.item_id))
             if collector is not None:
                 collector.take(partition, offset, completion)
 
@@ -348,26 +465,32 @@ class Collection:
         for c in self.collectors.values():
             c.close()
         self.collectors.clear()
+        self._routes.clear()
         self.tail.close()
 
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """A job's progress counted from the results topic (``tokenfabric jobs --scan``)."""
+    """A job's progress counted from the results topic (``tokenfabric jobs --scan``); ``failed``
+    counts every result that is not ok, ``cancelled`` and ``expired`` are parts of it."""
 
     ok: int = 0
     failed: int = 0
     output_tokens: int = 0
+    cancelled: int = 0
+    expired: int = 0
 
 
 def scan_progress(
     conf: Mapping[str, str], topics: TopicNames, jobs: Mapping[str, JobRecord], max_s: float = 120.0
 ) -> dict[str, Progress]:
-    """Count each job's distinct rows with a result, reading results since the oldest job started."""
+    """Count each job's distinct rows with a result, reading results since the oldest job started.
+
+    A row's result is its first completion, or a later try's (a retry inside the pipeline)."""
     if not jobs:
         return {}
     tail = ResultsTail(conf, topics)
-    seen: dict[str, dict[int, tuple[bool, int]]] = {name: {} for name in jobs}
+    seen: dict[str, dict[int, RowResult]] = {name: {} for name in jobs}
     try:
         tail.assign(tail.offsets_at(min(j.started_ms for j in jobs.values()) - START_SLACK_MS))
         for msg in tail.drain(max_s):
@@ -379,15 +502,14 @@ def scan_progress(
                 name = job_of(c.item_id)
                 rows = seen.get(name)
                 row = row_of(name, c.item_id) if rows is not None else None
-                if rows is not None and row is not None and row not in rows:
-                    rows[row] = (c.status == "ok", c.output_tokens)
+                if rows is not None and row is not None:
+                    result = _row_result(row, c, attempt=1)
+                    if result.supersedes(rows.get(row)):
+                        rows[row] = result
     finally:
         tail.close()
-    return {
-        name: Progress(
-            ok=sum(1 for ok, _ in rows.values() if ok),
-            failed=sum(1 for ok, _ in rows.values() if not ok),
-            output_tokens=sum(t for _, t in rows.values()),
-        )
-        for name, rows in seen.items()
-    }
+    out: dict[str, Progress] = {}
+    for name, rows in seen.items():
+        s = summarize(jobs[name], rows.values())
+        out[name] = Progress(s.ok, s.failed, s.output_tokens, s.cancelled, s.expired)
+    return out

@@ -3,10 +3,14 @@
 It lives beside the output (``<out>.journal``) and holds, in order:
 
 1. a header line naming the job submission it belongs to (``job``, ``started_ms``, ``dataset_sha256``);
-2. one line per row result, at most one per row: a row already in the journal is never appended
-   again, so duplicate completions on the results topic cannot produce duplicate rows;
+2. row result lines: a result is appended only when it supersedes the row's result so far
+   (:meth:`RowResult.supersedes <processor.jobs.model.RowResult.supersedes>`: a later job attempt,
+   or a later try of the item within one), so duplicate completions on the results topic cannot
+   produce duplicate rows, and a row has at most one line per (attempt, try). Reading the journal
+   back keeps the latest per row by the same rule, whatever the order of its lines;
 3. now and then a checkpoint line with the results-topic offsets (per partition) that every result
-   line above it accounts for.
+   line above it accounts for, and the job's retry attempts it covers (``attempts``: an attempt
+   not listed there is read from its start, however far the offsets are).
 
 Writes go result lines first, then the checkpoint, then ``fsync``. If the process dies between any
 two steps the journal is still right: a torn last line is cut off when the journal is reopened; result
@@ -44,6 +48,8 @@ class Journal:
         self.header = header
         self.results: dict[int, RowResult] = {}
         self.checkpoint: dict[int, int] | None = None
+        #: The retry attempts (job names) whose results the checkpoint accounts for.
+        self.attempts: frozenset[str] = frozenset()
         self._file = file
 
     @classmethod
@@ -94,23 +100,35 @@ class Journal:
             entry = _parse(path, n, line)
             if "checkpoint" in entry:
                 journal.checkpoint = {int(p): int(o) for p, o in entry["checkpoint"].items()}
+                journal.attempts = frozenset(entry.get("attempts", ()))
             else:
                 result = RowResult.from_json(entry)
-                journal.results.setdefault(result.row, result)
+                if result.supersedes(journal.results.get(result.row)):
+                    journal.results[result.row] = result
         return journal
 
-    def add(self, results: Iterable[RowResult], checkpoint: dict[int, int] | None) -> int:
-        """Append the results whose rows are new, then ``checkpoint``; returns how many were new."""
+    def add(
+        self,
+        results: Iterable[RowResult],
+        checkpoint: dict[int, int] | None,
+        attempts: frozenset[str] | None = None,
+    ) -> int:
+        """Append the results that supersede their rows' (new rows, later attempts), then
+        ``checkpoint`` with the ``attempts`` it covers; returns how many results were appended."""
         lines: list[str] = []
         for r in results:
-            if r.row in self.results:
+            if not r.supersedes(self.results.get(r.row)):
                 continue
             self.results[r.row] = r
-            lines.append(json.dumps(r.to_json(), ensure_ascii=False))
+            lines.append(json.dumps(r.to_journal(), ensure_ascii=False))
         new = len(lines)
-        if checkpoint is not None and checkpoint != self.checkpoint:
-            self.checkpoint = dict(checkpoint)
-            lines.append(json.dumps({"checkpoint": {str(p): o for p, o in sorted(checkpoint.items())}}))
+        attempts = self.attempts if attempts is None else attempts
+        if checkpoint is not None and (checkpoint != self.checkpoint or attempts != self.attempts):
+            self.checkpoint, self.attempts = dict(checkpoint), attempts
+            entry: dict[str, Any] = {"checkpoint": {str(p): o for p, o in sorted(checkpoint.items())}}
+            if attempts:
+                entry["attempts"] = sorted(attempts)
+            lines.append(json.dumps(entry))
         if lines:
             self._append(lines)
         return new

@@ -31,7 +31,14 @@ MAX_BAD_ROWS = 1000
 JobState = Literal["submitting", "submitted", "aborted", "finished"]
 JOB_STATES: tuple[JobState, ...] = ("submitting", "submitted", "aborted", "finished")
 #: Row outcomes in a collected output: a completion's status, or ``invalid`` (refused by submit).
-RowStatus = Literal["ok", "failed", "rejected", "invalid"]
+#: ``cancelled`` (``tokenfabric cancel``) and ``expired`` (the job's window passed before the item was
+#: dispatched) are completions the processor writes for items that never ran.
+RowStatus = Literal["ok", "failed", "rejected", "cancelled", "expired", "invalid"]
+ROW_STATUSES: tuple[RowStatus, ...] = ("ok", "failed", "rejected", "cancelled", "expired", "invalid")
+#: The outcomes ``submit --retry-failed`` runs again (processor/jobs/retry.py): the item ran and
+#: failed, or never ran before the window passed. Not ``rejected`` (the server refused the prompt and
+#: would refuse it again), ``cancelled`` (stopped on purpose) or ``invalid`` (submit refused the row).
+RETRIED_STATUSES: frozenset[RowStatus] = frozenset({"failed", "expired"})
 
 
 def check_job_name(name: str) -> str:
@@ -85,6 +92,13 @@ class JobRecord:
     (``results_ok``, ``results_failed``, ``output_tokens``, ``progress_ms``) and, when every item has a
     result, ``finished``. So there is one writer at a time and no lost update.
     ``rows`` counts the dataset rows read; ``items`` the ones produced (``rows - len(bad_rows)``).
+
+    A retry attempt (``submit --retry-failed NAME``, processor/jobs/retry.py) is a job of its own,
+    ``NAME.r<attempt>``, with ``retry_of = NAME`` and ``attempt >= 2``: its items are the rows of
+    ``NAME`` that ended failed or expired, under their own row numbers, so ``collect --job NAME``
+    merges them into ``NAME``'s output. ``rows`` of an attempt counts the rows it ran again.
+    ``results_failed`` counts every result that is not ok; ``results_cancelled`` and
+    ``results_expired`` are the parts of it that never ran.
     """
 
     name: str
@@ -107,6 +121,12 @@ class JobRecord:
     output_tokens: int = 0
     progress_ms: int | None = None
     finished_ms: int | None = None
+    retry_of: str | None = None
+    attempt: int = 1
+    results_cancelled: int = 0
+    results_expired: int = 0
+    options: str | None = None
+    """The submit options that decide how rows become items, as JSON text (processor/jobs/retry.py)."""
 
     @property
     def is_submitted(self) -> bool:
@@ -117,10 +137,20 @@ class JobRecord:
         """
         return self.submitted_ms is not None or self.state == "aborted"
 
-    def with_progress(self, ok: int, failed: int, output_tokens: int, now_ms: int) -> JobRecord:
+    def with_progress(
+        self,
+        ok: int,
+        failed: int,
+        output_tokens: int,
+        now_ms: int,
+        *,
+        cancelled: int = 0,
+        expired: int = 0,
+    ) -> JobRecord:
         """This record with a collector's counts; ``finished`` once every item has a result.
 
-        An aborted job keeps its state (and error) and only gets ``finished_ms``.
+        ``failed`` counts every result that is not ok, ``cancelled`` and ``expired`` included. An
+        aborted job keeps its state (and error) and only gets ``finished_ms``.
         """
         done = self.is_submitted and ok + failed >= self.items
         state: JobState = self.state
@@ -130,6 +160,8 @@ class JobRecord:
             self,
             results_ok=ok,
             results_failed=failed,
+            results_cancelled=cancelled,
+            results_expired=expired,
             output_tokens=output_tokens,
             progress_ms=now_ms,
             state=state,
@@ -143,7 +175,13 @@ class JobRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RowResult:
-    """The outcome of one row, as a collected output holds it (next to the row's input)."""
+    """The outcome of one row, as a collected output holds it (next to the row's input).
+
+    ``attempt`` is the job attempt that produced it (1: the job itself; ``k``: its retry job
+    ``NAME.rk``) and ``tries`` the dispatches of the item within that attempt (the completion's
+    attempt count; 1 when the completion carries none). A row has one result: the one with the
+    greatest ``(attempt, tries)`` (:meth:`supersedes`).
+    """
 
     row: int
     status: RowStatus
@@ -155,6 +193,29 @@ class RowResult:
     batch_id: str = ""
     consumer: str = ""
     completed_ms: int | None = None
+    attempt: int = 1
+    tries: int = 1
+    cached_tokens: int = 0
+    item_id: str = ""
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Which of two results of a row is the later one: ``(attempt, tries)``."""
+        return (self.attempt, self.tries)
+
+    def supersedes(self, other: RowResult | None) -> bool:
+        """Whether this result replaces ``other`` as its row's result (a duplicate does not)."""
+        return other is None or self.order > other.order
+
+    def to_journal(self) -> dict[str, Any]:
+        """The output's fields and where the result came from: one journal line (journal.py)."""
+        return {
+            **self.to_json(),
+            "attempt": self.attempt,
+            "tries": self.tries,
+            "cached_tokens": self.cached_tokens,
+            "item_id": self.item_id,
+        }
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON fields. ``output`` is text when it is UTF-8, else ``output_base64``."""
@@ -194,6 +255,10 @@ class RowResult:
             batch_id=d.get("batch_id", ""),
             consumer=d.get("consumer", ""),
             completed_ms=d.get("completed_ms"),
+            attempt=int(d.get("attempt", 1)),
+            tries=int(d.get("tries", 1)),
+            cached_tokens=int(d.get("cached_tokens", 0)),
+            item_id=d.get("item_id", ""),
         )
 
 
@@ -208,6 +273,10 @@ class JobSummary:
     ``padding_waste`` (:func:`processor.core.measures.padding_waste`) is taken over the completions
     that were batched (``padded_tokens > 0``): the share of the GPU's padded tokens this job's rows
     did not use; None when none was batched.
+
+    ``failed`` counts every row whose result is not ok; ``cancelled`` and ``expired`` are parts of it.
+    ``retrying`` counts the rows a retry attempt carries that have no result from it yet (None while
+    an attempt's submit is still running): their earlier result stands until the attempt's arrives.
     """
 
     job: str
@@ -221,6 +290,10 @@ class JobSummary:
     padded_tokens: int
     batched_input_tokens: int
     extra: dict[str, int] = field(default_factory=dict)
+    cancelled: int = 0
+    expired: int = 0
+    retrying: int | None = 0
+    attempts: int = 1
 
     @property
     def padding_waste(self) -> float | None:
@@ -228,39 +301,69 @@ class JobSummary:
 
     @property
     def complete(self) -> bool:
-        return self.missing == 0
+        """Every row has its result, from the last attempt that carries it."""
+        return self.missing == 0 and self.retrying == 0
 
     def lines(self) -> list[str]:
         rows = "?" if self.rows is None else f"{self.rows:,}"
         missing = "? (submit still running)" if self.missing is None else f"{self.missing:,}"
         waste = "-" if self.padding_waste is None else f"{self.padding_waste:.2%}"
+        never_ran = ", ".join(
+            f"{n:,} {what}" for n, what in ((self.cancelled, "cancelled"), (self.expired, "expired")) if n
+        )
         out = [
-            f"job {self.job}: {rows} rows: {self.ok:,} ok, {self.failed:,} failed, "
-            f"{self.invalid:,} invalid, {missing} missing",
+            f"job {self.job}: {rows} rows: {self.ok:,} ok, {self.failed:,} failed"
+            + (f" ({never_ran})" if never_ran else "")
+            + f", {self.invalid:,} invalid, {missing} missing",
             f"tokens: {self.input_tokens:,} in, {self.output_tokens:,} out; padding waste {waste} "
             f"({self.batched_input_tokens:,} prompt tokens in {self.padded_tokens:,} padded)",
         ]
+        if self.attempts > 1:
+            retrying = (
+                "? (an attempt's submit is still running)" if self.retrying is None else f"{self.retrying:,}"
+            )
+            out.append(f"attempts: {self.attempts}, rows still being retried: {retrying}")
         if any(self.extra.values()):
             out.append("ignored: " + ", ".join(f"{v:,} {k}" for k, v in self.extra.items() if v))
         return out
 
 
 def summarize(
-    job: JobRecord, results: Iterable[RowResult], extra: Mapping[str, int] | None = None
+    job: JobRecord,
+    results: Iterable[RowResult],
+    extra: Mapping[str, int] | None = None,
+    attempts: Iterable[JobRecord] = (),
 ) -> JobSummary:
-    """Summary of ``job`` from its completions' results (bad rows come from the job record)."""
-    ok = failed = tokens_in = tokens_out = padded = batched_in = 0
+    """Summary of ``job`` from its rows' results (bad rows come from the job record).
+
+    ``results`` holds one result per row, each from the latest attempt that produced one;
+    ``attempts`` are the job's retry attempts (:attr:`JobRecord.retry_of`), whose rows still
+    waiting for a result count as ``retrying``.
+    """
+    ok = failed = cancelled = expired = tokens_in = tokens_out = padded = batched_in = 0
+    from_attempt: dict[int, int] = {}
     for r in results:
         if r.status == "ok":
             ok += 1
         else:
             failed += 1
+            cancelled += r.status == "cancelled"
+            expired += r.status == "expired"
+        from_attempt[r.attempt] = from_attempt.get(r.attempt, 0) + 1
         tokens_in += r.input_tokens
         tokens_out += r.output_tokens
         if r.padded_tokens > 0:
             padded += r.padded_tokens
             batched_in += r.input_tokens
     missing = max(0, job.items - ok - failed) if job.is_submitted else None
+    retries = sorted(attempts, key=lambda a: a.attempt)
+    # Rows of attempt k are a subset of attempt k-1's (docs/jobs.md, "Retrying failed rows"), so
+    # every result from attempt k or later is one of attempt k's rows.
+    retrying: int | None = sum(
+        max(0, a.items - sum(n for k, n in from_attempt.items() if k >= a.attempt)) for a in retries
+    )
+    if not all(a.is_submitted for a in retries):
+        retrying = None
     return JobSummary(
         job=job.name,
         rows=job.rows if job.is_submitted else None,
@@ -273,6 +376,10 @@ def summarize(
         padded_tokens=padded,
         batched_input_tokens=batched_in,
         extra=dict(extra or {}),
+        cancelled=cancelled,
+        expired=expired,
+        retrying=retrying,
+        attempts=1 + len(retries),
     )
 
 

@@ -12,8 +12,10 @@ Two settings of the file are overridden on purpose:
   producer's.
 
 The whole prompt is encoded in one call, with the tokenizer's special tokens, exactly as the model's
-own server would encode it. The cacheable prefix then gets the same ids in every row as long as the
-last cacheable part ends where the pre-tokenizer splits anyway (a newline or a space).
+own server would encode it (a chat template's rendering already holds them: it is encoded without
+adding any, as transformers' ``apply_chat_template`` does). The cacheable prefix then gets the same
+ids in every row as long as the last cacheable part ends where the pre-tokenizer splits anyway (a
+newline or a space).
 """
 
 from __future__ import annotations
@@ -72,22 +74,25 @@ class TextTokenizer:
         self.path = p.resolve()
         self._tok = tok
 
-    def encode_many(self, texts: Sequence[str]) -> list[Encoded]:
+    def encode_many(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[Encoded]:
         """Ids for each text, in order. A text the tokenizer refuses gets an ``error`` instead.
 
+        ``add_special_tokens=False`` for text that already holds them: a chat template's rendering
+        starts with the BOS the model expects, and adding another would change the prompt.
         One batch call (parallel, in Rust) when every text encodes; only if one fails are the texts
         encoded one by one to find which.
         """
         if not texts:
             return []
         try:
-            return [Encoded(e.ids) for e in self._tok.encode_batch(list(texts))]
+            encoded = self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+            return [Encoded(e.ids) for e in encoded]
         except Exception:  # not swallowed: each text is retried alone and a refusal
             # is reported for its row (tokenizers raises bare Exception subclasses from Rust)
-            return [self._encode_one(t) for t in texts]
+            return [self._encode_one(t, add_special_tokens) for t in texts]
 
-    def _encode_one(self, text: str) -> Encoded:
+    def _encode_one(self, text: str, add_special_tokens: bool) -> Encoded:
         try:
-            return Encoded(self._tok.encode(text).ids)
+            return Encoded(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
         except Exception as exc:
             return Encoded(error=f"tokenizer refused the prompt: {exc}")

@@ -9,7 +9,10 @@ items and tokens at each stage by item id, and reports:
   dead-lettered as ``duplicate-item-id``, named by id. They are not failures: the audit counts them
   apart from received (as the ledger does, under ``duplicate``) and checks that each one's id was
   taken once (otherwise the item is lost);
-* lost: an item received that is neither in a batch nor waiting in the changelog (must be 0);
+* lost: an item received that is neither in a batch, nor waiting in the changelog, nor answered
+  ``cancelled`` or ``expired`` by a processor (its job ended before it was dispatched) (must be 0);
+* cancelled and expired: the items so answered, which the ledger counts apart (``ENDINGS``), and any
+  of them also in a batch (a processor dispatched an item of a job it had ended: must be 0);
 * how the completed prompts were served: each item's first completion's ``cached_tokens`` (held to
   its prompt by ``prompt_split``) from the engine's prefix cache, the rest computed;
 * every difference between the derived figures and the latest checkpoint of each processor (the
@@ -26,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from processor.core.accounting import cached_prompt_share, prompt_split
+from processor.core.accounting import ENDINGS, cached_prompt_share, prompt_split
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import position, read_topic
 from processor.kafka.topics import TopicNames
@@ -51,6 +54,12 @@ class AuditReport:
     completed_tokens: int = 0
     failed_items: int = 0
     failed_tokens: int = 0
+    cancelled_items: int = 0
+    cancelled_tokens: int = 0
+    expired_items: int = 0
+    expired_tokens: int = 0
+    ended_dispatched: int = 0
+    """Items answered cancelled or expired that are also in a committed batch (must be 0)."""
     waiting_items: int = 0
     waiting_tokens: int = 0
     duplicate_dispatches: int = 0
@@ -75,6 +84,7 @@ class AuditReport:
             and self.duplicate_dispatches == self.redelivered
             and self.duplicate_completions == 0
             and self.lost_items == 0
+            and self.ended_dispatched == 0
         )
 
     def lines(self) -> list[str]:
@@ -84,6 +94,9 @@ class AuditReport:
             f"dispatched    {self.dispatched_items:>12,} items {self.dispatched_tokens:>16,} tokens",
             f"completed     {self.completed_items:>12,} items {self.completed_tokens:>16,} tokens",
             f"failed        {self.failed_items:>12,} items {self.failed_tokens:>16,} tokens",
+            f"cancelled     {self.cancelled_items:>12,} items {self.cancelled_tokens:>16,} tokens",
+            f"expired       {self.expired_items:>12,} items {self.expired_tokens:>16,} tokens "
+            f"({self.ended_dispatched:,} cancelled or expired and dispatched too)",
             f"waiting       {self.waiting_items:>12,} items {self.waiting_tokens:>16,} tokens",
             f"dead-lettered {self.dead_lettered:>12,} messages "
             f"({self.undecodable_ingest:,} undecodable in ingest)",
@@ -164,6 +177,7 @@ def audit(
     r.duplicate_dispatches = sum(n - 1 for n in dispatched.values())
 
     outcomes: Counter[str] = Counter()
+    ended: set[str] = set()
     say(topics.results)
     for msg in read_topic(conf, topics.results):
         for done in decode_completions(msg.value()):
@@ -176,6 +190,10 @@ def audit(
                 cached, computed = prompt_split(done.input_tokens, done.cached_tokens)
                 r.cached_prompt_tokens += cached
                 r.prefill_tokens += computed
+            elif done.status in ENDINGS:
+                ended.add(done.item_id)
+                setattr(r, f"{done.status}_items", getattr(r, f"{done.status}_items") + 1)
+                setattr(r, f"{done.status}_tokens", getattr(r, f"{done.status}_tokens") + done.input_tokens)
             else:
                 r.failed_items += 1
                 r.failed_tokens += done.input_tokens
@@ -188,7 +206,8 @@ def audit(
     waiting = {by_position[ref] for ref in state.waiting if ref in by_position}
     r.waiting_items = len(waiting)
     r.waiting_tokens = sum(tokens[i] for i in waiting)
-    r.lost_items = sum(1 for i in tokens if i not in dispatched and i not in waiting)
+    r.lost_items = sum(1 for i in tokens if i not in dispatched and i not in waiting and i not in ended)
+    r.ended_dispatched = sum(1 for i in ended if i in dispatched)
     r.lost_items += sum(1 for i, _p, _o in r.repeats if i not in tokens)  # a "repeat" of nothing taken
     _compare(r, gather(conf, topics, group))
     return r
@@ -210,6 +229,10 @@ def _compare(r: AuditReport, view: StatusView) -> None:
         ("completed_tokens", r.completed_tokens),
         ("failed_items", r.failed_items),
         ("failed_tokens", r.failed_tokens),
+        ("cancelled_items", r.cancelled_items),
+        ("cancelled_tokens", r.cancelled_tokens),
+        ("expired_items", r.expired_items),
+        ("expired_tokens", r.expired_tokens),
         ("queued_items", r.waiting_items),
         ("queued_tokens", r.waiting_tokens),
         ("dead_lettered_items", r.dead_lettered),

@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 
 from processor import __version__
 from processor.apps.observe import ServiceCounters, ServiceObserver
-from processor.core.accounting import RECEIVED, ROUTED, ConsumerBook, Equation, ModelBook, Tally
+from processor.core.accounting import ENDINGS, RECEIVED, ROUTED, ConsumerBook, Equation, ModelBook, Tally
 from processor.core.measures import padding_waste
 from processor.kafka.factory import ClientFactory, ConsumerClient
 from processor.kafka.topics import TopicNames
@@ -405,15 +405,15 @@ class ProcessorCollector(Collector):
         tokens = GaugeMetricFamily(
             "tokenfabric_job_tokens",
             "Prompt tokens of a job at a ledger stage (received, queued, routed, in_flight, completed, "
-            "failed; routed is net of requeues), and of its completed prompts, cached_prompt and "
-            "prefill (where consumers report them).",
+            "failed, cancelled, expired; routed is net of requeues), and of its completed prompts, "
+            "cached_prompt and prefill (where consumers report them).",
             labels=["job", "stage"],
         )
         padded = CounterMetricFamily(
             "tokenfabric_job_padded_tokens", "Padded tokens of the batches routed for a job.", labels=["job"]
         )
         for job, book in books:
-            for stage in ("received", "queued", "routed", "in_flight", "completed", "failed"):
+            for stage in ("received", "queued", "routed", "in_flight", "completed", "failed", *ENDINGS):
                 tokens.add_metric([job, stage], getattr(book, stage).tokens)
             if core.ledger.prompts_counted:
                 tokens.add_metric([job, "cached_prompt"], book.cached_prompt_tokens)

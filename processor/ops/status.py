@@ -303,6 +303,8 @@ class PromptFigures:
 @dataclass(frozen=True, slots=True)
 class UnservedModel:
     model: str
+    """The serving key the items wait under: the model, or ``model@adapter`` for the items of a LoRA
+    adapter no live consumer serves (a consumer of the base model, or of another adapter, does not)."""
     items: int
     tokens: int
     consumers: list[str]

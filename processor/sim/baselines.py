@@ -10,6 +10,13 @@
 They share the contract's batching rule with lanes (``Contract.fits`` in whichever batching mode the
 contract names; single oversized items go alone) and the same ledger, but only lanes promise one shape
 per batch.
+
+Adapters: the baselines key by the *base* model (``split_serving_key``), so a batch mixes the items
+of every LoRA adapter of the model, and the base model's own. That is the honest baseline, not a
+straw man: a server with multi-LoRA batching (vLLM ``--enable-lora``, S-LoRA, Punica) runs mixed
+adapters in one forward pass, and what it loses is the prefix cache, which is per adapter (the
+simulator's cache keys are ``(serving key, shape)``). The consumers' contracts name serving keys; here
+each is taken as a multi-LoRA server of its base model, and a batch is booked under the base model.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from sortedcontainers import SortedKeyList
 from processor.core.accounting import Ledger
 from processor.core.contract import Contract
 from processor.core.item import NO_LANE, Batch, Item
+from processor.core.serving import split_serving_key
 
 
 def pack_prefix(items: Sequence[Item], contract: Contract) -> int:
@@ -54,13 +62,21 @@ class QueuePolicy:
         self.waiting_tokens = 0
         self.oversized = 0
         self._seq = 0
+        self._bases: dict[str, str] = {}
+
+    def base_model(self, key: str) -> str:
+        """The model of serving key ``key``: what the baselines queue, batch and book by."""
+        base = self._bases.get(key)
+        if base is None:
+            base = self._bases[key] = split_serving_key(key)[0]
+        return base
 
     def set_contract(self, contract: Contract) -> None:
         self.contracts[contract.consumer] = contract
         self.in_flight.setdefault(contract.consumer, {})
 
     def submit(self, item: Item, now_ms: int) -> None:
-        self.ledger.received(item.model, item.length)
+        self.ledger.received(self.base_model(item.model), item.length)
         self.waiting_items += 1
         self.waiting_tokens += item.length
         self._push(item)
@@ -98,10 +114,11 @@ class QueuePolicy:
         self._seq += 1
         padded = contract.padded_length(max(it.length for it in items))
         oversized = len(items) == 1 and contract.is_oversized(items[0].length, items[0].output_budget)
+        model = self.base_model(contract.model)
         batch = Batch(
             f"{self.name}-{self._seq}",
             contract.consumer,
-            contract.model,
+            model,
             items[0].shape,
             NO_LANE,
             contract.pad_multiple,
@@ -117,9 +134,7 @@ class QueuePolicy:
         for it in items:
             it.dispatched = True
         self.in_flight[contract.consumer][batch.batch_id] = batch
-        self.ledger.routed(
-            contract.model, contract.consumer, len(items), tokens, batch.padded_tokens, oversized
-        )
+        self.ledger.routed(model, contract.consumer, len(items), tokens, batch.padded_tokens, oversized)
         return batch
 
     def _push(self, item: Item) -> None:
@@ -137,10 +152,10 @@ class FifoPolicy(QueuePolicy):
         self.queues: dict[str, deque[Item]] = {}
 
     def _push(self, item: Item) -> None:
-        self.queues.setdefault(item.model, deque()).append(item)
+        self.queues.setdefault(self.base_model(item.model), deque()).append(item)
 
     def _take(self, contract: Contract) -> list[Item]:
-        queue = self.queues.get(contract.model)
+        queue = self.queues.get(self.base_model(contract.model))
         if not queue:
             return []
         n = pack_prefix([queue[i] for i in range(min(len(queue), contract.max_items))], contract)
@@ -157,7 +172,7 @@ class SortedWindowPolicy(FifoPolicy):
         self.window = window
 
     def _take(self, contract: Contract) -> list[Item]:
-        queue = self.queues.get(contract.model)
+        queue = self.queues.get(self.base_model(contract.model))
         if not queue:
             return []
         window = [queue.popleft() for _ in range(min(self.window, len(queue)))]
@@ -183,21 +198,26 @@ class OraclePolicy(QueuePolicy):
     def __init__(self, ledger: Ledger | None = None, key: Callable[[Item], object] | None = None) -> None:
         super().__init__(ledger)
         self.sorted: dict[str, SortedKeyList] = {}
-        self._key = key or (lambda it: (it.shape, it.length))
+        # By serving key first: an oracle's batch is one adapter's, the order it caches best.
+        self._key = key or (lambda it: (it.model, it.shape, it.length))
 
     def _push(self, item: Item) -> None:
-        bucket = self.sorted.get(item.model)
+        base = self.base_model(item.model)
+        bucket = self.sorted.get(base)
         if bucket is None:
-            bucket = self.sorted[item.model] = SortedKeyList(key=self._key)
+            bucket = self.sorted[base] = SortedKeyList(key=self._key)
         bucket.add(item)
 
     def _take(self, contract: Contract) -> list[Item]:
-        bucket = self.sorted.get(contract.model)
+        bucket = self.sorted.get(self.base_model(contract.model))
         if not bucket:
             return []
         head = list(bucket.islice(0, contract.max_items))
-        # An oracle never mixes shapes: cut the run at the first shape change.
-        stop = next((i for i, it in enumerate(head) if it.shape != head[0].shape), len(head))
+        # An oracle never mixes shapes, nor adapters: cut the run at the first change of either.
+        first = head[0]
+        stop = next(
+            (i for i, it in enumerate(head) if it.shape != first.shape or it.model != first.model), len(head)
+        )
         n = pack_prefix(head[:stop], contract)
         taken = head[:n]
         del bucket[:n]

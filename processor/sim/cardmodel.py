@@ -2,14 +2,16 @@
 
 Cost of a batch: ``overhead_ms + padded_tokens / tokens_per_s``. Padding is paid in full, which is the
 point: a padded token costs the same compute as a real one. The prefix cache holds the last
-``cache`` shapes the card served (LRU); a batch hits when every shape in it is cached.
+``cache`` shapes the card served (LRU); a batch hits when every shape in it is cached. A shape is
+any hashable key: the simulator keys a LoRA adapter's prefixes by ``(serving key, shape)``, since a
+prefix cached under one adapter is no use to another.
 """
 
 from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 
@@ -20,9 +22,9 @@ class PrefixCache:
         if capacity < 0:
             raise ValueError(f"cache capacity must be >= 0, got {capacity}")
         self.capacity = capacity
-        self._shapes: OrderedDict[int, None] = OrderedDict()
+        self._shapes: OrderedDict[Hashable, None] = OrderedDict()
 
-    def serve(self, shapes: Iterable[int]) -> bool:
+    def serve(self, shapes: Iterable[Hashable]) -> bool:
         """Record serving a batch of ``shapes``; True if all of them were cached before."""
         cached = self._shapes
         wanted = list(dict.fromkeys(shapes))

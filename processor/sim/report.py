@@ -25,6 +25,8 @@ class ConsumerFigures:
     cache_hits: int = 0
     shape_switches: int = 0
     mixed_shape_batches: int = 0
+    mixed_adapter_batches: int = 0
+    """Batches holding items of more than one serving key (a baseline's, on a multi-LoRA server)."""
     oversized: int = 0
     busy_ms: float = 0.0
     batching: str = "tokens"
@@ -109,6 +111,9 @@ class SimReport:
     budget_tokens: int = 0
     fill_padded_tokens: int = 0
     mixed_shape_batches: int = 0
+    mixed_adapter_batches: int = 0
+    adapters: int = 0
+    """Serving keys in the trace that name an adapter (``model@adapter``); 0: base-model work only."""
     shape_switches: int = 0
     cache_hits: int = 0
     lanes_in_use_peak: int = 0
@@ -177,6 +182,7 @@ class SimReport:
             "padding_waste": round(self.padding_waste, 6),
             "budget_fill": round(self.budget_fill, 6),
             "mixed_shape_batches": self.mixed_shape_batches,
+            "mixed_adapter_batches": self.mixed_adapter_batches,
             "shape_switches": self.shape_switches,
             "cache_hit_rate": round(self.cache_hit_rate, 6),
             "lanes_in_use_peak": self.lanes_in_use_peak,
@@ -288,6 +294,11 @@ def render_table(reports: Iterable[SimReport], width: int = 10_000) -> str:
         ("padding waste", lambda r: f"{r.padding_waste:.3%}"),
         ("budget fill", lambda r: f"{r.budget_fill:.1%}"),
         ("mixed-shape batches", lambda r: f"{r.mixed_shape_batches:,}"),
+        *(  # a trace with adapters: how many batches a baseline's multi-LoRA server ran mixed
+            [("mixed-adapter batches", lambda r: f"{r.mixed_adapter_batches:,}")]
+            if any(r.adapters for r in reports)
+            else []
+        ),
         ("shape switches", lambda r: f"{r.shape_switches:,}"),
         ("cache hit rate", lambda r: f"{r.cache_hit_rate:.1%}"),
         ("lanes in use (peak)", lambda r: f"{r.lanes_in_use_peak:,}"),

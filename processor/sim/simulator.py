@@ -4,6 +4,13 @@ Events are arrivals (from the trace, or all at t=0 for a backlog) and batch comp
 runs its batches one after another, ``CardModel.batch_ms`` each). After every event the policy fills
 free in-flight slots. No threads, no wall clock: the same trace, consumers and seed give the same
 figures on any machine, which is what makes the policy comparison in docs/ reproducible.
+
+Adapters: an item of a trace record with an ``adapter`` is scheduled by its serving key
+(``model@adapter``, processor/core/serving.py), as the processor does; a consumer serves the key its
+contract names (``adapter=`` in its spec). Consumers that name one ``server=`` share one card: its
+engine time and its prefix cache, which holds a prefix per adapter (a batch's cache keys are
+``(serving key, shape)`` once adapters are about). The baselines model a multi-LoRA server fed by a
+plain queue: they key by the base model and mix adapters in a batch (processor/sim/baselines.py).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import itertools
 import math
 import operator
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import IO, Any, Protocol
@@ -26,6 +33,7 @@ from processor.core.contract import BatchRule, Contract
 from processor.core.item import Batch, Item
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings, Scheduler
+from processor.core.serving import SEPARATOR, serving_key
 from processor.core.shares import Shares
 from processor.sim.baselines import FifoPolicy, OraclePolicy, SortedWindowPolicy
 from processor.sim.cardmodel import CardModel, CardSpec
@@ -44,6 +52,9 @@ _EXACT = 1 << 53
 class ConsumerSpec:
     contract: Contract
     card: CardSpec
+    server: str = ""
+    """The card this consumer shares with the others naming it ("": a card of its own): several
+    adapters on one server are several consumers against it (docs/consumers.md, Adapters)."""
 
 
 DEFAULT_CONSUMERS = (
@@ -69,8 +80,10 @@ _CARD_KEYS = {"tps": "tokens_per_s", "overhead_ms": "overhead_ms", "cache": "cac
 def parse_consumer_spec(text: str, defaults: Mapping[str, Any] | None = None) -> ConsumerSpec:
     """``NAME:model=M,budget=16384,items=64,pad=8,inflight=2,tps=50000,overhead_ms=5,cache=4``, plus
     ``batching=rows|tokens|memory``, ``memory_bytes``, ``kv_bytes_per_token`` and
-    ``default_output_tokens``. ``defaults`` (contract field -> value, from the command line's
-    ``--batching`` and its numbers) apply where the spec does not name the key."""
+    ``default_output_tokens``, ``adapter=A`` (the one LoRA adapter of the model it serves: its
+    contract's model is ``M@A``) and ``server=S`` (the card it shares with the consumers naming S).
+    ``defaults`` (contract field -> value, from the command line's ``--batching`` and its numbers)
+    apply where the spec does not name the key."""
     name, sep, rest = text.partition(":")
     if not sep or not name:
         raise ValueError(
@@ -78,6 +91,7 @@ def parse_consumer_spec(text: str, defaults: Mapping[str, Any] | None = None) ->
         )
     contract_args: dict[str, Any] = {"consumer": name, "model": "default"}
     card_args: dict[str, Any] = {}
+    placing = {"adapter": "", "server": ""}
     for part in filter(None, rest.split(",")):
         key, eq, value = part.partition("=")
         key = key.strip()
@@ -86,24 +100,30 @@ def parse_consumer_spec(text: str, defaults: Mapping[str, Any] | None = None) ->
         try:
             if key in ("model", "batching"):
                 contract_args[key] = value
+            elif key in placing:
+                placing[key] = value
             elif key in _INT_KEYS:
                 contract_args[_INT_KEYS[key]] = int(value)
             elif key in _CARD_KEYS:
                 card_args[_CARD_KEYS[key]] = int(value) if key == "cache" else float(value)
             else:
-                known = ", ".join(["model", "batching", *_INT_KEYS, *_CARD_KEYS])
+                known = ", ".join(["model", "batching", *placing, *_INT_KEYS, *_CARD_KEYS])
                 raise ValueError(f"--consumer {text!r}: unknown key {key!r} (known: {known})")
         except ValueError as exc:
             if "unknown key" in str(exc):
                 raise
             raise ValueError(f"--consumer {text!r}: {key}={value!r} is not a number") from None
+    for key in ("model", "adapter"):
+        if SEPARATOR in (contract_args if key == "model" else placing)[key]:
+            raise ValueError(f"--consumer {text!r}: {key} must not contain {SEPARATOR!r}")
+    contract_args["model"] = serving_key(contract_args["model"], placing["adapter"])
     base = {"budget_tokens": 16384, "max_items": 64, "pad_multiple": 8, "max_inflight": 2}
     try:
         contract = Contract(**{**base, **(defaults or {}), **contract_args})
         card = CardSpec(**card_args)
     except ValueError as exc:
         raise ValueError(f"--consumer {text!r}: {exc}") from None
-    return ConsumerSpec(contract, card)
+    return ConsumerSpec(contract, card, placing["server"])
 
 
 class Policy(Protocol):
@@ -136,18 +156,27 @@ def make_policy(
     raise ValueError(f"--policy {name!r}: choose one of {', '.join(POLICIES)}")
 
 
+class _Server:
+    """A card: its cost and prefix-cache model, and when its engine is next free. Consumers that name
+    one ``server`` share it (their batches run one after another on it)."""
+
+    def __init__(self, card: CardSpec, seed: int) -> None:
+        self.card = card
+        self.model = CardModel(card, seed)
+        self.free_at = 0.0
+
+
 class _Card:
-    """A consumer in the simulation: its contract, its card model, and when its engine is next free.
+    """A consumer in the simulation: its contract, its server, and the cache keys of its last batch.
 
     ``kv`` is the contract's rule in memory batching when the contract gives the KV numbers, whatever
     mode it batches in: it measures every batch's KV bytes with the same rule memory batching packs by.
     """
 
-    def __init__(self, spec: ConsumerSpec, seed: int) -> None:
+    def __init__(self, spec: ConsumerSpec, server: _Server) -> None:
         self.spec = spec
-        self.model = CardModel(spec.card, seed)
-        self.free_at = 0.0
-        self.last_shapes: frozenset[int] | None = None
+        self.server = server
+        self.last_shapes: frozenset[Hashable] | None = None
         rule = spec.contract.rule
         has_kv = rule.memory_bytes > 0 and rule.kv_bytes_per_token > 0
         self.kv: BatchRule | None = replace(rule, batching="memory") if has_kv else None
@@ -221,16 +250,23 @@ def _simulate(
         shares = fresh
     pol = make_policy(policy, lanes, dispatch, window, shares)
     cards: dict[str, _Card] = {}
+    servers: dict[str, _Server] = {}
     for i, spec in enumerate(consumers):
-        if spec.contract.consumer in cards:
-            raise ValueError(f"--consumer {spec.contract.consumer!r} is given twice")
+        name = spec.contract.consumer
+        if name in cards:
+            raise ValueError(f"--consumer {name!r} is given twice")
         pol.set_contract(spec.contract)
-        cards[spec.contract.consumer] = _Card(spec, seed * 1_000_003 + i)
+        server = servers.setdefault(spec.server or name, _Server(spec.card, seed * 1_000_003 + i))
+        if server.card != spec.card:
+            raise ValueError(f"--consumer {name!r}: server {spec.server!r} is given two different cards")
+        cards[name] = _Card(spec, server)
     models = {spec.contract.model for spec in consumers}
-    unserved = set(map(attrgetter("model"), records)) - models
+    keys = set(map(_serving_key, records))
+    unserved = keys - models
     if unserved:
         raise ValueError(
-            f"no consumer serves model(s) {', '.join(sorted(unserved))}: add a --consumer for each"
+            f"no consumer serves model(s) {', '.join(sorted(unserved))}: add a --consumer for each "
+            "(with adapter=A for a model@A)"
         )
 
     report = SimReport(
@@ -249,8 +285,9 @@ def _simulate(
         times = [r.t_ms for r in records]
         if speed != 1.0 or (times and max(map(abs, times)) >= _EXACT):  # as int(t / 1.0) would give
             times = [int(t / speed) for t in times]
+    report.adapters = sum(SEPARATOR in key for key in keys)
     items = [  # the payload, which the core never reads, is where ``_run`` leaves the dispatch time
-        Item(r.id, r.model, r.shape, r.length, t, None, r.output_length, r.job)
+        Item(r.id, _serving_key(r), r.shape, r.length, t, None, r.output_length, r.job)
         for r, t in zip(records, times, strict=True)
     ]
     if any(map(operator.gt, times, itertools.islice(times, 1, None))):  # not in time order
@@ -330,7 +367,7 @@ def _simulate(
         pol.ledger.check()
     report.waits_ms = _waits(items)
     first = times[0] if times else 0
-    report.makespan_ms = max((c.free_at for c in cards.values()), default=0.0) - first
+    report.makespan_ms = max((s.free_at for s in servers.values()), default=0.0) - first
     _sample(report, pol, scheduler, now)
     return report
 
@@ -342,7 +379,13 @@ _RUN_TOTALS = (
     "budget_tokens",
     "cache_hits",
     "mixed_shape_batches",
+    "mixed_adapter_batches",
 )
+
+
+def _serving_key(record: TraceRecord) -> str:
+    """The key ``record``'s item is scheduled by (the model alone for base-model work, the common case)."""
+    return serving_key(record.model, record.adapter) if record.adapter else record.model
 
 
 def _waits(items: list[Item]) -> list[int]:
@@ -362,7 +405,13 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
         real += it.length
         it.payload = now  # its dispatch time: the waits are counted once the run ends (_waits)
     shapes = frozenset([it.shape for it in items])
-    hit = card.model.cache.serve(shapes)
+    served = frozenset([it.model for it in items])
+    # A prefix is cached per adapter: once adapters are about, the cache holds (serving key, shape).
+    keys: frozenset[Hashable] = shapes
+    if any(SEPARATOR in key for key in served):
+        keys = frozenset([(it.model, it.shape) for it in items])
+    server = card.server
+    hit = server.model.cache.serve(keys)
     padded = batch.padded_length * len(items)
     f.batches += 1
     f.padded_tokens += padded
@@ -371,6 +420,7 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
         f.budget_tokens += card.spec.contract.budget_tokens
     f.cache_hits += hit
     f.mixed_shape_batches += len(shapes) > 1
+    f.mixed_adapter_batches += len(served) > 1
     f.items += len(items)
     f.real_tokens += real
     f.oversized += batch.oversized
@@ -382,18 +432,18 @@ def _run(report: SimReport, card: _Card, batch: Batch, now: int) -> float:
         job.routed.append((now, real))
         if job.first_dispatch_ms is None:
             job.first_dispatch_ms = now
-    if card.last_shapes is not None and shapes != card.last_shapes:
+    if card.last_shapes is not None and keys != card.last_shapes:
         f.shape_switches += 1
-    card.last_shapes = shapes
+    card.last_shapes = keys
     if card.kv is not None:
         _kv_figures(f, card.kv, batch)
-    ms = card.model.batch_ms(padded)
+    ms = server.model.batch_ms(padded)
     f.busy_ms += ms
-    start = max(float(now), card.free_at)
-    card.free_at = start + ms
-    if job is not None and card.free_at > job.done_ms:
-        job.done_ms = card.free_at
-    return card.free_at
+    start = max(float(now), server.free_at)
+    server.free_at = start + ms
+    if job is not None and server.free_at > job.done_ms:
+        job.done_ms = server.free_at
+    return server.free_at
 
 
 def _kv_figures(f: ConsumerFigures, kv: BatchRule, batch: Batch) -> None:

@@ -2,10 +2,12 @@
 
 ``jsonl`` (native)
     One JSON object per line: ``{"t_ms": int, "model": str, "shape": int | "components": [str, ...],
-    "length": int, "id": str, "output_length": int, "job": str}``. Exactly one of ``shape`` (an unsigned
-    64-bit signature) or ``components`` (hashed with :func:`shape_signature`). ``id``, ``output_length``
-    and ``job`` are optional; a missing ``id`` becomes the 0-based index of the line in the file, a
-    missing ``job`` is "" (no job: docs/shares.md). Unknown keys are
+    "length": int, "id": str, "output_length": int, "job": str, "adapter": str}``. Exactly one of
+    ``shape`` (an unsigned 64-bit signature) or ``components`` (hashed with :func:`shape_signature`).
+    ``id``, ``output_length``, ``job`` and ``adapter`` are optional; a missing ``id`` becomes the
+    0-based index of the line in the file, a missing ``job`` is "" (no job: docs/shares.md), a missing
+    ``adapter`` is "" (the base model; a LoRA adapter's items are scheduled apart: processor/core/
+    serving.py). Neither ``model`` nor ``adapter`` may contain ``@``. Unknown keys are
     ignored, so producers can carry extra fields (prompt text, tags) without breaking the reader.
     Decoded by msgspec a chunk at a time (:func:`jsonl_chunks`), with a checked path, line by line,
     that accepts and refuses the same lines and names what is wrong.
@@ -37,6 +39,7 @@ from typing import Annotated, Any, cast
 
 import msgspec
 
+from processor.core.serving import SEPARATOR
 from processor.core.signature import blocks_signature, shape_signature
 
 __all__ = ["TraceError", "TraceRecord", "decoded_lines", "iter_azure", "iter_mooncake", "jsonl_chunks"]
@@ -50,7 +53,7 @@ class TraceRecord(msgspec.Struct, frozen=True, gc=False):
     ``shape`` is an unsigned 64-bit signature, ``length`` the prompt tokens (> 0), ``output_length`` the
     generated tokens when the trace knows them, ``line`` the 1-based source line (for error reports and
     for finding the row again), ``job`` the job it belongs to ("" for none; token shares between jobs
-    are docs/shares.md).
+    are docs/shares.md), ``adapter`` the LoRA adapter it asks for ("" for the base model).
     """
 
     t_ms: int
@@ -61,6 +64,7 @@ class TraceRecord(msgspec.Struct, frozen=True, gc=False):
     output_length: int | None
     line: int
     job: str = ""
+    adapter: str = ""
 
 
 class TraceError(ValueError):
@@ -143,6 +147,7 @@ class _JsonlRow(msgspec.Struct, gc=False):
     id: str | None = None
     output_length: Annotated[int, msgspec.Meta(ge=0)] | None = None
     job: str = ""
+    adapter: str = ""
 
 
 _JSONL_DECODER = msgspec.json.Decoder(_JsonlRow)
@@ -222,14 +227,28 @@ def _checked_rows(
         elif row.components is not unset or not 0 <= shape <= _U64:
             return None
         rid = str(lineno - 1) if row.id is None else row.id
-        model = models.setdefault(row.model, row.model)
+        model = _shared_name(models, row.model)
+        adapter = _shared_name(models, row.adapter) if row.adapter else ""
+        if model is None or adapter is None:
+            return None
         shape = ints.setdefault(cast(int, shape), cast(int, shape))
         length = ints.setdefault(row.length, row.length)
-        append(TraceRecord(row.t_ms, model, shape, length, rid, row.output_length, lineno, row.job))
+        append(TraceRecord(row.t_ms, model, shape, length, rid, row.output_length, lineno, row.job, adapter))
     if len(ints) + len(models) > _SHARED_MAX:  # mostly distinct values: start afresh, stay bounded
         ints.clear()
         models.clear()
     return out
+
+
+def _shared_name(names: dict[str, str], name: str) -> str | None:
+    """``name`` as the one object ``names`` keeps for it, or None when it holds the serving key's
+    separator (the checked path names the problem). The check runs once per distinct name."""
+    shared = names.get(name)
+    if shared is None:
+        if SEPARATOR in name:
+            return None
+        shared = names[name] = name
+    return shared
 
 
 _Shared = tuple[dict[str, str], dict[int, int]]
@@ -283,6 +302,15 @@ def _iter_jsonl(lines: Iterable[str], name: str, first: int = 1) -> Iterator[Tra
         model = obj["model"]
         if type(model) is not str or not model:
             raise TraceError(f'{where}: "model" must be a non-empty string, got {_show(model)}')
+        adapter = obj.get("adapter", "")
+        if type(adapter) is not str:
+            raise TraceError(f'{where}: "adapter" must be a string, got {_show(adapter)}')
+        for key, value in (("model", model), ("adapter", adapter)):
+            if SEPARATOR in value:
+                raise TraceError(
+                    f'{where}: "{key}" must not contain "{SEPARATOR}" (it joins model and adapter), '
+                    f"got {_show(value)}"
+                )
         length = _int(obj["length"], "length", where, lo=1)
         has_shape, has_components = "shape" in obj, "components" in obj
         if has_shape == has_components:
@@ -308,7 +336,7 @@ def _iter_jsonl(lines: Iterable[str], name: str, first: int = 1) -> Iterator[Tra
         job = obj.get("job", "")
         if type(job) is not str:
             raise TraceError(f'{where}: "job" must be a string, got {_show(job)}')
-        yield TraceRecord(t_ms, model, shape, length, rid, out, lineno, job)
+        yield TraceRecord(t_ms, model, shape, length, rid, out, lineno, job, adapter)
 
 
 def iter_mooncake(lines: Iterable[str], name: str, shape_blocks: int, model: str) -> Iterator[TraceRecord]:

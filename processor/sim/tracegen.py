@@ -164,9 +164,8 @@ def templated_records(
 def write_jsonl(records: Iterable[TraceRecord], path: str | Path) -> Path:
     """Write records in the native ``jsonl`` trace format (gzipped when ``path`` ends in ``.gz``).
 
-    Fields are ``t_ms, model, shape, length, id``, ``output_length`` when known and ``job`` when not
-    ""; ``line`` is not
-    written (it is where the record lands). Returns the path.
+    Fields are ``t_ms, model, shape, length, id``, ``output_length`` when known, ``job`` and
+    ``adapter`` when not ""; ``line`` is not written (it is where the record lands). Returns the path.
     """
     path = Path(path)
     dumps = json.dumps
@@ -180,5 +179,7 @@ def write_jsonl(records: Iterable[TraceRecord], path: str | Path) -> Path:
                 obj["output_length"] = r.output_length
             if r.job:
                 obj["job"] = r.job
+            if r.adapter:
+                obj["adapter"] = r.adapter
             out.write(dumps(obj, separators=(",", ":")) + "\n")
     return path

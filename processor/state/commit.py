@@ -115,6 +115,12 @@ class Committer(Protocol):
     def batch_finished(self, batch_id: str) -> None: ...
     def batch_progress(self, batch_id: str) -> None: ...
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
+    def withdrawn(self, items: Iterable[Item]) -> Deliver:
+        """Waiting items of a job that ended left the lanes, answered by the message this returns the
+        delivery callback of: their waiting-set records go in the same transaction (exactly-once),
+        or their ingest offsets may pass once it is delivered (at-least-once)."""
+        ...
+
     def due(self, now_ms: int) -> bool: ...
     def commit(self, snapshot: Callable[[], bytes]) -> float: ...
     def remembered_ids(self) -> int: ...
@@ -268,6 +274,17 @@ class AtLeastOnceCommitter(_Base):
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
         return None
 
+    def withdrawn(self, items: Iterable[Item]) -> Deliver:
+        answered = list(items)
+
+        def delivered(err: Any, msg: Any) -> None:
+            self._failed(err, msg)
+            if err is None:
+                for item in answered:
+                    item.safe = True  # type: ignore[attr-defined]
+
+        return delivered
+
     def commit(self, snapshot: Callable[[], bytes]) -> float:
         started = time.monotonic()
         self.produce(self.topics.accounting, snapshot(), self.instance.encode())
@@ -316,6 +333,7 @@ class TransactionalCommitter(_Base):
         self._emitted: list[tuple[Batch, Placement]] = []
         self._finished: list[str] = []
         self._progressed: set[str] = set()
+        self._withdrawn: list[IngestItem] = []
         self._logged_batches: dict[str, _LoggedBatch] = {}
         self._waiting = changelog.WaitingSets()
         self.in_transaction = False
@@ -410,6 +428,7 @@ class TransactionalCommitter(_Base):
         self._emitted.clear()
         self._finished.clear()
         self._progressed.clear()
+        self._withdrawn.clear()
         self._logged_batches.clear()
         self._waiting.clear()
         if self.seen is not None:
@@ -444,6 +463,10 @@ class TransactionalCommitter(_Base):
         self._finished.append(batch_id)
         self._new_items.extend(cast(Iterable[IngestItem], items))
 
+    def withdrawn(self, items: Iterable[Item]) -> Deliver:
+        self._withdrawn.extend(cast(Iterable[IngestItem], items))
+        return self._failed
+
     def _log_changes(self) -> None:
         cl = self.topics.changelog
         waiting = self._waiting
@@ -451,6 +474,10 @@ class TransactionalCommitter(_Base):
         waiting.add_all(fresh)
         for item in fresh:
             item.logged = True
+        ended = [it for it in self._withdrawn if it.logged]  # withdrawn items are marked dispatched
+        waiting.discard_all(ended)
+        for it in ended:
+            it.logged = False
         for batch, placement in self._emitted:
             items = cast(list[IngestItem], batch.items)
             gone = [it for it in items if it.logged]
@@ -486,6 +513,7 @@ class TransactionalCommitter(_Base):
             for home, key, value in self.seen.flush(self._wall_ms()):
                 self.produce(cl, value, key, partition=home)
         self._new_items.clear()
+        self._withdrawn.clear()
         self._emitted.clear()
         self._finished.clear()
         self._progressed.clear()

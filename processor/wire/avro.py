@@ -8,7 +8,13 @@ cannot hold, naming the field.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
+from typing import TypeVar
+
 from processor.wire.errors import Malformed
+
+T = TypeVar("T")
 
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -167,15 +173,41 @@ def read_union_index(buf: bytes, pos: int) -> tuple[int, int]:
     return index, pos
 
 
-def read_str_array(buf: bytes, pos: int) -> tuple[tuple[str, ...], int]:
-    parts: list[str] = []
+def _read_array(
+    buf: bytes, pos: int, read: Callable[[bytes, int], tuple[T, int]]
+) -> tuple[tuple[T, ...], int]:
+    """An Avro array whose items ``read`` reads, as a tuple."""
+    items: list[T] = []
     count, pos = read_block_count(buf, pos)
     while count:
         for _ in range(count):
-            part, pos = read_str(buf, pos)
-            parts.append(part)
+            item, pos = read(buf, pos)
+            items.append(item)
         count, pos = read_block_count(buf, pos)
-    return tuple(parts), pos
+    return tuple(items), pos
+
+
+def read_str_array(buf: bytes, pos: int) -> tuple[tuple[str, ...], int]:
+    return _read_array(buf, pos, read_str)
+
+
+def read_int_array(buf: bytes, pos: int) -> tuple[tuple[int, ...], int]:
+    return _read_array(buf, pos, read_int)
+
+
+_DOUBLE = struct.Struct("<d")
+
+
+def read_double(buf: bytes, pos: int) -> tuple[float, int]:
+    """An Avro double: eight bytes, little-endian IEEE 754."""
+    end = pos + 8
+    if end > len(buf):
+        raise Malformed(f"double at offset {pos} runs past the end ({len(buf)} bytes)")
+    return _DOUBLE.unpack_from(buf, pos)[0], end
+
+
+def encode_double(x: float) -> bytes:
+    return _DOUBLE.pack(x)
 
 
 def read_str_map(buf: bytes, pos: int) -> tuple[dict[str, str], int]:

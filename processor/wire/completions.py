@@ -3,18 +3,34 @@
 ``CompletionBatch`` (one message per batch, the default) is written by hand: splitting one that is
 too large for a Kafka message needs each item's exact encoded size (``encode_completion_batches``).
 ``decode_completions`` reads either form into one list of completions, also messages written
-before ``cached_tokens`` existed (``COMPLETION_FIELDS_ADDED``: they read with 0 there).
+with an earlier schema: before ``cached_tokens`` existed (``COMPLETION_FIELDS_ADDED``: they read with
+0 there), and before ``CompletionStatus`` gained ``cancelled`` and ``expired`` (``PRE_ENDINGS_*``:
+the same fields, three symbols; the consumer apps not yet upgraded write these). An older reader
+cannot read the current header: upgrade readers (the processor, ``collect``, ``audit``) first.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
+
+from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from processor.wire.avro import encode_bytes, encode_int, encode_long, encode_str
 from processor.wire.errors import DecodeError
 from processor.wire.fastavro_io import PreviousSchema, check_ints, fastavro_decode, fastavro_encode
 from processor.wire.records import STATUSES, CompletionBatchRecord, CompletionRecord, ItemOutcomeRecord
-from processor.wire.schemas import COMPLETION_BATCH_HEADER, HEADER_SIZE, PARSED, as_bytes
+from processor.wire.schemas import (
+    COMPLETION_BATCH_HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    NAME_BY_FP_BYTES,
+    PARSED,
+    as_bytes,
+    rabin_fingerprint,
+    schema_dir,
+)
 
 
 def encode_completion(rec: CompletionRecord) -> bytes:
@@ -24,20 +40,65 @@ def encode_completion(rec: CompletionRecord) -> bytes:
 
 
 def decode_completion(value: bytes | bytearray | memoryview | None) -> CompletionRecord:
-    """A ``Completion``, also one written before ``cached_tokens`` (``PREVIOUS_COMPLETION_HEADER``)."""
+    """A ``Completion``, also one written with an earlier schema (``PREVIOUS_COMPLETION_HEADER``,
+    ``PRE_ENDINGS_COMPLETION_HEADER``)."""
     value = as_bytes(value)
-    if value[:HEADER_SIZE] == PREVIOUS_COMPLETION.header:
-        return CompletionRecord(**PREVIOUS_COMPLETION.decode(value))
+    previous = _EARLIER.get(value[:HEADER_SIZE])
+    if previous is not None:
+        return CompletionRecord(**previous.decode(value))
     return CompletionRecord(**fastavro_decode(value, "Completion"))
+
+
+ENDINGS_ADDED = ("cancelled", "expired")
+"""The ``CompletionStatus`` symbols appended with job cancel and deadlines (processor/core/endings.py)."""
+PRE_ENDINGS_STATUSES = tuple(s for s in STATUSES if s not in ENDINGS_ADDED)
+"""The statuses a writer of the schemas before ``ENDINGS_ADDED`` can write."""
+
+
+class _EarlierStatuses(PreviousSchema):
+    """``name``'s schema before ``CompletionStatus`` gained ``ENDINGS_ADDED``, and before it gained
+    the fields in ``added``: as :class:`PreviousSchema`, with the enum's first symbols only (a writer
+    of that schema never writes the later ones; Avro resolves the rest by symbol name)."""
+
+    def __init__(self, name: str, added: tuple[str, ...]) -> None:
+        self.name = name
+        raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
+        self.schema = parse_schema(_earlier(raw, frozenset(added)), {}, expand=True)
+        fingerprint = rabin_fingerprint(to_parsing_canonical_form(self.schema).encode())
+        self.header = MAGIC + fingerprint.to_bytes(8, "little")
+        NAME_BY_FP_BYTES[self.header[2:]] = name
+
+
+def _earlier(schema: Any, added: frozenset[str]) -> Any:
+    """``schema`` (parsed JSON of a completion record: self-contained) without the fields named in
+    ``added``, and with ``ENDINGS_ADDED`` taken out of ``CompletionStatus``, wherever they are."""
+    if isinstance(schema, list):
+        return [_earlier(branch, added) for branch in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _earlier(value, added) for key, value in schema.items()}
+    if out.get("type") == "record":
+        out["fields"] = [f for f in out["fields"] if f["name"] not in added]
+    elif out.get("type") == "enum" and out.get("name") == "CompletionStatus":
+        out["symbols"] = [s for s in out["symbols"] if s not in ENDINGS_ADDED]
+    return out
 
 
 #: Fields ``Completion`` and ``CompletionBatch`` (in its items) gained with measured cache use.
 COMPLETION_FIELDS_ADDED = ("cached_tokens",)
-PREVIOUS_COMPLETION = PreviousSchema("Completion", COMPLETION_FIELDS_ADDED)
-PREVIOUS_COMPLETION_BATCH = PreviousSchema("CompletionBatch", COMPLETION_FIELDS_ADDED)
+PREVIOUS_COMPLETION: PreviousSchema = _EarlierStatuses("Completion", COMPLETION_FIELDS_ADDED)
+PREVIOUS_COMPLETION_BATCH: PreviousSchema = _EarlierStatuses("CompletionBatch", COMPLETION_FIELDS_ADDED)
 #: The headers of completions written before ``cached_tokens`` (they read with ``cached_tokens=0``).
 PREVIOUS_COMPLETION_HEADER = PREVIOUS_COMPLETION.header
 PREVIOUS_COMPLETION_BATCH_HEADER = PREVIOUS_COMPLETION_BATCH.header
+PRE_ENDINGS_COMPLETION: PreviousSchema = _EarlierStatuses("Completion", ())
+PRE_ENDINGS_COMPLETION_BATCH: PreviousSchema = _EarlierStatuses("CompletionBatch", ())
+#: The headers of completions with ``cached_tokens`` written before ``cancelled`` and ``expired``
+#: existed: the same bytes as the current schema's for the same values, under another fingerprint.
+PRE_ENDINGS_COMPLETION_HEADER = PRE_ENDINGS_COMPLETION.header
+PRE_ENDINGS_COMPLETION_BATCH_HEADER = PRE_ENDINGS_COMPLETION_BATCH.header
+_EARLIER = {p.header: p for p in (PREVIOUS_COMPLETION, PRE_ENDINGS_COMPLETION)}
+_EARLIER_BATCH = {p.header: p for p in (PREVIOUS_COMPLETION_BATCH, PRE_ENDINGS_COMPLETION_BATCH)}
 
 
 _COMPLETION_FIELDS = tuple(f["name"] for f in PARSED["Completion"]["fields"])
@@ -119,12 +180,11 @@ def encode_completion_batches(rec: CompletionBatchRecord, max_bytes: int) -> lis
 def decode_completion_batch(value: bytes | bytearray | memoryview | None) -> CompletionBatchRecord:
     """A ``CompletionBatch`` (reference decoder, fastavro); the item ints are range-checked too.
 
-    One written before ``cached_tokens`` (``PREVIOUS_COMPLETION_BATCH_HEADER``) reads with 0 there."""
+    One written before ``cached_tokens`` (``PREVIOUS_COMPLETION_BATCH_HEADER``) reads with 0 there;
+    one written before ``cancelled`` and ``expired`` (``PRE_ENDINGS_COMPLETION_BATCH_HEADER``) as it is."""
     value = as_bytes(value)
-    if value[:HEADER_SIZE] == PREVIOUS_COMPLETION_BATCH.header:
-        d = PREVIOUS_COMPLETION_BATCH.decode(value)
-    else:
-        d = fastavro_decode(value, "CompletionBatch")
+    previous = _EARLIER_BATCH.get(value[:HEADER_SIZE])
+    d = previous.decode(value) if previous is not None else fastavro_decode(value, "CompletionBatch")
     try:
         for o in d["items"]:
             check_ints("ItemOutcome", o)
@@ -141,6 +201,6 @@ def decode_completions(value: bytes | bytearray | memoryview | None) -> list[Com
     header tells them apart). Raises :class:`DecodeError` for anything else.
     """
     value = as_bytes(value)
-    if value[:HEADER_SIZE] in (COMPLETION_BATCH_HEADER, PREVIOUS_COMPLETION_BATCH.header):
+    if value[:HEADER_SIZE] == COMPLETION_BATCH_HEADER or value[:HEADER_SIZE] in _EARLIER_BATCH:
         return decode_completion_batch(value).completions()
     return [decode_completion(value)]

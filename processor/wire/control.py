@@ -1,8 +1,15 @@
 """The control records: consumer contracts, ledger snapshots, dead letters, and ``decode_any``.
 
-Contracts written by an older consumer (before ``CONTRACT_FIELDS_ADDED``) are still read, under
-``PREVIOUS_CONTRACT_HEADER``, and dead letters written before ``detail`` under
-``PREVIOUS_DEAD_LETTER_HEADER`` (:class:`~processor.wire.fastavro_io.PreviousSchema`).
+Contracts written by an older consumer are still read: before ``CONTRACT_FIELDS_ADDED`` under
+``PREVIOUS_CONTRACT_HEADER``, before ``adapter`` under ``PRE_ADAPTER_CONTRACT_HEADER``; and dead
+letters written before ``detail`` under ``PREVIOUS_DEAD_LETTER_HEADER``
+(:class:`~processor.wire.fastavro_io.PreviousSchema`).
+
+A contract's adapter lives in the core's :class:`Contract` as its serving key: ``Contract.model`` is
+``serving_key(model, adapter)`` (processor/core/serving.py), so the core keys the adapter's lanes,
+switch order, shares and books apart from the base model's with no field of its own. The codec is
+the one place that joins and splits the two, and it refuses a model or adapter name holding the
+separator (they would read back as another pair).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from processor.core.contract import Contract
+from processor.core.serving import SEPARATOR, serving_key, split_serving_key
 from processor.wire.completions import decode_completion, decode_completion_batch
 from processor.wire.errors import DecodeError
 from processor.wire.fastavro_io import PreviousSchema, fastavro_decode, fastavro_encode
@@ -19,12 +27,14 @@ from processor.wire.schemas import HEADER_SIZE, as_bytes, schema_of
 
 
 def encode_contract(rec: ContractRecord) -> bytes:
+    """``rec`` on the wire: ``Contract.model``, a serving key, as the ``model`` and ``adapter`` fields."""
     c = rec.contract
+    model, adapter = split_serving_key(c.model)
     return fastavro_encode(
         "ConsumerContract",
         {
             "consumer": c.consumer,
-            "model": c.model,
+            "model": model,
             "budget_tokens": c.budget_tokens,
             "max_items": c.max_items,
             "pad_multiple": c.pad_multiple,
@@ -34,35 +44,56 @@ def encode_contract(rec: ContractRecord) -> bytes:
             "memory_bytes": c.memory_bytes,
             "kv_bytes_per_token": c.kv_bytes_per_token,
             "default_output_tokens": c.default_output_tokens,
+            "adapter": adapter,
         },
     )
 
 
 def decode_contract(value: bytes | bytearray | memoryview | None) -> ContractRecord:
-    """A consumer's announcement; one that :class:`Contract` refuses is ``invalid-contract``.
+    """A consumer's announcement; one that :class:`Contract` refuses, or whose model or adapter name
+    holds the serving key's separator, is ``invalid-contract``. Its contract's ``model`` is the
+    serving key of the announced model and adapter.
 
-    Announcements written before the batching fields existed (the previous writer schema, see
-    ``PREVIOUS_CONTRACT_HEADER``) still decode: Avro schema resolution fills the fields' defaults,
-    which mean tokens batching, exactly what those consumers asked for.
+    Announcements written before the batching fields existed (``PREVIOUS_CONTRACT_HEADER``) or before
+    ``adapter`` (``PRE_ADAPTER_CONTRACT_HEADER``) still decode: Avro schema resolution fills the
+    fields' defaults, which mean tokens batching and the base model, exactly what those consumers
+    asked for.
     """
     value = as_bytes(value)
-    if value[:HEADER_SIZE] == PREVIOUS_CONTRACT_HEADER:
-        d = _PREVIOUS_CONTRACT.decode(value)
-    else:
-        d = fastavro_decode(value, "ConsumerContract")
+    previous = _PREVIOUS_CONTRACTS.get(bytes(value[:HEADER_SIZE]))
+    d = previous.decode(value) if previous is not None else fastavro_decode(value, "ConsumerContract")
     announced_ms = d.pop("announced_ms")
+    model, adapter = d.pop("model"), d.pop("adapter")
+    for what, name in (("model", model), ("adapter", adapter)):
+        if SEPARATOR in name:
+            raise DecodeError(
+                "invalid-contract",
+                f"contract {d['consumer']}: {what} {name!r} contains {SEPARATOR!r} "
+                f"(it joins model and adapter in the processor's serving key)",
+            )
     try:
-        contract = Contract(**d)
+        # An adapter of no model is no serving key: Contract refuses the empty model.
+        contract = Contract(model=serving_key(model, adapter) if model else "", **d)
     except ValueError as exc:
         raise DecodeError("invalid-contract", str(exc)) from None
     return ContractRecord(contract, announced_ms)
 
 
-#: Fields ``ConsumerContract`` gained with batching modes; without them it is the previous schema.
+#: Fields ``ConsumerContract`` gained with batching modes; without them (and ``adapter``) it is the
+#: schema before batching modes.
 CONTRACT_FIELDS_ADDED = ("batching", "memory_bytes", "kv_bytes_per_token", "default_output_tokens")
-_PREVIOUS_CONTRACT = PreviousSchema("ConsumerContract", CONTRACT_FIELDS_ADDED)
-#: The single-object header of announcements written with the previous ConsumerContract schema.
+#: The field ``ConsumerContract`` gained with adapters (issue #26): "" is the base model.
+CONTRACT_ADAPTER_ADDED = ("adapter",)
+_PREVIOUS_CONTRACT = PreviousSchema("ConsumerContract", CONTRACT_FIELDS_ADDED + CONTRACT_ADAPTER_ADDED)
+#: The single-object header of announcements written before batching modes.
 PREVIOUS_CONTRACT_HEADER = _PREVIOUS_CONTRACT.header
+_PRE_ADAPTER_CONTRACT = PreviousSchema("ConsumerContract", CONTRACT_ADAPTER_ADDED)
+#: The header of announcements written with batching modes but before ``adapter``.
+PRE_ADAPTER_CONTRACT_HEADER = _PRE_ADAPTER_CONTRACT.header
+_PREVIOUS_CONTRACTS = {
+    _PREVIOUS_CONTRACT.header: _PREVIOUS_CONTRACT,
+    _PRE_ADAPTER_CONTRACT.header: _PRE_ADAPTER_CONTRACT,
+}
 
 DUPLICATE_ITEM_ID = "duplicate-item-id"
 """The dead-letter reason of a producer's repeat: an ``item_id`` its ingest partition already took

@@ -15,30 +15,28 @@ an old reader does not know the new header.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Mapping
 from typing import Any, cast
 
 import fastavro
-from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from processor.core.signature import to_unsigned
 from processor.wire.avro import INT_MAX, INT_MIN, LONG_MAX, LONG_MIN
 from processor.wire.errors import DecodeError
 from processor.wire.items import new_item_record
 from processor.wire.records import TokenItemRecord, check_item
+from processor.wire.request import request_problem
+from processor.wire.request_codec import request_from_avro
 from processor.wire.schemas import (
     HEADER_SIZE,
     HEADERS,
-    MAGIC,
-    NAME_BY_FP_BYTES,
+    ITEM_FIELDS_ADDED,
     PARSED,
     RECORD_NAMES,
     as_bytes,
     check_header,
     finish,
-    rabin_fingerprint,
-    schema_dir,
+    previous_schema,
 )
 
 # What fastavro (and our int-range checks) raise on a malformed body. Hypothesis tests feed random
@@ -95,12 +93,21 @@ def fastavro_encode(name: str, record: dict[str, Any]) -> bytes:
 
 
 def decode_token_item_fastavro(value: bytes | bytearray | memoryview | None) -> TokenItemRecord:
-    """Reference decoder (fastavro): same result and same errors as :func:`decode_token_item`."""
-    d = fastavro_decode(value, "TokenItem")
+    """Reference decoder (fastavro): same result and same errors as :func:`decode_token_item`, also
+    for a message written before ``request`` (:data:`PREVIOUS_TOKEN_ITEM`)."""
+    value = as_bytes(value)
+    if value[:HEADER_SIZE] == PREVIOUS_TOKEN_ITEM.header:
+        d = PREVIOUS_TOKEN_ITEM.decode(value)
+    else:
+        d = fastavro_decode(value, "TokenItem")
     components = d["shape_components"]
     budget = d["output_budget"]
-    if budget is not None and not INT_MIN <= budget <= INT_MAX:
-        raise DecodeError("avro-decode", f"malformed TokenItem: output_budget={budget} out of int range")
+    try:
+        if budget is not None and not INT_MIN <= budget <= INT_MAX:
+            raise ValueError(f"output_budget={budget} out of int range")
+        request = request_from_avro(d["request"])
+    except ValueError as exc:
+        raise DecodeError("avro-decode", f"malformed TokenItem: {exc}") from None
     rec = new_item_record(
         d["item_id"],
         d["job_id"],
@@ -112,8 +119,9 @@ def decode_token_item_fastavro(value: bytes | bytearray | memoryview | None) -> 
         d["produced_ms"],
         budget,
         d["metadata"],
+        request,
     )
-    check_item(rec)
+    check_item(rec, None if request is None else request_problem(request))
     return rec
 
 
@@ -121,17 +129,14 @@ class PreviousSchema:
     """``name``'s schema before it gained the fields named in ``added``.
 
     A name in ``added`` is removed from every record of the schema, nested ones included
-    (``CompletionBatch`` gained ``cached_tokens`` in its ``ItemOutcome`` items), so the names must
-    be new everywhere in the record.
+    (``CompletionBatch`` gained ``cached_tokens`` in its ``ItemOutcome`` items, ``Batch`` gained
+    ``request`` in its ``TokenItem`` items), so the names must be new everywhere in the record
+    (:func:`processor.wire.schemas.previous_schema`).
     """
 
     def __init__(self, name: str, added: tuple[str, ...]) -> None:
         self.name = name
-        raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
-        self.schema = parse_schema(_without(raw, frozenset(added)), {}, expand=True)
-        fingerprint = rabin_fingerprint(to_parsing_canonical_form(self.schema).encode())
-        self.header = MAGIC + fingerprint.to_bytes(8, "little")
-        NAME_BY_FP_BYTES[self.header[2:]] = name
+        self.schema, self.header = previous_schema(name, added)
 
     def decode(self, value: bytes) -> dict[str, Any]:
         """The record in ``value`` (whose header is :attr:`header`) as the current schema reads it."""
@@ -155,21 +160,6 @@ class PreviousSchema:
         return stream.getvalue()
 
 
-def _without(schema: Any, added: frozenset[str]) -> Any:
-    """``schema`` (parsed JSON) with the fields named in ``added`` removed from every record in it."""
-    if isinstance(schema, list):
-        return [_without(branch, added) for branch in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    if out.get("type") == "record":
-        out["fields"] = [
-            {**f, "type": _without(f["type"], added)} for f in out["fields"] if f["name"] not in added
-        ]
-    elif out.get("type") == "array":
-        out["items"] = _without(out["items"], added)
-    elif out.get("type") == "map":
-        out["values"] = _without(out["values"], added)
-    elif isinstance(out.get("type"), (dict, list)):
-        out["type"] = _without(out["type"], added)
-    return out
+#: TokenItem and Batch before ``request`` (``ITEM_FIELDS_ADDED``): they read with no request.
+PREVIOUS_TOKEN_ITEM = PreviousSchema("TokenItem", ITEM_FIELDS_ADDED)
+PREVIOUS_BATCH = PreviousSchema("Batch", ITEM_FIELDS_ADDED)

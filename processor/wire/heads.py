@@ -9,8 +9,9 @@ the same work with less:
   does (same reasons, same rules: it is tested against it) but keeps only what the scheduler reads,
   plus the message itself (the ``bytes`` librdkafka handed over, not a copy), so the token ids are
   never sliced out and the record, its boxed ints and its own copy of the model name are never built;
-* an item's bytes inside a batch are exactly its input message minus the 10-byte header, so
-  :func:`encode_batch` splices the kept messages instead of re-encoding seven fields per item;
+* an item's bytes inside a batch are exactly its input message minus the 10-byte header (plus the
+  null request byte for a message written before ``request``), so :func:`encode_batch` splices the
+  kept messages instead of re-encoding seven fields per item;
 * :func:`decode_completions_head` reads the fields the processor uses from a results message: one
   ``Completion``, or a ``CompletionBatch`` (one message per batch, walked item by item).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from processor.core.serving import SEPARATOR, serving_key
 from processor.wire.avro import (
     read_block_count,
     read_int,
@@ -27,22 +29,42 @@ from processor.wire.avro import (
     read_str,
     read_union_index,
 )
-from processor.wire.completions import PREVIOUS_COMPLETION_BATCH_HEADER, PREVIOUS_COMPLETION_HEADER
+from processor.wire.completions import (
+    PRE_ENDINGS_COMPLETION_BATCH_HEADER,
+    PRE_ENDINGS_COMPLETION_HEADER,
+    PREVIOUS_COMPLETION_BATCH_HEADER,
+    PREVIOUS_COMPLETION_HEADER,
+)
 from processor.wire.errors import MALFORMED, DecodeError, Malformed
 from processor.wire.items import read_batch_lead, read_item_lead, read_item_rest
 from processor.wire.records import STATUSES, item_problem
-from processor.wire.schemas import HEADER_SIZE, HEADERS, as_bytes, check_header, finish
+from processor.wire.request import GenerationRequest
+from processor.wire.request_codec import read_final_request, read_request_field
+from processor.wire.schemas import (
+    HEADER_SIZE,
+    HEADERS,
+    PREVIOUS_BATCH_HEADER,
+    PREVIOUS_TOKEN_ITEM_HEADER,
+    as_bytes,
+    check_header,
+    finish,
+)
 
 _TOKEN_ITEM = HEADERS["TokenItem"]
 _BATCH = HEADERS["Batch"]
 _COMPLETION = HEADERS["Completion"]
 _COMPLETION_BATCH = HEADERS["CompletionBatch"]
-_MODELS: dict[bytes, str] = {}  # one str per model name, not one per item
+_MODELS: dict[bytes, str] = {}  # one str per model name, not one per item; none holds SEPARATOR
+_JOBS: dict[bytes, str] = {}  # one str per job id
 _MAX_MODELS = 4096
 
 
 class ItemHead(NamedTuple):
-    """What the scheduler needs of an input message, and the message itself for the batch."""
+    """What the scheduler needs of an input message, and the message itself for the batch.
+
+    ``model`` is the item's serving key (processor/core/serving.py): its model, or
+    ``model@adapter`` when its request names a LoRA adapter, so the core schedules adapters apart.
+    """
 
     item_id: str
     model: str
@@ -58,13 +80,15 @@ _new_head = tuple.__new__  # NamedTuple's own __new__ is Python code: twice the 
 
 
 class BatchItemHead(NamedTuple):
-    """An item of a batch, without its tokens."""
+    """An item of a batch, without its tokens. ``model`` is the item's ``model`` field (its adapter
+    is in ``request``; the batch's ``model`` is their serving key)."""
 
     item_id: str
     model: str
     shape: int
     token_count: int
     output_budget: int | None
+    request: GenerationRequest | None = None
 
 
 class BatchHead(NamedTuple):
@@ -93,12 +117,22 @@ class CompletionHead(NamedTuple):
 
 
 def _model(raw: bytes) -> str:
+    """A model name, one str per name; one holding SEPARATOR (an invalid item) is not kept."""
     model = _MODELS.get(raw)
     if model is None:
         model = raw.decode("utf-8")
-        if len(_MODELS) < _MAX_MODELS:
+        if len(_MODELS) < _MAX_MODELS and SEPARATOR not in model:
             _MODELS[raw] = model
     return model
+
+
+def _job(raw: bytes) -> str:
+    job = _JOBS.get(raw)
+    if job is None:
+        job = raw.decode("utf-8")
+        if len(_JOBS) < _MAX_MODELS:
+            _JOBS[raw] = job
+    return job
 
 
 def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
@@ -112,19 +146,44 @@ def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
 
 def general_item_head(value: bytes) -> ItemHead:
     """:func:`decode_item_head` for any encoding, a call per field (it reads what the one-pass
-    reader hands back, and refuses with the reason; public so that ``bench_codec.py`` can time it)."""
-    if value[:HEADER_SIZE] != _TOKEN_ITEM:
+    reader hands back, and refuses with the reason; public so that ``bench_codec.py`` can time it).
+    A message written before ``request`` (``PREVIOUS_TOKEN_ITEM_HEADER``) reads with none."""
+    header = value[:HEADER_SIZE]
+    current = header == _TOKEN_ITEM
+    if not current and header != PREVIOUS_TOKEN_ITEM_HEADER:
         check_header(value, "TokenItem")
     try:
-        head, pos, n_bytes = _read_head(value, HEADER_SIZE)
+        item_id, job_id, raw_model, pos = read_item_lead(value, HEADER_SIZE)
+        shape, pos = read_signature(value, pos)
+        token_count, start, end, _parts, _ms, output_budget, _meta, pos = read_item_rest(value, pos, False)
+        request, fault, pos = read_request_field(value, pos, True) if current else (None, None, pos)
+        model = _model(raw_model)
+        job = _job(job_id) if job_id else ""
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed TokenItem: {exc}") from None
     finish(value, pos, "TokenItem")  # structure first, then the item rules, as decode_token_item
-    if not head.item_id or not head.model or head.token_count < 1 or n_bytes != 4 * head.token_count:
-        problem = item_problem(head.item_id, head.model, head.token_count, b"\0" * max(0, n_bytes))
-        if problem is not None:
-            raise DecodeError(*problem)
-    return head
+    problem = _head_problem(item_id, model, token_count, end - start, fault)
+    if problem is not None:
+        raise DecodeError(*problem)
+    if request is not None and request.adapter:
+        model = serving_key(model, request.adapter)
+    return _new_head(ItemHead, (item_id, model, shape, token_count, output_budget, value, job))
+
+
+def _head_problem(
+    item_id: str, model: str, token_count: int, n_bytes: int, fault: str | None
+) -> tuple[str, str] | None:
+    """:func:`item_problem` of an item read without its tokens (``n_bytes``: their length)."""
+    if (
+        item_id
+        and model
+        and token_count >= 1
+        and n_bytes == 4 * token_count
+        and SEPARATOR not in model
+        and fault is None
+    ):
+        return None
+    return item_problem(item_id, model, token_count, b"\0" * max(0, n_bytes), fault)
 
 
 def _usual_head(buf: bytes) -> ItemHead | None:
@@ -132,12 +191,15 @@ def _usual_head(buf: bytes) -> ItemHead | None:
     path; ``None`` for anything else, which the general path then reads or refuses with its reason.
 
     The usual way: ids and model name under 64 bytes, no shape components, a six-byte
-    ``produced_ms`` (epoch milliseconds from mid-1970 to 2039), no metadata, up to 8,191 tokens. Each
-    field's one case inline instead of a call per field halves the cost of the head, which every
-    ingest message and every restored item pays (docs/benchmarks.md). A length running past the
-    end shows up as an ``IndexError`` at the next byte read, as every field is followed by one.
+    ``produced_ms`` (epoch milliseconds from mid-1970 to 2039), no metadata, up to 8,191 tokens, no
+    request or one :func:`read_final_request` finds valid (one lookup for a request read before).
+    Each field's one case inline instead of a call per field halves the cost of the head, which
+    every ingest message and every restored item pays (docs/benchmarks.md). A length running past
+    the end shows up as an ``IndexError`` at the next byte read, as every field is followed by one;
+    a message written before ``request`` ends one byte earlier.
     """
-    if buf[:HEADER_SIZE] != _TOKEN_ITEM:
+    current = buf[:HEADER_SIZE] == _TOKEN_ITEM
+    if not current and buf[:HEADER_SIZE] != PREVIOUS_TOKEN_ITEM_HEADER:
         return None
     try:
         n = buf[HEADER_SIZE]  # item_id: a non-empty string under 64 bytes
@@ -149,12 +211,17 @@ def _usual_head(buf: bytes) -> ItemHead | None:
         if n >= 0x80 or n & 1:
             return None
         end = pos + 1 + (n >> 1)
-        job = _model(buf[pos + 1 : end]) if n else ""
+        job = _job(buf[pos + 1 : end]) if n else ""
         n = buf[end]  # model
         if n >= 0x80 or n & 1 or not n:
             return None
         pos = end + 1 + (n >> 1)
-        model = _model(buf[end + 1 : pos])
+        raw = buf[end + 1 : pos]
+        model = _MODELS.get(raw)
+        if model is None:
+            model = _model(raw)
+            if SEPARATOR in model:
+                return None
         shape, pos = read_signature(buf, pos)
         b = buf[pos]  # token_count: 1 to 8,191
         if b < 0x80:
@@ -207,20 +274,26 @@ def _usual_head(buf: bytes) -> ItemHead | None:
             pos += 3
         else:
             return None
-        if buf[pos] or pos + 1 != len(buf):  # metadata null, and nothing after it
+        if buf[pos]:  # metadata null
+            return None
+        pos += 1
+        if current:
+            b = buf[pos]  # request: null, or a valid one
+            if b == 0:
+                pos += 1
+            elif b == 2:
+                request, fault, pos = read_final_request(buf, pos + 1)
+                if fault is not None:
+                    return None
+                if request.adapter:
+                    model = serving_key(model, request.adapter)
+            else:
+                return None
+        if pos != len(buf):  # nothing after the record
             return None
     except MALFORMED:
         return None
     return _new_head(ItemHead, (item_id, model, shape, token_count, output_budget, buf, job))
-
-
-def _read_head(buf: bytes, pos: int) -> tuple[ItemHead, int, int]:
-    item_id, job_id, raw_model, pos = read_item_lead(buf, pos)
-    job = _model(job_id) if job_id else ""
-    shape, pos = read_signature(buf, pos)
-    token_count, start, end, _parts, _ms, output_budget, _metadata, pos = read_item_rest(buf, pos, False)
-    head = _new_head(ItemHead, (item_id, _model(raw_model), shape, token_count, output_budget, buf, job))
-    return head, pos, end - start
 
 
 def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead:
@@ -232,7 +305,9 @@ def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead
     costs about a third of decoding it (docs/wire-format.md).
     """
     value = as_bytes(value)
-    if value[:HEADER_SIZE] != _BATCH:
+    header = value[:HEADER_SIZE]
+    current = header == _BATCH
+    if not current and header != PREVIOUS_BATCH_HEADER:
         check_header(value, "Batch")
     items: list[BatchItemHead] = []
     append = items.append
@@ -249,13 +324,11 @@ def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead
                 token_count, start, end, _parts, _ms, output_budget, _metadata, pos = read_item_rest(
                     value, pos, False
                 )
+                request, fault, pos = read_request_field(value, pos, False) if current else (None, None, pos)
                 model = _model(raw_model)
-                append(_new_head(BatchItemHead, (item_id, model, shape, token_count, output_budget)))
-                n_bytes = end - start
-                if problem is None and (
-                    not item_id or not model or token_count < 1 or n_bytes != 4 * token_count
-                ):
-                    problem = item_problem(item_id, model, token_count, b"\0" * max(0, n_bytes))
+                append(_new_head(BatchItemHead, (item_id, model, shape, token_count, output_budget, request)))
+                if problem is None:
+                    problem = _head_problem(item_id, model, token_count, end - start, fault)
             count, pos = read_block_count(value, pos)
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Batch: {exc}") from None
@@ -403,9 +476,9 @@ def decode_completions_head(value: bytes | bytearray | memoryview | None) -> Com
     """
     value = as_bytes(value)
     header = value[:HEADER_SIZE]
-    if header in (_COMPLETION_BATCH, PREVIOUS_COMPLETION_BATCH_HEADER):
+    if header in _COMPLETION_BATCH_HEADERS:
         try:
-            head, pos = _read_batch_head(value, header == _COMPLETION_BATCH)
+            head, pos = _read_batch_head(value, header != PREVIOUS_COMPLETION_BATCH_HEADER)
         except MALFORMED as exc:
             raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
         finish(value, pos, "CompletionBatch")
@@ -418,7 +491,15 @@ def decode_completions_head(value: bytes | bytearray | memoryview | None) -> Com
     )
 
 
-_COMPLETION_HEADERS = (_COMPLETION, PREVIOUS_COMPLETION_HEADER)
+_COMPLETION_HEADERS = (_COMPLETION, PREVIOUS_COMPLETION_HEADER, PRE_ENDINGS_COMPLETION_HEADER)
+_COMPLETION_BATCH_HEADERS = (
+    _COMPLETION_BATCH,
+    PREVIOUS_COMPLETION_BATCH_HEADER,
+    PRE_ENDINGS_COMPLETION_BATCH_HEADER,
+)
+"""Every schema a results message may be written with: the current one, the one before
+``cached_tokens`` and the one before ``cancelled`` and ``expired`` (its messages are the bytes the
+current schema writes for the same values: only the fingerprint differs)."""
 
 
 # The usual one-byte encodings, tested before calling a reader: a function call per field is most

@@ -35,9 +35,13 @@ from processor.wire.avro import (
 )
 from processor.wire.errors import MALFORMED, DecodeError, Malformed
 from processor.wire.records import BatchRecord, TokenItemRecord, check_item, item_problem
+from processor.wire.request import GenerationRequest, request_problem
+from processor.wire.request_codec import encode_request_field, read_request_field
 from processor.wire.schemas import (
     BATCH_HEADER,
     HEADER_SIZE,
+    PREVIOUS_BATCH_HEADER,
+    PREVIOUS_TOKEN_ITEM_HEADER,
     TOKEN_ITEM_HEADER,
     as_bytes,
     check_header,
@@ -49,14 +53,14 @@ from processor.wire.schemas import (
 # The field list is checked here so adding a field to TokenItemRecord fails loudly at import.
 _ITEM_FIELDS = (
     "item_id", "job_id", "model", "shape", "token_count", "tokens",
-    "shape_components", "produced_ms", "output_budget", "metadata",
+    "shape_components", "produced_ms", "output_budget", "metadata", "request",
 )  # fmt: skip
 
 
 if tuple(f.name for f in fields(TokenItemRecord)) != _ITEM_FIELDS:  # pragma: no cover
     raise ImportError("codec: TokenItemRecord fields changed; update _new_item_record")
 
-(_s_id, _s_job, _s_model, _s_shape, _s_count, _s_tokens, _s_comp, _s_ms, _s_budget, _s_meta) = (
+(_s_id, _s_job, _s_model, _s_shape, _s_count, _s_tokens, _s_comp, _s_ms, _s_budget, _s_meta, _s_request) = (
     getattr(TokenItemRecord, name).__set__ for name in _ITEM_FIELDS
 )
 
@@ -74,6 +78,7 @@ def new_item_record(
     produced_ms: int,
     output_budget: int | None,
     metadata: dict[str, str] | None,
+    request: GenerationRequest | None = None,
 ) -> TokenItemRecord:
     rec = _object_new(TokenItemRecord)
     _s_id(rec, item_id)
@@ -86,6 +91,7 @@ def new_item_record(
     _s_ms(rec, produced_ms)
     _s_budget(rec, output_budget)
     _s_meta(rec, metadata)
+    _s_request(rec, request)
     return rec
 
 
@@ -192,11 +198,23 @@ def read_item_rest(buf: bytes, pos: int, want_ms: bool = True) -> _ItemRest:
     return token_count, start, end, components, produced_ms, output_budget, metadata, pos
 
 
-def _read_item_body(buf: bytes, pos: int) -> tuple[TokenItemRecord, int]:
-    """One TokenItem body at ``pos``; well-formed Avro, not yet checked by :func:`_check_item`."""
+def _read_item_body(
+    buf: bytes, pos: int, with_request: bool, final: bool
+) -> tuple[TokenItemRecord, str | None, int]:
+    """One TokenItem body at ``pos``; well-formed Avro, not yet checked by :func:`check_item`: the
+    record, its request's problem (for ``check_item``) and the position after it. ``with_request``:
+    written with the current schema (the previous one has no ``request``); ``final``: the record
+    should end the message (an input message, not a batch's item)."""
     item_id, job_id, model, pos = read_item_lead(buf, pos)
     shape, pos = read_signature(buf, pos)
     token_count, start, end, components, produced_ms, output_budget, metadata, pos = read_item_rest(buf, pos)
+    request: GenerationRequest | None = None
+    fault: str | None = None
+    if with_request:
+        if buf[pos] == 0:  # no request, the usual: one byte
+            pos += 1
+        else:
+            request, fault, pos = read_request_field(buf, pos, final)
     rec = new_item_record(
         item_id,
         job_id.decode("utf-8"),
@@ -208,43 +226,52 @@ def _read_item_body(buf: bytes, pos: int) -> tuple[TokenItemRecord, int]:
         produced_ms,
         output_budget,
         metadata,
+        request,
     )
-    return rec, pos
+    return rec, fault, pos
 
 
 def decode_token_item(value: bytes | bytearray | memoryview | None) -> TokenItemRecord:
-    """Decode one input message (the hot path). Raises :class:`DecodeError` and nothing else."""
+    """Decode one input message (the hot path), also one written before ``request``
+    (``PREVIOUS_TOKEN_ITEM_HEADER``: no request). Raises :class:`DecodeError` and nothing else."""
     value = as_bytes(value)
-    if value[:HEADER_SIZE] != TOKEN_ITEM_HEADER:
+    header = value[:HEADER_SIZE]
+    current = header == TOKEN_ITEM_HEADER
+    if not current and header != PREVIOUS_TOKEN_ITEM_HEADER:
         check_header(value, "TokenItem")
     try:
-        rec, pos = _read_item_body(value, HEADER_SIZE)
+        rec, fault, pos = _read_item_body(value, HEADER_SIZE, current, True)
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed TokenItem: {exc}") from None
     finish(value, pos, "TokenItem")
-    check_item(rec)
+    check_item(rec, fault)
     return rec
 
 
 def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
-    """Decode a batch (what a consumer reads). Each item obeys the same rules as an input item."""
+    """Decode a batch (what a consumer reads), also one written before ``request``
+    (``PREVIOUS_BATCH_HEADER``). Each item obeys the same rules as an input item."""
     value = as_bytes(value)
-    if value[:HEADER_SIZE] != BATCH_HEADER:
+    header = value[:HEADER_SIZE]
+    current = header == BATCH_HEADER
+    if not current and header != PREVIOUS_BATCH_HEADER:
         check_header(value, "Batch")
     try:
         lead, pos = read_batch_lead(value)
         items: list[TokenItemRecord] = []
+        faults: list[str | None] = []
         count, pos = read_block_count(value, pos)
         while count:
             for _ in range(count):
-                item, pos = _read_item_body(value, pos)
+                item, fault, pos = _read_item_body(value, pos, current, False)
                 items.append(item)
+                faults.append(fault)
             count, pos = read_block_count(value, pos)
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Batch: {exc}") from None
     finish(value, pos, "Batch")
-    for item in items:
-        check_item(item)
+    for item, fault in zip(items, faults, strict=True):
+        check_item(item, fault)
     batch_id, consumer, model, shape, lane, padded_length, pad_multiple, created_ms, oversized = lead
     return BatchRecord(
         batch_id=batch_id,
@@ -281,7 +308,8 @@ def read_batch_lead(value: bytes) -> tuple[tuple[str, str, str, int, int, int, i
 
 def _item_parts(rec: TokenItemRecord, out: list[bytes | memoryview]) -> None:
     """Append the Avro body of one TokenItem to ``out`` (shared by item and batch encoders)."""
-    problem = item_problem(rec.item_id, rec.model, rec.token_count, rec.tokens)
+    fault = None if rec.request is None else request_problem(rec.request)
+    problem = item_problem(rec.item_id, rec.model, rec.token_count, rec.tokens, fault)
     if problem is not None:
         raise ValueError(problem[1])
     out += (
@@ -316,6 +344,7 @@ def _item_parts(rec: TokenItemRecord, out: list[bytes | memoryview]) -> None:
             for key, val in metadata.items():
                 out += (encode_str(key), encode_str(val))
         out.append(b"\x00")
+    out.append(encode_request_field(rec.request))
 
 
 def encode_token_item(rec: TokenItemRecord) -> bytes:
@@ -342,8 +371,11 @@ def _encode_batch_parts(batch: Batch | BatchRecord, records: Sequence[TokenItemR
         out.append(encode_long(len(records)))
         for rec in records:
             if isinstance(rec, bytes):
-                # an input message, validated when it was decoded: its body, past the header, as it is
+                # an input message, validated when it was decoded: its body, past the header, as it
+                # is; one written before ``request`` gets the field, null (its one byte, 0)
                 out.append(memoryview(rec)[HEADER_SIZE:])
+                if rec.startswith(PREVIOUS_TOKEN_ITEM_HEADER):
+                    out.append(b"\x00")
             else:
                 _item_parts(rec, out)
     out.append(b"\x00")
@@ -355,7 +387,9 @@ def encode_batch(batch: Batch) -> bytes:
     ``bytes`` of its whole input message (``fastpath.ItemHead.message``).
 
     The bytes of an item inside the batch are exactly its input message minus the 10-byte header, so
-    a kept message is spliced in past its header, and a record is re-encoded (no decode round trip).
+    a kept message is spliced in past its header, and a record is re-encoded (no decode round trip);
+    a message written before ``request`` (``PREVIOUS_TOKEN_ITEM_HEADER``) gets the null request
+    byte after it, so every item of the batch follows the current schema.
     The message is kept whole rather than as a copy of its body: the copy was a tenth of the cost of
     taking an item in (docs/benchmarks.md), and the header's 10 bytes are all it saved.
     """

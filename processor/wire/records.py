@@ -2,7 +2,8 @@
 
 ``TokenItemRecord`` and ``BatchRecord`` keep token ids packed (``tokens_from_ids`` and
 ``ids_from_tokens`` convert); ``new_token_item`` builds a valid item and ``check_item`` states the item
-rules every decoder applies (a non-empty id and model, at least one token, four bytes per token).
+rules every decoder applies (a non-empty id and model, no serving-key separator in the model, at
+least one token, four bytes per token, a valid request or none).
 The modules beside this one turn these records into bytes and back; nothing here reads bytes.
 """
 
@@ -15,8 +16,10 @@ from dataclasses import dataclass, fields
 from typing import Literal, cast
 
 from processor.core.contract import Contract
+from processor.core.serving import SEPARATOR
 from processor.core.signature import shape_signature
 from processor.wire.errors import DecodeError
+from processor.wire.request import GenerationRequest
 
 _U32 = next(code for code in "IL" if array(code).itemsize == 4)
 
@@ -57,6 +60,8 @@ class TokenItemRecord:
     produced_ms: int
     output_budget: int | None = None
     metadata: dict[str, str] | None = None
+    request: GenerationRequest | None = None
+    """What the item asks of the model (``TokenItem.request``); None: the consumer's defaults."""
 
     def token_ids(self) -> array[int]:
         return ids_from_tokens(self.tokens)
@@ -78,9 +83,12 @@ class BatchRecord:
     items: list[TokenItemRecord]
 
 
-Status = Literal["ok", "failed", "rejected"]
+Status = Literal["ok", "failed", "rejected", "cancelled", "expired"]
 
-STATUSES: tuple[Status, ...] = ("ok", "failed", "rejected")
+STATUSES: tuple[Status, ...] = ("ok", "failed", "rejected", "cancelled", "expired")
+"""``CompletionStatus``'s symbols in schema order (the enum's index on the wire). ``cancelled`` and
+``expired`` (appended later) are written by the processor only, for items of a job that ended
+before they were dispatched (processor/core/endings.py)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,6 +223,7 @@ def new_token_item(
     shape: int | None = None,
     output_budget: int | None = None,
     metadata: Mapping[str, str] | None = None,
+    request: GenerationRequest | None = None,
 ) -> TokenItemRecord:
     """Build a record the way a producer would: shape from the components unless given."""
     if shape is None:
@@ -230,6 +239,7 @@ def new_token_item(
         produced_ms=produced_ms,
         output_budget=output_budget,
         metadata=None if metadata is None else dict(metadata),
+        request=request,
     )
 
 
@@ -243,12 +253,22 @@ def verify_shape(rec: TokenItemRecord) -> bool | None:
     return shape_signature(rec.shape_components) == rec.shape
 
 
-def item_problem(item_id: str, model: str, token_count: int, tokens: bytes) -> tuple[str, str] | None:
-    """The one place the item rules live; decoders raise it, encoders refuse it."""
+def item_problem(
+    item_id: str, model: str, token_count: int, tokens: bytes, request_fault: str | None = None
+) -> tuple[str, str] | None:
+    """The one place the item rules live, in the order they are checked; decoders raise it, encoders
+    refuse it. ``request_fault`` is :func:`~processor.wire.request.request_problem` of the item's
+    request (None: valid, or no request), which the decoders take from their cache of requests."""
     if not item_id:
         return "empty-item-id", "item_id is empty"
     if not model:
         return "empty-model", f"item {item_id!r}: model is empty"
+    if SEPARATOR in model:
+        return (
+            "invalid-model",
+            f"item {item_id!r}: model {model!r} contains {SEPARATOR!r}, which joins a model and an "
+            "adapter in a serving key (name the adapter in the item's request instead)",
+        )
     if token_count < 1:
         return "negative-token-count", f"item {item_id!r}: token_count {token_count} < 1"
     if len(tokens) != 4 * token_count:
@@ -256,12 +276,24 @@ def item_problem(item_id: str, model: str, token_count: int, tokens: bytes) -> t
             "token-count-mismatch",
             f"item {item_id!r}: {len(tokens)} token bytes, expected 4 * {token_count} = {4 * token_count}",
         )
+    if request_fault is not None:
+        return "invalid-request", f"item {item_id!r}: invalid request: {request_fault}"
     return None
 
 
-def check_item(rec: TokenItemRecord) -> None:
-    """Structure first, then meaning: callers check trailing bytes before the item rules."""
+def check_item(rec: TokenItemRecord, request_fault: str | None = None) -> None:
+    """Structure first, then meaning: callers check trailing bytes before the item rules.
+    ``request_fault`` as for :func:`item_problem`."""
     tokens = rec.tokens
     token_count = rec.token_count
-    if not rec.item_id or not rec.model or token_count < 1 or len(tokens) != 4 * token_count:
-        raise DecodeError(*cast(tuple[str, str], item_problem(rec.item_id, rec.model, token_count, tokens)))
+    model = rec.model
+    if (
+        not rec.item_id
+        or not model
+        or token_count < 1
+        or len(tokens) != 4 * token_count
+        or SEPARATOR in model
+        or request_fault is not None
+    ):
+        problem = item_problem(rec.item_id, model, token_count, tokens, request_fault)
+        raise DecodeError(*cast(tuple[str, str], problem))

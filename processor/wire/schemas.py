@@ -11,6 +11,7 @@ this module (byte-identical to the repository's ``schemas/``, which a test check
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,9 @@ def schema_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "schemas"
 
 
-def _load_schemas() -> tuple[dict[str, Any], dict[str, str]]:
+def _load_schemas(added: frozenset[str] = frozenset()) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every record's parsed (expanded) schema and canonical form, without the fields named in
+    ``added`` (none: the current schemas; see :func:`previous_schema`)."""
     named: dict[str, Any] = {}
     parsed: dict[str, Any] = {}
     canonical: dict[str, str] = {}
@@ -76,10 +79,32 @@ def _load_schemas() -> tuple[dict[str, Any], dict[str, str]]:
     for name in RECORD_NAMES:
         raw = json.loads((folder / f"{name}.avsc").read_text(encoding="utf-8"))
         # expand=True inlines TokenItem into Batch, as the canonical form requires.
-        schema = parse_schema(raw, named, expand=True)
+        schema = parse_schema(without_fields(raw, added), named, expand=True)
         parsed[name] = schema
         canonical[name] = to_parsing_canonical_form(schema)
     return parsed, canonical
+
+
+def without_fields(schema: Any, added: frozenset[str]) -> Any:
+    """``schema`` (parsed JSON) with the fields named in ``added`` removed from every record in it."""
+    if not added:
+        return schema
+    if isinstance(schema, list):
+        return [without_fields(branch, added) for branch in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if out.get("type") == "record":
+        out["fields"] = [
+            {**f, "type": without_fields(f["type"], added)} for f in out["fields"] if f["name"] not in added
+        ]
+    elif out.get("type") == "array":
+        out["items"] = without_fields(out["items"], added)
+    elif out.get("type") == "map":
+        out["values"] = without_fields(out["values"], added)
+    elif isinstance(out.get("type"), (dict, list)):
+        out["type"] = without_fields(out["type"], added)
+    return out
 
 
 PARSED, CANONICAL_FORMS = _load_schemas()
@@ -99,6 +124,30 @@ TOKEN_ITEM_HEADER = HEADERS["TokenItem"]
 BATCH_HEADER = HEADERS["Batch"]
 
 COMPLETION_BATCH_HEADER = HEADERS["CompletionBatch"]
+
+
+@functools.cache
+def previous_schema(name: str, added: tuple[str, ...]) -> tuple[Any, bytes]:
+    """``name``'s parsed schema before it gained the fields named in ``added``, and its header,
+    which :func:`schema_of` then names ``name`` (:class:`processor.wire.fastavro_io.PreviousSchema`
+    reads such messages).
+
+    The fields are removed from every record, the records ``name`` refers to included: ``Batch``
+    inlines ``TokenItem``, so when TokenItem gained ``request`` Batch's fingerprint changed too, and
+    the previous Batch is the one whose items lack it. The names must be new everywhere.
+    """
+    parsed, canonical = _load_schemas(frozenset(added))
+    header = MAGIC + rabin_fingerprint(canonical[name].encode()).to_bytes(8, "little")
+    NAME_BY_FP_BYTES[header[2:]] = name
+    return parsed[name], header
+
+
+#: Fields ``TokenItem`` gained (and ``Batch`` with it, in its items) with per-item requests.
+ITEM_FIELDS_ADDED = ("request",)
+
+#: The headers of a TokenItem and a Batch written before ``request``: they read with no request.
+PREVIOUS_TOKEN_ITEM_HEADER = previous_schema("TokenItem", ITEM_FIELDS_ADDED)[1]
+PREVIOUS_BATCH_HEADER = previous_schema("Batch", ITEM_FIELDS_ADDED)[1]
 
 
 def fastavro_fingerprint(name: str) -> int:

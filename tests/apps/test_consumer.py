@@ -21,7 +21,7 @@ from processor.wire.schemas import schema_of
 from tests.apps.helpers import card_contract, outgoing_batch, token_record
 
 
-class _KeptProducer:
+class KeptProducer:
     """Stands in for the app's Kafka producer: keeps what is produced, delivers all of it at once."""
 
     def __init__(self) -> None:
@@ -34,7 +34,7 @@ class _KeptProducer:
         return 0
 
 
-class _BatchMessage:
+class BatchMessage:
     """The one method of a Kafka message that :meth:`ConsumerApp.handle` reads for a good batch."""
 
     def __init__(self, value: bytes) -> None:
@@ -59,11 +59,11 @@ def test_the_consumer_app_writes_a_batchs_completions_in_its_form(
     app = ConsumerApp(
         {}, names, card_contract("card-a"), engine, completions=completions, max_completion_bytes=max_bytes
     )
-    kept = _KeptProducer()
+    kept = KeptProducer()
     app._producer = cast(Any, kept)
     records = [token_record(f"item-{n}", 8 + n, shape_signature(["s"])) for n in range(5)]
     batch = encode_batch(outgoing_batch("b-1", "card-a", records, padded_length=16))
-    app.handle(cast(Message, _BatchMessage(batch)))
+    app.handle(cast(Message, BatchMessage(batch)))
     assert len(kept.sent) == messages
     done = [c for _topic, _key, value in kept.sent for c in decode_completions(value)]
     assert [c.item_id for c in done] == [r.item_id for r in records]  # every item once, in order
@@ -106,11 +106,11 @@ def test_the_consumer_app_writes_each_items_cached_tokens_held_to_its_prompt() -
     """cached_tokens is the engine's count held to [0, the item's tokens], 0 unless ok; cache_hit
     follows it for old readers; the app's stats count the cached tokens of ok items."""
     app = ConsumerApp({}, TopicNames("unit"), card_contract("card-a"), _ReportingEngine([0, 5, 99, -3, 7], 4))
-    kept = _KeptProducer()
+    kept = KeptProducer()
     app._producer = cast(Any, kept)
     records = [token_record(f"item-{n}", 10, shape_signature(["s"])) for n in range(5)]
     app.handle(
-        cast(Message, _BatchMessage(encode_batch(outgoing_batch("b-1", "card-a", records, padded_length=16))))
+        cast(Message, BatchMessage(encode_batch(outgoing_batch("b-1", "card-a", records, padded_length=16))))
     )
     done = [c for _topic, _key, value in kept.sent for c in decode_completions(value)]
     assert [(c.cached_tokens, c.cache_hit) for c in done] == [

@@ -47,6 +47,7 @@ CASES = {
         "budget",
     ),
     "share-weight": (["share", "j", "--weight", "0"], "weight"),
+    "cancel-bad-name": (["cancel", "bad name!"], "job name"),
     "submit-no-dataset": (["submit", "/nope.jsonl", "--job", "j", "--template", "/nope.toml"], "/nope"),
 }
 

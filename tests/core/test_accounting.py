@@ -76,7 +76,7 @@ def test_consumer_counters() -> None:
         (
             lambda lg: lg.models["alpha"].queued.add(0, 7),
             "model alpha out of balance: received+adopted_queued 4 items / 1,000 tokens, "
-            "queued+routed+released_queued 4 items / 1,007 tokens",
+            "queued+routed+cancelled+expired+released_queued 4 items / 1,007 tokens",
         ),
         (
             lambda lg: lg.models["beta"].completed.add(1, 0),

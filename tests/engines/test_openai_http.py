@@ -1,9 +1,10 @@
 """The ``openai`` engine against a real HTTP server that speaks the ``/v1/completions`` shape.
 
-The fake server answers each prompt with ``sum=<sum of its ids> n=<len> max=<max_tokens>``, so a test
-can tell which prompt a choice belongs to and catch a choice mapped to the wrong item. Each test
-scripts the server's next replies (status, delay, shuffled or dropped choices) and reads back the
-requests it received. Backoff sleeps are recorded, not slept; jitter comes from a seeded RNG.
+The fake server (tests/engines/fake_completions.py) answers each prompt with ``sum=<sum of its ids>
+n=<len> max=<max_tokens>``, so a test can tell which prompt a choice belongs to and catch a choice
+mapped to the wrong item. Each test scripts the server's next replies (status, delay, shuffled or
+dropped choices) and reads back the requests it received. Backoff sleeps are recorded, not slept;
+jitter comes from a seeded RNG.
 
 The mapping, retry and failure tests run the engine with ``requests=budget`` (several prompts in one
 request: the mapping of choices to items is what they test); "One request per item" tests the
@@ -13,167 +14,21 @@ tests/broker/test_llm_engine.py against a real llama.cpp server.
 
 from __future__ import annotations
 
-import json
 import random
 import socket
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
 from processor.engines.base import make_engine
 from processor.engines.openai_http import OpenAICompletionsEngine, from_options, parse_options
 from processor.wire.records import BatchRecord, TokenItemRecord, tokens_from_ids
+from processor.wire.request import GenerationRequest
+from tests.engines.fake_completions import FakeCompletions, Reply
 
 
-@dataclass
-class Reply:
-    """What the server does with one request; unscripted requests get ``Reply()`` (a good answer)."""
-
-    status: int = 200
-    delay_s: float = 0.0
-    order: str = "in-order"  # or "reversed"
-    drop: tuple[int, ...] = ()
-    duplicate: tuple[int, ...] = ()
-    finish: dict[int, str] = field(default_factory=dict)
-    token_ids: bool = True
-    cached_tokens: int | None = None
-    cache_n: int | None = None
-    """llama.cpp's ``timings.cache_n`` (sent only when set)."""
-    raw: bytes | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Received:
-    body: dict[str, Any]
-    headers: dict[str, str]
-
-
-class FakeCompletions:
-    """A ``ThreadingHTTPServer`` on 127.0.0.1, port 0, with a script of replies."""
-
-    def __init__(self) -> None:
-        self.script: list[Reply] = []
-        self.received: list[Received] = []
-        self.stopping = threading.Event()
-        self.cache: Callable[[list[int]], int] | None = None
-        """Unscripted requests of one prompt report ``cache(prompt)`` cached tokens, when set."""
-        self.cache_field = "usage"  # or "timings": where the cached count goes (llama.cpp has both)
-        self.hold_s = 0.0  # every request waits this long: lets requests overlap
-        self.in_flight = self.most_in_flight = 0
-        self._lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with fake._lock:
-                    fake.received.append(Received(body, dict(self.headers)))
-                    reply = fake.script.pop(0) if fake.script else fake.unscripted(body)
-                    fake.in_flight += 1
-                    fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
-                try:
-                    self.answer(body, reply)
-                finally:
-                    with fake._lock:
-                        fake.in_flight -= 1
-
-            def answer(self, body: dict[str, Any], reply: Reply) -> None:
-                if fake.hold_s and fake.stopping.wait(fake.hold_s):
-                    return
-                if reply.delay_s and fake.stopping.wait(reply.delay_s):
-                    return
-                if reply.raw is not None:
-                    payload = reply.raw
-                elif reply.status != 200:
-                    payload = json.dumps({"object": "error", "message": f"scripted {reply.status}"}).encode()
-                else:
-                    payload = json.dumps(_completion(body, reply)).encode()
-                try:
-                    self.send_response(reply.status)
-                    for name, value in reply.headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except OSError:
-                    pass  # the client timed out and hung up
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        # A short poll interval: shutdown() waits up to one interval, and every test stops a server.
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
-
-    def prompts(self, request: int) -> list[list[int]]:
-        return [list(p) for p in self.received[request].body["prompt"]]
-
-    def unscripted(self, body: dict[str, Any]) -> Reply:
-        if self.cache is None or len(body["prompt"]) != 1:
-            return Reply()
-        cached = self.cache(body["prompt"][0])
-        return Reply(cached_tokens=cached) if self.cache_field == "usage" else Reply(cache_n=cached)
-
-
-def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
-    """A ``text_completion`` in the API's shape; ``min(max_tokens, len(prompt))`` tokens per choice."""
-    max_tokens = body["max_tokens"]
-    choices = []
-    generated = 0
-    for index, ids in enumerate(body["prompt"]):
-        count = min(max_tokens, len(ids))
-        generated += count
-        choice: dict[str, Any] = {
-            "index": index,
-            "text": f"sum={sum(ids)} n={len(ids)} max={max_tokens}",
-            "logprobs": None,
-            "finish_reason": reply.finish.get(index, "length" if count == max_tokens else "stop"),
-        }
-        if reply.token_ids:
-            choice["token_ids"] = list(range(count))
-        if index not in reply.drop:
-            choices.append(choice)
-        if index in reply.duplicate:
-            choices.append(dict(choice, text="again"))
-    if reply.order == "reversed":
-        choices.reverse()
-    usage: dict[str, Any] = {
-        "prompt_tokens": sum(len(p) for p in body["prompt"]),
-        "completion_tokens": generated,
-        "total_tokens": sum(len(p) for p in body["prompt"]) + generated,
-    }
-    if reply.cached_tokens is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
-    response = {
-        "id": "cmpl-test",
-        "object": "text_completion",
-        "model": body["model"],
-        "choices": choices,
-        "usage": usage,
-    }
-    if reply.cache_n is not None:
-        response["timings"] = {"cache_n": reply.cache_n, "prompt_n": usage["prompt_tokens"] - reply.cache_n}
-    return response
-
-
-@pytest.fixture
-def server() -> Iterator[FakeCompletions]:
-    fake = FakeCompletions()
-    fake.thread.start()
-    yield fake
-    fake.stopping.set()
-    fake.server.shutdown()
-    fake.server.server_close()
-
-
-def item(item_id: str, ids: list[int], budget: int | None = 8) -> TokenItemRecord:
+def item(
+    item_id: str, ids: list[int], budget: int | None = 8, request: GenerationRequest | None = None
+) -> TokenItemRecord:
     return TokenItemRecord(
         item_id=item_id,
         model="m",
@@ -182,6 +37,7 @@ def item(item_id: str, ids: list[int], budget: int | None = 8) -> TokenItemRecor
         tokens=tokens_from_ids(ids),
         produced_ms=0,
         output_budget=budget,
+        request=request,
     )
 
 
@@ -446,14 +302,19 @@ def test_connection_refused_is_retried_then_fails() -> None:
     assert len(sleeps) == 2
 
 
-def test_400_is_not_retried(server: FakeCompletions) -> None:
-    server.script = [Reply(status=400)]
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_4xx_that_is_no_prompts_fault_is_neither_retried_nor_split(
+    server: FakeCompletions, status: int
+) -> None:
+    """(400 was here before requests were split: a 400 now isolates its prompts, below.)"""
+    server.script = [Reply(status=status)]
     harness = Harness(server)
     results = harness.engine.run(batch(*THREE))
 
     assert len(server.received) == 1 and harness.sleeps == []
     assert [r.status for r in results] == ["failed", "failed", "failed"]
-    assert "HTTP 400: " in (results[0].reason or "") and "not retried" in (results[0].reason or "")
+    assert f"HTTP {status}: scripted {status}" in (results[0].reason or "")
+    assert "not retried" in (results[0].reason or "")
 
 
 def test_a_200_that_is_not_a_completion_fails_without_retry(server: FakeCompletions) -> None:
@@ -548,6 +409,12 @@ def test_registry_builds_the_engine() -> None:
         ({"url": "http://h", "api_key": "sk-123"}, "api_key"),
         ({"url": "http://h", "requests": "batch"}, "requests"),
         ({"url": "http://h", "concurrency": "0"}, "concurrency"),
+        ({"url": "http://h", "server": "tgi"}, "server"),
+        ({"url": "http://h", "output": "xml"}, "output"),
+        ({"url": "http://h", "lora_ids": "tone:0"}, "lora_ids"),  # llama.cpp only
+        ({"url": "http://h", "server": "llamacpp", "lora_ids": "tone"}, "lora_ids"),
+        ({"url": "http://h", "server": "llamacpp", "lora_ids": "tone:0,tone:1"}, "lora_ids"),
+        ({"url": "http://h", "server": "llamacpp", "lora_ids": "tone:-1"}, "lora_ids"),
     ],
 )
 def test_bad_options_raise_one_line_naming_the_option(options: dict[str, str], names: str) -> None:
@@ -555,3 +422,18 @@ def test_bad_options_raise_one_line_naming_the_option(options: dict[str, str], n
         from_options(options)
     message = str(caught.value)
     assert names in message and "\n" not in message and message.startswith("openai engine: ")
+
+
+def test_server_lora_ids_and_output_options_parse() -> None:
+    settings = parse_options(
+        {"url": "http://h", "server": "llamacpp", "lora_ids": "tone:1, legal:0", "output": "json"}
+    )
+    assert (settings.server, settings.lora_ids, settings.output) == (
+        "llamacpp",
+        {"tone": 1, "legal": 0},
+        "json",
+    )
+    assert (parse_options({"url": "http://h"}).server, parse_options({"url": "http://h"}).output) == (
+        "openai",
+        "text",
+    )

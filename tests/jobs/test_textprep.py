@@ -32,3 +32,12 @@ def test_a_missing_tokenizer_says_what_to_pass(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(TokenizerError, match="not a tokenizers JSON file"):
         TextTokenizer(tmp_path)
+
+
+def test_text_that_holds_its_special_tokens_is_encoded_without_adding_more() -> None:
+    tok = TextTokenizer()
+    (with_specials,) = tok.encode_many(["hi"])
+    (without,) = tok.encode_many(["hi"], add_special_tokens=False)
+    assert len(with_specials.ids) == 3 and list(without.ids) == list(with_specials.ids[1:-1])
+    (refused,) = tok.encode_many(["bad \ud800"], add_special_tokens=False)
+    assert refused.error is not None

@@ -185,6 +185,7 @@ def test_every_kafka_command_takes_the_shared_settings(command: str, tmp_path: P
         "submit": ["d.jsonl", "--job", "j", "--template", "t.toml"],
         "collect": ["--job", "j", "--out", "o.jsonl"],
         "share": ["j"],
+        "cancel": ["j"],
         "collector": ["--out-dir", "d"],
     }.get(command, [])
     args = parser.parse_args([command, *required, "--bootstrap", "b:1", "--kafka-config", str(path)])

@@ -277,6 +277,24 @@ def test_trace_stats_empty_and_interpolation() -> None:
     assert stats["span_ms"] == 3 and stats["tokens"] == 16
 
 
+def test_the_native_format_reads_an_optional_adapter_and_refuses_the_separator(tmp_path: Path) -> None:
+    path = tmp_path / "adapters.jsonl"
+    path.write_text(
+        '{"t_ms": 1, "model": "m", "shape": 7, "length": 3, "adapter": "tone"}\n'
+        '{"t_ms": 2, "model": "m", "shape": 7, "length": 4}\n'
+        '{"t_ms": 3, "model": "m", "shape": 7, "length": 4, "adapter": "tone"}\n'
+    )
+    assert [r.adapter for r in read_trace(path, "jsonl")] == ["tone", "", "tone"]
+    for line, message in [
+        ('"model": "m@x", "adapter": ""', r'adapters.jsonl:1: "model" must not contain "@" .*got \'m@x\''),
+        ('"model": "m", "adapter": "a@b"', r'adapters.jsonl:1: "adapter" must not contain "@" .*got \'a@b\''),
+        ('"model": "m", "adapter": 3', r'adapters.jsonl:1: "adapter" must be a string, got 3'),
+    ]:
+        path.write_text(f'{{"t_ms": 1, {line}, "shape": 7, "length": 3}}\n')
+        with pytest.raises(TraceError, match=message):
+            read_trace(path, "jsonl")
+
+
 def test_the_native_format_reads_an_optional_job(tmp_path: Path) -> None:
     path = tmp_path / "jobs.jsonl"
     path.write_text(
@@ -291,9 +309,9 @@ def test_the_native_format_reads_an_optional_job(tmp_path: Path) -> None:
 
 _VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.integers(1 << 63, (1 << 64) + 1), st.floats(0, 2),
-    st.sampled_from(["", "m", "x"]), st.lists(st.sampled_from(["a", "b"]), max_size=2), st.just([1]),
+    st.sampled_from(["", "m", "x", "m@x"]), st.lists(st.sampled_from(["a", "b"]), max_size=2), st.just([1]),
 )  # fmt: skip
-_KEYS = ("t_ms", "model", "shape", "components", "length", "id", "output_length", "extra")
+_KEYS = ("t_ms", "model", "shape", "components", "length", "id", "output_length", "adapter", "extra")
 
 
 @settings(max_examples=300, deadline=None)

@@ -34,6 +34,8 @@ from processor.wire.records import (
     TokenItemRecord,
     tokens_from_ids,
 )
+from processor.wire.request import GenerationRequest
+from processor.wire.request_codec import request_to_avro
 from processor.wire.schemas import HEADER_SIZE, HEADERS, parsed_schema, schema_of
 
 U64 = (1 << 64) - 1
@@ -73,6 +75,7 @@ def item_dict(rec: TokenItemRecord) -> dict[str, Any]:
         "produced_ms": rec.produced_ms,
         "output_budget": rec.output_budget,
         "metadata": rec.metadata,
+        "request": request_to_avro(rec.request),
     }
 
 
@@ -229,8 +232,35 @@ OTHER_DECODERS = [
 
 text = st.text(max_size=12)
 names = st.text(min_size=1, max_size=12)
+model_names = names.filter(lambda name: "@" not in name)
+"""Model names: "@" joins a model and an adapter in a serving key, so no model holds one."""
 int32 = st.integers(-(1 << 31), (1 << 31) - 1)
 int64 = st.integers(-(1 << 63), (1 << 63) - 1)
+
+JSON_OBJECTS = ('{"type": "object", "properties": {"label": {"type": "string"}}}', "{}", '{"a": [1, 2]}')
+"""JSON texts of an object, for ``json_schema`` and ``extra``."""
+
+
+@st.composite
+def generation_requests(draw: st.DrawFn) -> GenerationRequest:
+    """Valid requests (``request_problem`` is None), each field set or left to the consumer."""
+    constraint = draw(st.sampled_from(["none", "json_schema", "choices", "regex"]))
+    nonempty = st.text(min_size=1, max_size=8)
+    return GenerationRequest(
+        adapter=draw(st.just("") | model_names),
+        priority=draw(int32),
+        temperature=draw(st.none() | st.floats(0, 2, allow_nan=False)),
+        top_p=draw(st.none() | st.floats(0, 1, exclude_min=True)),
+        top_k=draw(st.none() | st.integers(0, (1 << 31) - 1)),
+        seed=draw(st.none() | int64),
+        stop=tuple(draw(st.lists(nonempty, max_size=3))),
+        stop_token_ids=tuple(draw(st.lists(int32, max_size=3))),
+        logprobs=draw(st.none() | st.integers(0, 20)),
+        json_schema=draw(st.sampled_from(JSON_OBJECTS)) if constraint == "json_schema" else None,
+        choices=tuple(draw(st.lists(nonempty, min_size=1, max_size=3))) if constraint == "choices" else (),
+        regex=draw(text) if constraint == "regex" else None,
+        extra=draw(st.none() | st.sampled_from(JSON_OBJECTS)),
+    )
 
 
 @st.composite
@@ -239,7 +269,7 @@ def token_items(draw: st.DrawFn) -> TokenItemRecord:
     return TokenItemRecord(
         item_id=draw(names),
         job_id=draw(text),
-        model=draw(names),
+        model=draw(model_names),
         shape=draw(st.integers(0, U64)),
         token_count=len(ids),
         tokens=tokens_from_ids(ids),
@@ -247,6 +277,7 @@ def token_items(draw: st.DrawFn) -> TokenItemRecord:
         produced_ms=draw(int64),
         output_budget=draw(st.none() | int32),
         metadata=draw(st.none() | st.dictionaries(text, text, max_size=3)),
+        request=draw(st.none() | generation_requests()),
     )
 
 
@@ -317,7 +348,7 @@ positive = st.integers(1, (1 << 31) - 1)
 consumer_ids = st.text(alphabet="azAZ09._-", min_size=1, max_size=12)
 contracts = st.builds(
     ContractRecord,
-    st.builds(Contract, consumer_ids, names, positive, positive, positive, positive),
+    st.builds(Contract, consumer_ids, model_names, positive, positive, positive, positive),
     int64,
 )
 ALL_DECODERS = [

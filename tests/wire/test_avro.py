@@ -48,9 +48,9 @@ def test_overlong_varints_are_rejected(varint: bytes, decodes: bool) -> None:
 
 def test_int_fields_out_of_32_bit_range_are_rejected() -> None:
     plain = encode_token_item(item(output_budget=None, metadata=None))
-    assert plain.endswith(b"\x00\x00")
-    budget_2_31 = plain[:-2] + b"\x02" + b"\x80\x80\x80\x80\x10" + b"\x00"  # zigzag(2**31) = 2**32
-    budget_max = plain[:-2] + b"\x02" + b"\xfe\xff\xff\xff\x0f" + b"\x00"  # zigzag(2**31 - 1)
+    assert plain.endswith(b"\x00\x00\x00")  # output_budget, metadata and request null
+    budget_2_31 = plain[:-3] + b"\x02" + b"\x80\x80\x80\x80\x10" + b"\x00\x00"  # zigzag(2**31) = 2**32
+    budget_max = plain[:-3] + b"\x02" + b"\xfe\xff\xff\xff\x0f" + b"\x00\x00"  # zigzag(2**31 - 1)
     for decoder in ITEM_DECODERS:
         assert reason_of(decoder, budget_2_31) == "avro-decode"
         assert decoder(budget_max).output_budget == (1 << 31) - 1

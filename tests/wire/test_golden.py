@@ -3,7 +3,8 @@
 A team writing a producer or a consumer app in another language checks its Avro library against
 these bytes: encode the listed field values and compare the hex, decode the hex and compare the
 values, compare its fingerprints with the listed ones. So this test holds the file to the codec both
-ways (the fixed records below encode to the file's hex, the hex decodes to the fixed records), and
+ways (the fixed records, tests/wire/golden_values.py, encode to the file's hex, the hex decodes to
+the fixed records), and
 holds the listed field values to the schemas with fastavro's generic reader and writer, which know
 nothing of the codec: what any Avro library reads from the hex is what the file lists, and what it
 writes from the listed values is the hex. ``Batch.canonical.avsc`` is Batch's self-contained Parsing
@@ -20,11 +21,11 @@ Regenerate the files (only when a schema changed on purpose, then review the dif
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]  # not tests.common: this file also r
 GOLDEN = ROOT / "schemas" / "golden"
 MESSAGES = GOLDEN / "messages.json"
 PREVIOUS_MESSAGES = GOLDEN / "previous.json"
+REQUEST_MESSAGES = GOLDEN / "requests.json"
 BATCH_CANONICAL = GOLDEN / "Batch.canonical.avsc"
+
 
 if __name__ == "__main__":  # run as a script: make the repo importable without an install
     sys.path.insert(0, str(ROOT))
@@ -41,42 +44,27 @@ import fastavro  # noqa: E402
 import pytest  # noqa: E402
 from fastavro.schema import parse_schema, to_parsing_canonical_form  # noqa: E402
 
-from processor.core.contract import Contract, contract_violation  # noqa: E402
-from processor.core.shares import JobPolicy  # noqa: E402
+from processor.core.contract import contract_violation  # noqa: E402
+from processor.core.item import Batch, Item  # noqa: E402
+from processor.core.serving import serving_key  # noqa: E402
 from processor.jobs import codec as jobs_codec  # noqa: E402
-from processor.jobs.model import BadRow, JobRecord  # noqa: E402
 from processor.wire.completions import (  # noqa: E402
-    PREVIOUS_COMPLETION,
-    PREVIOUS_COMPLETION_BATCH,
-    decode_completion,
-    decode_completion_batch,
     decode_completions,
-    encode_completion,
-    encode_completion_batch,
 )
-from processor.wire.control import (  # noqa: E402
-    decode_contract,
-    decode_dead_letter,
-    decode_ledger_snapshot,
-    encode_contract,
-    encode_dead_letter,
-    encode_ledger_snapshot,
+from processor.wire.fastavro_io import (  # noqa: E402
+    PreviousSchema,
+    decode_token_item_fastavro,
 )
-from processor.wire.fastavro_io import PreviousSchema  # noqa: E402
-from processor.wire.heads import decode_completions_head  # noqa: E402
-from processor.wire.items import decode_batch, decode_token_item, encode_batch_record, encode_token_item  # noqa: E402
-from processor.wire.records import (  # noqa: E402
-    BATCH_COMPLETION_FIELDS,
-    BatchRecord,
-    CompletionBatchRecord,
-    CompletionRecord,
-    ContractRecord,
-    DeadLetterRecord,
-    ItemOutcomeRecord,
-    LedgerSnapshotRecord,
-    TokenItemRecord,
-    new_token_item,
+from processor.wire.heads import decode_batch_head, decode_completions_head, decode_item_head  # noqa: E402
+from processor.wire.items import (  # noqa: E402
+    decode_batch,
+    decode_token_item,
+    encode_batch,
+    encode_batch_record,
+    encode_token_item,
 )
+from processor.wire.job_share import JOB_SHARE_CANONICAL_FORM, JOB_SHARE_HEADER  # noqa: E402
+from processor.wire.request import GenerationRequest  # noqa: E402
 from processor.wire.schemas import (  # noqa: E402
     CANONICAL_FORMS,
     FINGERPRINTS,
@@ -86,191 +74,25 @@ from processor.wire.schemas import (  # noqa: E402
     rabin_fingerprint,
     schema_dir,
 )
-
-# ------------------------------------------------------------------------------------------------
-# the fixed values
-
-T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, epoch ms
-MODEL = "llama-3-8b"
-SYSTEM_PROMPT = "You are a helpful assistant."  # signature 0xd59c19d1bab8f5d5 (docs/signatures.md)
-
-ITEM = new_token_item(
-    "golden-1",
+from tests.wire.golden_values import (  # noqa: E402
+    BATCH,
+    CONTRACT,
+    FAILED,
+    FULL_REQUEST,
+    GOLDEN_BY_NAME,
+    GOLDEN_RECORDS,
+    ITEM,
+    JOB_RECORDS,
+    LABEL_SCHEMA,
     MODEL,
-    [128000, 9906, 1917],
-    T0,
-    job_id="golden-job",
-    shape_components=[SYSTEM_PROMPT],
-    output_budget=256,
-    metadata={"tenant": "acme"},
+    OK,
+    PREVIOUS_COMPLETION_RECORDS,
+    PREVIOUS_ITEM_RECORDS,
+    PREVIOUS_RECORDS,
+    REQUEST_ITEMS,
+    Golden,
+    without_request,
 )
-"""An item with every optional field set."""
-
-PLAIN_ITEM = new_token_item("golden-2", MODEL, [128000, 40, 1097, 264, 2872], T0 + 5, shape=ITEM.shape)
-"""The same shape sent without its components, no output budget, no metadata: every union null."""
-
-CONTRACT = Contract("card-a", MODEL, budget_tokens=4096, max_items=32, pad_multiple=8, max_inflight=2)
-
-BATCH = BatchRecord(
-    batch_id="processor-0-1767225599000-42",
-    consumer=CONTRACT.consumer,
-    model=MODEL,
-    shape=ITEM.shape,
-    lane=2,
-    padded_length=CONTRACT.padded_length(max(ITEM.token_count, PLAIN_ITEM.token_count)),
-    pad_multiple=CONTRACT.pad_multiple,
-    created_ms=T0 + 250,
-    items=[ITEM, PLAIN_ITEM],
-)
-
-ENGINE_MS = 60
-COMPLETED_MS = BATCH.created_ms + ENGINE_MS + 4
-
-
-def completion_of(item: TokenItemRecord, **outcome: Any) -> CompletionRecord:
-    """``item``'s completion in :data:`BATCH`: the fields docs/consumers.md says a consumer copies
-    from the item and the batch, ``queued_ms`` as ``created_ms - produced_ms``, and ``outcome``."""
-    return CompletionRecord(
-        item_id=item.item_id,
-        job_id=item.job_id,
-        batch_id=BATCH.batch_id,
-        consumer=BATCH.consumer,
-        model=BATCH.model,
-        input_tokens=item.token_count,
-        padded_tokens=BATCH.padded_length,
-        queued_ms=BATCH.created_ms - item.produced_ms,
-        engine_ms=ENGINE_MS,
-        completed_ms=COMPLETED_MS,
-        **outcome,
-    )
-
-
-OK = completion_of(ITEM, status="ok", output_tokens=2, output=b"Hi!", cached_tokens=2, cache_hit=True)
-"""Two of its three prompt tokens served from the engine's prefix cache (one computed)."""
-
-FAILED = completion_of(PLAIN_ITEM, status="failed", reason="engine error: RuntimeError: out of memory")
-
-JOB = JobRecord(
-    name="golden-job",
-    state="submitted",
-    dataset="/data/prompts.jsonl",
-    dataset_sha256="0" * 64,
-    template="/data/template.txt",
-    shape=ITEM.shape,
-    model=MODEL,
-    tokenizer="/data/tokenizer.json",
-    rows=3,
-    items=2,
-    input_tokens=ITEM.token_count + PLAIN_ITEM.token_count,
-    bad_rows=(BadRow(2, "empty prompt"),),
-    started_ms=T0 - 1000,
-    submitted_ms=T0 + 10,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Golden:
-    """One record's fixed value and the codec functions that write and read it."""
-
-    name: str
-    value: object
-    encode: Callable[[Any], bytes]
-    decode: Callable[[bytes], object]
-
-
-GOLDEN_RECORDS = [
-    Golden("TokenItem", ITEM, encode_token_item, decode_token_item),
-    Golden("Batch", BATCH, encode_batch_record, decode_batch),
-    Golden("Completion", OK, encode_completion, decode_completion),
-    Golden(
-        "CompletionBatch",
-        CompletionBatchRecord.of([OK, FAILED]),
-        encode_completion_batch,
-        decode_completion_batch,
-    ),
-    Golden("ConsumerContract", ContractRecord(CONTRACT, T0 - 2000), encode_contract, decode_contract),
-    Golden(
-        "LedgerSnapshot",
-        LedgerSnapshotRecord(
-            instance="processor-0",
-            taken_ms=T0 + 500,
-            sequence=7,
-            counters={"received_tokens": ITEM.token_count + PLAIN_ITEM.token_count},
-            per_model={MODEL: {"received_items": 2}},
-            per_consumer={CONTRACT.consumer: {"routed_items": 2}},
-        ),
-        encode_ledger_snapshot,
-        decode_ledger_snapshot,
-    ),
-    Golden(
-        "DeadLetter",
-        DeadLetterRecord(
-            reason="bad-magic",
-            detail="not an Avro single-object message (expected Batch, no C3 01 header)",
-            source_topic="tokenfabric.batches.card-a",
-            partition=0,
-            offset=17,
-            original=b"not a batch",
-            original_key=b"processor-0-1767225599000-41",
-            dead_ms=T0 + 300,
-        ),
-        encode_dead_letter,
-        decode_dead_letter,
-    ),
-    Golden("Job", JOB, jobs_codec.encode_job, jobs_codec.decode_job),
-    Golden(
-        "JobShare",
-        (JOB.name, JobPolicy(weight=2.0, max_tokens=1_000_000), T0 - 500),
-        lambda share: jobs_codec.encode_job_share(*share),
-        jobs_codec.decode_job_share,
-    ),
-]
-
-GOLDEN_BY_NAME = {g.name: g for g in GOLDEN_RECORDS}
-
-
-def _as_previous(rec: CompletionRecord) -> CompletionRecord:
-    """``rec`` as a consumer older than ``cached_tokens`` wrote it, and as readers now read that."""
-    return CompletionRecord(**{**_fields_of(rec), "cached_tokens": 0})
-
-
-def _fields_of(rec: CompletionRecord) -> dict[str, Any]:
-    return {name: getattr(rec, name) for name in CompletionRecord.__dataclass_fields__}
-
-
-PREVIOUS_BATCH = CompletionBatchRecord.of([_as_previous(OK), _as_previous(FAILED)])
-
-
-def _previous_batch_message(rec: CompletionBatchRecord) -> bytes:
-    fields = {name: getattr(rec, name) for name in BATCH_COMPLETION_FIELDS}
-    items = [{n: getattr(o, n) for n in ItemOutcomeRecord.__dataclass_fields__} for o in rec.items]
-    return PREVIOUS_COMPLETION_BATCH.encode({**fields, "items": items})
-
-
-PREVIOUS_RECORDS: list[tuple[PreviousSchema, Golden]] = [
-    (
-        PREVIOUS_COMPLETION,
-        Golden(
-            "Completion",
-            _as_previous(OK),
-            lambda rec: PREVIOUS_COMPLETION.encode(_fields_of(rec)),
-            decode_completion,
-        ),
-    ),
-    (
-        PREVIOUS_COMPLETION_BATCH,
-        Golden(
-            "CompletionBatch",
-            PREVIOUS_BATCH,
-            _previous_batch_message,
-            decode_completion_batch,
-        ),
-    ),
-]
-"""Messages in a record's previous schema (before ``cached_tokens``): what consumers not yet
-upgraded write, and what the results topic holds from before. Readers read them with 0 there."""
-
-JOB_RECORDS = ("Job", "JobShare")
 
 # ------------------------------------------------------------------------------------------------
 # the schemas as any Avro library reads them, and the codec's headers
@@ -292,9 +114,9 @@ GENERIC = _generic_schemas()
 CODEC_CANONICAL_FORMS = {
     **CANONICAL_FORMS,
     "Job": jobs_codec.CANONICAL_FORM,
-    "JobShare": jobs_codec.SHARE_CANONICAL_FORM,
+    "JobShare": JOB_SHARE_CANONICAL_FORM,
 }
-CODEC_HEADERS = {**HEADERS, "Job": jobs_codec.HEADER, "JobShare": jobs_codec.SHARE_HEADER}
+CODEC_HEADERS = {**HEADERS, "Job": jobs_codec.HEADER, "JobShare": JOB_SHARE_HEADER}
 
 _PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
 
@@ -381,6 +203,29 @@ def golden_document() -> dict[str, Any]:
     }
 
 
+def requests_document() -> dict[str, Any]:
+    """What schemas/golden/requests.json holds: TokenItem messages of :data:`REQUEST_ITEMS`."""
+    records = []
+    for rec in REQUEST_ITEMS:
+        message = encode_token_item(rec)
+        records.append(
+            {
+                "record": "TokenItem",
+                "header_hex": HEADERS["TokenItem"].hex(),
+                "fields": generic_read(GENERIC["TokenItem"], message),
+                "message_hex": message.hex(),
+            }
+        )
+    return {
+        "description": (
+            "TokenItem messages whose requests show what the TokenItem of messages.json does not: an "
+            "adapter, a choice list, a regex, a request naming only the adapter "
+            "(tests/wire/test_golden.py; keys as in messages.json, schema and canonical form there)."
+        ),
+        "records": records,
+    }
+
+
 def previous_document() -> dict[str, Any]:
     """What schemas/golden/previous.json holds: each previous schema's message of the fixed values."""
     records = []
@@ -398,9 +243,9 @@ def previous_document() -> dict[str, Any]:
     return {
         "description": (
             "Messages written with a record's previous schema, before it gained fields with defaults "
-            "(Completion and CompletionBatch before cached_tokens): what a writer not yet upgraded "
-            "sends. Readers still read them, filling the new fields' defaults "
-            "(tests/wire/test_golden.py; keys as in messages.json)."
+            "(Completion and CompletionBatch before cached_tokens, TokenItem and Batch before "
+            "request): what a writer not yet upgraded sends. Readers still read them, filling the "
+            "new fields' defaults (tests/wire/test_golden.py; keys as in messages.json)."
         ),
         "records": records,
     }
@@ -412,9 +257,11 @@ def write() -> None:
     MESSAGES.write_text(document, encoding="utf-8")
     previous = json.dumps(previous_document(), indent=2, ensure_ascii=False) + "\n"
     PREVIOUS_MESSAGES.write_text(previous, encoding="utf-8")
+    requests = json.dumps(requests_document(), indent=2, ensure_ascii=False) + "\n"
+    REQUEST_MESSAGES.write_text(requests, encoding="utf-8")
     # No newline: the file's bytes are exactly the canonical form the fingerprint is computed over.
     BATCH_CANONICAL.write_text(CANONICAL_FORMS["Batch"], encoding="utf-8")
-    print(f"wrote {MESSAGES}, {PREVIOUS_MESSAGES} and {BATCH_CANONICAL}")
+    print(f"wrote {MESSAGES}, {PREVIOUS_MESSAGES}, {REQUEST_MESSAGES} and {BATCH_CANONICAL}")
 
 
 def shipped() -> dict[str, dict[str, Any]]:
@@ -500,11 +347,13 @@ def test_the_previous_file_is_what_the_generator_writes() -> None:
     assert json.loads(PREVIOUS_MESSAGES.read_text(encoding="utf-8")) == previous_document()
 
 
-@pytest.mark.parametrize("index", range(len(PREVIOUS_RECORDS)), ids=[g.name for _p, g in PREVIOUS_RECORDS])
+@pytest.mark.parametrize(
+    "index", range(len(PREVIOUS_COMPLETION_RECORDS)), ids=[g.name for _p, g in PREVIOUS_COMPLETION_RECORDS]
+)
 def test_a_message_in_the_previous_schema_still_reads_with_the_new_fields_defaults(index: int) -> None:
     """Every reader: the codec, ``decode_completions`` and the processor's head read the previous
     message as the fixed value with ``cached_tokens`` 0 and the rest as written."""
-    previous, g = PREVIOUS_RECORDS[index]
+    previous, g = PREVIOUS_COMPLETION_RECORDS[index]
     golden = json.loads(PREVIOUS_MESSAGES.read_text(encoding="utf-8"))["records"][index]
     message = bytes.fromhex(golden["message_hex"])
     assert message[:HEADER_SIZE] == previous.header != CODEC_HEADERS[g.name]
@@ -524,6 +373,80 @@ def test_the_new_golden_messages_carry_the_cached_count_to_every_reader() -> Non
         message = bytes.fromhex(shipped()[name]["message_hex"])
         assert decode_completions(message)[0].cached_tokens == 2
         assert decode_completions_head(message).cached_tokens[0] == 2
+
+
+def previous_item_message(name: str) -> bytes:
+    """The message of ``name`` (TokenItem or Batch) in previous.json: written before ``request``."""
+    records = json.loads(PREVIOUS_MESSAGES.read_text(encoding="utf-8"))["records"]
+    (golden,) = [r for r in records if r["record"] == name and "request" not in r["canonical_form"]]
+    return bytes.fromhex(golden["message_hex"])
+
+
+@pytest.mark.parametrize(
+    "previous, g", PREVIOUS_ITEM_RECORDS, ids=[g.name for _p, g in PREVIOUS_ITEM_RECORDS]
+)
+def test_items_and_batches_written_before_requests_read_with_no_request(
+    previous: PreviousSchema, g: Golden
+) -> None:
+    """The header is the one docs/wire-format.md listed before ``request`` existed, and the hand
+    codec, the reference decoder and the processor's heads read the message with no request."""
+    message = previous_item_message(g.name)
+    documented = {"TokenItem": "c301853bc0e98f62c25b", "Batch": "c3011c2df2a9198cf6b1"}[g.name]
+    assert message[:HEADER_SIZE].hex() == previous.header.hex() == documented
+    assert g.decode(message) == g.value
+    if g.name == "TokenItem":
+        assert decode_token_item_fastavro(message) == g.value
+        head = decode_item_head(message)
+        assert (head.item_id, head.model, head.message) == (ITEM.item_id, MODEL, message)
+    else:
+        assert [i.request for i in decode_batch_head(message).items] == [None, None]
+
+
+def test_a_processor_splicing_an_item_written_before_requests_writes_a_current_batch() -> None:
+    """The processor keeps each input message and splices its body into the batch: a message
+    written before ``request`` gets the null request byte, so the batch reads as its records'."""
+    old_item = previous_item_message("TokenItem")
+    batch = dataclasses.replace(BATCH, items=[without_request(ITEM)])
+    core_batch = Batch(
+        batch.batch_id, batch.consumer, batch.model, batch.shape, batch.lane, batch.pad_multiple,
+        batch.padded_length, [Item(ITEM.item_id, MODEL, ITEM.shape, ITEM.token_count, 0, old_item)],
+        batch.created_ms, batch.oversized,
+    )  # fmt: skip
+    spliced = encode_batch(core_batch)
+    assert spliced == encode_batch_record(batch)
+    assert decode_batch(spliced) == batch
+
+
+def test_the_requests_file_is_what_the_generator_writes() -> None:
+    assert json.loads(REQUEST_MESSAGES.read_text(encoding="utf-8")) == requests_document()
+
+
+@pytest.mark.parametrize("index", range(len(REQUEST_ITEMS)))
+def test_every_reader_reads_the_request_golden_messages(index: int) -> None:
+    """Any Avro library reads the listed fields and writes the hex from them; the hand codec, the
+    reference decoder and the processor's head read the item, its head's model the serving key."""
+    golden = json.loads(REQUEST_MESSAGES.read_text(encoding="utf-8"))["records"][index]
+    rec = REQUEST_ITEMS[index]
+    message = bytes.fromhex(golden["message_hex"])
+    assert encode_token_item(rec) == message
+    assert generic_read(GENERIC["TokenItem"], message) == golden["fields"]
+    assert HEADERS["TokenItem"] + generic_write(GENERIC["TokenItem"], golden["fields"]) == message
+    assert decode_token_item(message) == decode_token_item_fastavro(message) == rec
+    assert rec.request is not None
+    assert decode_item_head(message).model == serving_key(MODEL, rec.request.adapter)
+
+
+def test_the_golden_item_carries_every_request_field() -> None:
+    """So the golden TokenItem shows each field's encoding: none of its request's fields is left
+    at its default, but the adapter and the two constraints a request may not add to json_schema."""
+    defaults = GenerationRequest()
+    unset = [
+        f.name
+        for f in dataclasses.fields(GenerationRequest)
+        if getattr(FULL_REQUEST, f.name) == getattr(defaults, f.name)
+    ]
+    assert unset == ["adapter", "choices", "regex"]
+    assert shipped()["TokenItem"]["fields"]["request"]["json_schema"] == LABEL_SCHEMA
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ reason, and produce byte-identical batches: it is a shortcut, not a second forma
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from processor.core.item import Batch, Item
+from processor.core.serving import SEPARATOR, serving_key
 from processor.wire.completions import (
     PREVIOUS_COMPLETION,
     PREVIOUS_COMPLETION_BATCH,
@@ -31,6 +33,7 @@ from processor.wire.records import (
     BatchRecord,
     CompletionBatchRecord,
     CompletionRecord,
+    Status,
     TokenItemRecord,
     tokens_from_ids,
 )
@@ -41,6 +44,7 @@ from tests.wire.helpers import (
     completion_batches,
     completions,
     damage,
+    generation_requests,
     item,
     item_dict,
     make_batch,
@@ -51,11 +55,14 @@ from tests.wire.helpers import (
 
 
 def same_as_full(head: Any, rec: TokenItemRecord, value: bytes) -> bool:
-    """Every field the head keeps, the job (docs/shares.md) included, equal to the full record's."""
+    """Every field the head keeps, the job (docs/shares.md) included, equal to the full record's;
+    the head's model is the item's serving key (its model and its request's adapter)."""
+    adapter = "" if rec.request is None else rec.request.adapter
     return (
         head.item_id, head.model, head.shape, head.token_count, head.output_budget, head.message, head.job
     ) == (
-        rec.item_id, rec.model, rec.shape, rec.token_count, rec.output_budget, value, rec.job_id
+        rec.item_id, serving_key(rec.model, adapter), rec.shape, rec.token_count, rec.output_budget, value,
+        rec.job_id,
     )  # fmt: skip
 
 
@@ -110,7 +117,7 @@ def usual_items(draw: st.DrawFn) -> TokenItemRecord:
     return TokenItemRecord(
         item_id=draw(short),
         job_id=draw(st.just("") | short),
-        model=draw(short),
+        model=draw(short.filter(lambda name: SEPARATOR not in name)),
         shape=draw(st.integers(0, U64)),
         token_count=len(ids),
         tokens=tokens_from_ids(ids),
@@ -118,6 +125,7 @@ def usual_items(draw: st.DrawFn) -> TokenItemRecord:
         produced_ms=draw(st.integers(1 << 34, (1 << 41) - 1)),  # mid-1970 to 2039: six varint bytes
         output_budget=draw(st.none() | st.integers(-8191, 8191)),
         metadata=None,
+        request=draw(st.none() | generation_requests()),
     )
 
 
@@ -227,11 +235,20 @@ def test_the_completions_head_of_a_batch_matches_the_full_decoder(rec: Completio
         assert head == heads_of(decode_completions(value))
 
 
+def _status_then(status: Status) -> Status:
+    """``status`` if the enum before ``cancelled`` and ``expired`` had it, else ``failed``."""
+    return status if status in ("ok", "failed", "rejected") else "failed"
+
+
 @given(completions, completion_batches)
 def test_messages_written_before_cached_tokens_read_the_same_with_zero_there(
     rec: CompletionRecord, batch: CompletionBatchRecord
 ) -> None:
-    """A consumer not yet upgraded writes the previous schemas: every reader still reads them."""
+    """A consumer not yet upgraded writes the previous schemas: every reader still reads them.
+    Its statuses are the symbols the enum had then (the first three: ``cancelled`` and ``expired``
+    came later), so the drawn ones are mapped onto those."""
+    rec = replace(rec, status=_status_then(rec.status))
+    batch = replace(batch, items=[replace(o, status=_status_then(o.status)) for o in batch.items])
     fields_of_rec = {n: getattr(rec, n) for n in CompletionRecord.__dataclass_fields__}
     old = PREVIOUS_COMPLETION.encode(fields_of_rec)
     expected = (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit, 0)
@@ -279,7 +296,10 @@ def same_batch(head: Any, rec: BatchRecord) -> bool:
     fields = ("batch_id", "consumer", "model", "shape", "lane", "padded_length", "pad_multiple", "created_ms")
     return [getattr(head, f) for f in (*fields, "oversized")] == [
         getattr(rec, f) for f in (*fields, "oversized")
-    ] and (head.items == [(r.item_id, r.model, r.shape, r.token_count, r.output_budget) for r in rec.items])
+    ] and (
+        head.items
+        == [(r.item_id, r.model, r.shape, r.token_count, r.output_budget, r.request) for r in rec.items]
+    )
 
 
 @st.composite

@@ -1,0 +1,123 @@
+"""The ``JobShare`` record whole: a job's share policy and its lifecycle (cancelled, deadline).
+
+One record per job on the compacted job-shares topic, keyed by the job's name: compaction keeps the
+latest, so the latest record must carry everything the job's processors need to know, and every
+writer (``submit``, ``share``, ``cancel``) writes the whole record, keeping the fields it does not
+change (processor/ops/lifecycle.py reads the current one first). A cancel and a deadline ride on the
+share record, not on a record of their own, because two records under one key would compact each
+other away, and a key of their own would be a second grammar on a topic every processor already
+reads from the beginning (docs/jobs.md, "Lifecycle").
+
+Records written before ``cancelled_ms`` and ``deadline_ms`` existed (``LIFECYCLE_FIELDS_ADDED``) carry
+the previous fingerprint (``PREVIOUS_JOB_SHARE_HEADER``) and read with both null. An older reader
+does not know the current header (it logs the record as undecodable and keeps the policy it had):
+upgrade the processors before cancelling a job or giving it a deadline.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import fastavro
+from fastavro.schema import parse_schema, to_parsing_canonical_form
+
+from processor.core.shares import JobPolicy
+from processor.wire.errors import DecodeError
+from processor.wire.schemas import HEADER_SIZE, MAGIC, as_bytes, rabin_fingerprint, schema_dir
+
+LIFECYCLE_FIELDS_ADDED = ("cancelled_ms", "deadline_ms")
+"""The fields ``JobShare`` gained with cancel and deadlines (both null by default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobShareRecord:
+    """A job's share policy and lifecycle, as one ``JobShare`` message carries them."""
+
+    job: str
+    policy: JobPolicy
+    set_ms: int
+    """Wall-clock time the record was written, epoch milliseconds."""
+    cancelled_ms: int | None = None
+    """When the job was cancelled; None while it is not. Final: writers keep it."""
+    deadline_ms: int | None = None
+    """When the job's undispatched items expire; None for no deadline."""
+
+
+def _schema(added: tuple[str, ...]) -> tuple[Any, bytes]:
+    raw = json.loads((schema_dir() / "JobShare.avsc").read_text(encoding="utf-8"))
+    raw["fields"] = [f for f in raw["fields"] if f["name"] not in added]
+    parsed = parse_schema(raw, {}, expand=True)
+    fingerprint = rabin_fingerprint(to_parsing_canonical_form(parsed).encode())
+    return parsed, MAGIC + fingerprint.to_bytes(8, "little")
+
+
+_SCHEMA, JOB_SHARE_HEADER = _schema(())
+_PREVIOUS_SCHEMA, PREVIOUS_JOB_SHARE_HEADER = _schema(LIFECYCLE_FIELDS_ADDED)
+JOB_SHARE_CANONICAL_FORM = to_parsing_canonical_form(_SCHEMA)
+"""The current schema's Parsing Canonical Form (its fingerprint is in :data:`JOB_SHARE_HEADER`)."""
+
+
+def encode_job_share_record(rec: JobShareRecord) -> bytes:
+    """``rec`` as a message value of the job-shares topic."""
+    p = rec.policy
+    d = {
+        "job": rec.job,
+        "weight": float(p.weight),
+        "max_tokens_per_s": p.max_tokens_per_s,
+        "max_tokens": p.max_tokens,
+        "burst_ms": p.burst_ms,
+        "set_ms": rec.set_ms,
+        "cancelled_ms": rec.cancelled_ms,
+        "deadline_ms": rec.deadline_ms,
+    }
+    out = io.BytesIO()
+    out.write(JOB_SHARE_HEADER)
+    fastavro.schemaless_writer(out, _SCHEMA, d, strict=True)
+    return out.getvalue()
+
+
+def encode_previous_job_share(rec: JobShareRecord) -> bytes:
+    """``rec`` as a writer of the previous schema wrote it (no lifecycle: tests, upgrades)."""
+    p = rec.policy
+    d = {"job": rec.job, "weight": float(p.weight), "max_tokens_per_s": p.max_tokens_per_s}
+    d |= {"max_tokens": p.max_tokens, "burst_ms": p.burst_ms, "set_ms": rec.set_ms}
+    out = io.BytesIO()
+    out.write(PREVIOUS_JOB_SHARE_HEADER)
+    fastavro.schemaless_writer(out, _PREVIOUS_SCHEMA, d, strict=True)
+    return out.getvalue()
+
+
+def decode_job_share_record(value: bytes | bytearray | memoryview | None) -> JobShareRecord:
+    """A job-shares message, current or previous schema; :class:`DecodeError` for anything else,
+    ``invalid-share`` for a policy :class:`JobPolicy` refuses (a weight of 0, say)."""
+    data = as_bytes(value)
+    header = data[:HEADER_SIZE]
+    if len(data) < HEADER_SIZE or data[:2] != MAGIC:
+        raise DecodeError("bad-magic", "not an Avro single-object message (expected tokenfabric.JobShare)")
+    if header == JOB_SHARE_HEADER:
+        writer = _SCHEMA
+    elif header == PREVIOUS_JOB_SHARE_HEADER:
+        writer = _PREVIOUS_SCHEMA
+    else:
+        raise DecodeError(
+            "unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.JobShare"
+        )
+    body = io.BytesIO(data)
+    body.seek(HEADER_SIZE)
+    try:
+        d = fastavro.schemaless_reader(body, writer, _SCHEMA)
+    except Exception as exc:  # fastavro raises many types on malformed input
+        raise DecodeError("avro-decode", f"tokenfabric.JobShare: {exc}") from None
+    if body.tell() != len(data):
+        raise DecodeError(
+            "trailing-bytes", f"tokenfabric.JobShare: {len(data) - body.tell()} bytes after the record"
+        )
+    assert isinstance(d, dict)
+    try:
+        policy = JobPolicy(d["weight"], d["max_tokens_per_s"], d["max_tokens"], d["burst_ms"])
+    except ValueError as exc:
+        raise DecodeError("invalid-share", f"job {d['job']!r}: {exc}") from None
+    return JobShareRecord(d["job"], policy, d["set_ms"], d["cancelled_ms"], d["deadline_ms"])
