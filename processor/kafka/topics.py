@@ -12,8 +12,8 @@ accounting and jobs are compacted: the latest value per key is the state, and a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 

@@ -16,7 +16,8 @@ class DecodeError(ValueError):
     ``reason`` is short and stable: for the frame, in the order they are checked, ``bad-magic``,
     ``unknown-schema``, ``avro-decode``, ``trailing-bytes``; for an item, in the order of
     ``processor.wire.records.item_problem`` (a message breaking several rules gets the first one's),
-    ``empty-item-id``, ``empty-model``, ``negative-token-count``, ``token-count-mismatch``; for a
+    ``empty-item-id``, ``empty-model``, ``invalid-model`` (a model holding the serving key's ``@``),
+    ``negative-token-count``, ``token-count-mismatch``, ``invalid-request``; for a
     contract, ``invalid-contract``. The message says what exactly was wrong.
     """
 
