@@ -57,7 +57,6 @@ PREVIOUS_HEADER = MAGIC + rabin_fingerprint(PREVIOUS_CANONICAL_FORM.encode()).to
 _WRITERS = {HEADER: _SCHEMA, PREVIOUS_HEADER: PREVIOUS_SCHEMA}
 
 
-
 def encode_job(rec: JobRecord) -> bytes:
     """A job record as a message value; ``ValueError`` for a state the schema does not know."""
     if rec.state not in JOB_STATES:
