@@ -19,7 +19,7 @@ from fastavro.schema import parse_schema, to_parsing_canonical_form
 from processor.core.shares import JobPolicy
 from processor.core.signature import to_signed, to_unsigned
 from processor.jobs.model import JOB_STATES, BadRow, JobRecord
-from processor.wire.errors import DecodeError
+from processor.wire.fastavro_io import decode_with_writers
 from processor.wire.job_share import JobShareRecord, decode_job_share_record, encode_job_share_record
 from processor.wire.schemas import MAGIC, rabin_fingerprint, schema_dir
 
@@ -100,23 +100,7 @@ def encode_job(rec: JobRecord) -> bytes:
 def decode_job(value: bytes | bytearray | memoryview | None) -> JobRecord:
     """A message value as a job record (today's schema or the previous one, whose records get the
     added fields' defaults); :class:`DecodeError` for anything else."""
-    data = b"" if value is None else bytes(value)
-    if len(data) < len(HEADER) or data[:2] != MAGIC:
-        raise DecodeError("bad-magic", "not an Avro single-object message (expected tokenfabric.Job)")
-    writer = _WRITERS.get(data[: len(HEADER)])
-    if writer is None:
-        raise DecodeError("unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.Job")
-    body = io.BytesIO(data)
-    body.seek(len(HEADER))
-    try:
-        d = fastavro.schemaless_reader(body, writer, _SCHEMA)
-    except Exception as exc:  # fastavro raises many types on malformed input
-        raise DecodeError("avro-decode", f"tokenfabric.Job: {exc}") from None
-    if body.tell() != len(data):
-        raise DecodeError(
-            "trailing-bytes", f"tokenfabric.Job: {len(data) - body.tell()} bytes after the record"
-        )
-    assert isinstance(d, dict)
+    d = decode_with_writers(value, _WRITERS, _SCHEMA, "Job")
     return JobRecord(
         name=d["name"],
         state=d["state"],

@@ -31,6 +31,7 @@ from processor.wire.schemas import (
     HEADER_SIZE,
     HEADERS,
     ITEM_FIELDS_ADDED,
+    MAGIC,
     PARSED,
     RECORD_NAMES,
     as_bytes,
@@ -82,6 +83,34 @@ def fastavro_decode(value: bytes | bytearray | memoryview | None, name: str) -> 
         raise DecodeError("avro-decode", f"malformed {name}: {type(exc).__name__}: {exc}") from None
     finish(value, stream.tell(), name)
     return record
+
+
+def decode_with_writers(
+    value: bytes | bytearray | memoryview | None, writers: Mapping[bytes, Any], reader: Any, name: str
+) -> dict[str, Any]:
+    """A single-object message of a record read off the hot path (``Job``, ``JobShare``): read with
+    the writer schema its header names, one of ``writers`` (header -> parsed schema: today's and the
+    earlier ones still read), resolved to ``reader``. :class:`DecodeError` with the frame's reasons
+    (``bad-magic``, ``unknown-schema``, ``avro-decode``, ``trailing-bytes``) for anything else."""
+    data = as_bytes(value)
+    if len(data) < HEADER_SIZE or data[:2] != MAGIC:
+        raise DecodeError("bad-magic", f"not an Avro single-object message (expected tokenfabric.{name})")
+    writer = writers.get(data[:HEADER_SIZE])
+    if writer is None:
+        raise DecodeError(
+            "unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.{name}"
+        )
+    body = io.BytesIO(data)
+    body.seek(HEADER_SIZE)
+    try:
+        record = fastavro.schemaless_reader(body, writer, reader)
+    except Exception as exc:  # fastavro raises many types on malformed input
+        raise DecodeError("avro-decode", f"tokenfabric.{name}: {exc}") from None
+    if body.tell() != len(data):
+        raise DecodeError(
+            "trailing-bytes", f"tokenfabric.{name}: {len(data) - body.tell()} bytes after the record"
+        )
+    return cast(dict[str, Any], record)
 
 
 def fastavro_encode(name: str, record: dict[str, Any]) -> bytes:

@@ -26,7 +26,8 @@ from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from processor.core.shares import JobPolicy
 from processor.wire.errors import DecodeError
-from processor.wire.schemas import HEADER_SIZE, MAGIC, as_bytes, rabin_fingerprint, schema_dir
+from processor.wire.fastavro_io import decode_with_writers
+from processor.wire.schemas import MAGIC, rabin_fingerprint, schema_dir
 
 LIFECYCLE_FIELDS_ADDED = ("cancelled_ms", "deadline_ms")
 """The fields ``JobShare`` gained with cancel and deadlines (both null by default)."""
@@ -57,6 +58,7 @@ def _schema(added: tuple[str, ...]) -> tuple[Any, bytes]:
 _SCHEMA, JOB_SHARE_HEADER = _schema(())
 _PREVIOUS_SCHEMA, PREVIOUS_JOB_SHARE_HEADER = _schema(LIFECYCLE_FIELDS_ADDED)
 JOB_SHARE_CANONICAL_FORM = to_parsing_canonical_form(_SCHEMA)
+_WRITERS = {JOB_SHARE_HEADER: _SCHEMA, PREVIOUS_JOB_SHARE_HEADER: _PREVIOUS_SCHEMA}
 """The current schema's Parsing Canonical Form (its fingerprint is in :data:`JOB_SHARE_HEADER`)."""
 
 
@@ -93,29 +95,7 @@ def encode_previous_job_share(rec: JobShareRecord) -> bytes:
 def decode_job_share_record(value: bytes | bytearray | memoryview | None) -> JobShareRecord:
     """A job-shares message, current or previous schema; :class:`DecodeError` for anything else,
     ``invalid-share`` for a policy :class:`JobPolicy` refuses (a weight of 0, say)."""
-    data = as_bytes(value)
-    header = data[:HEADER_SIZE]
-    if len(data) < HEADER_SIZE or data[:2] != MAGIC:
-        raise DecodeError("bad-magic", "not an Avro single-object message (expected tokenfabric.JobShare)")
-    if header == JOB_SHARE_HEADER:
-        writer = _SCHEMA
-    elif header == PREVIOUS_JOB_SHARE_HEADER:
-        writer = _PREVIOUS_SCHEMA
-    else:
-        raise DecodeError(
-            "unknown-schema", f"schema fingerprint {data[2:10].hex()} is not tokenfabric.JobShare"
-        )
-    body = io.BytesIO(data)
-    body.seek(HEADER_SIZE)
-    try:
-        d = fastavro.schemaless_reader(body, writer, _SCHEMA)
-    except Exception as exc:  # fastavro raises many types on malformed input
-        raise DecodeError("avro-decode", f"tokenfabric.JobShare: {exc}") from None
-    if body.tell() != len(data):
-        raise DecodeError(
-            "trailing-bytes", f"tokenfabric.JobShare: {len(data) - body.tell()} bytes after the record"
-        )
-    assert isinstance(d, dict)
+    d = decode_with_writers(value, _WRITERS, _SCHEMA, "JobShare")
     try:
         policy = JobPolicy(d["weight"], d["max_tokens_per_s"], d["max_tokens"], d["burst_ms"])
     except ValueError as exc:
