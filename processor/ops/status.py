@@ -49,7 +49,9 @@ SCHEMA_PATH = Path(__file__).with_name("status.schema.json")
 SCHEMA_ID = "tokenfabric-status/1"
 RETIRED = "retired_ms"
 """Counter set on a checkpoint rewritten by :func:`forget_processor`: the wall-clock time it was."""
-STAGES = ("received", "queued", "routed", "in_flight", "completed", "failed")
+STAGES = ("received", "queued", "routed", "in_flight", "completed", "failed", "cancelled", "expired")
+"""The ledger's stages status shows: ``received = queued + routed + cancelled + expired`` (plus the
+adopted and released terms of a handover) and ``routed = in_flight + completed + failed``."""
 
 
 @dataclass(slots=True)
