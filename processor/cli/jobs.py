@@ -32,9 +32,9 @@ from processor.cli.options import add_kafka_arguments, kafka_settings
 from processor.sim.columns import fitted
 
 if TYPE_CHECKING:
-    from processor.core.shares import JobPolicy
     from processor.jobs.model import JobRecord
     from processor.ops.status import StatusView
+    from processor.wire.job_share import JobShareRecord
 
 PROG = "tokenfabric jobs"
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     from processor.jobs.collect import CollectError, scan_progress
     from processor.jobs.states import openai_view
-    from processor.jobs.topic import read_job_shares, read_jobs
+    from processor.jobs.topic import read_job_share_records, read_jobs
     from processor.kafka.config import ConfigError
     from processor.ops.status import gather
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         jobs = read_jobs(conf, topics)
-        costs = _Costs(read_job_shares(conf, topics), gather(conf, topics))
+        costs = _Costs(read_job_share_records(conf, topics), gather(conf, topics))
         if args.name is not None:
             jobs = {k: v for k, v in jobs.items() if k == args.name}
             if not jobs:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.name is not None:
         job = jobs[args.name]
-        _detail(job)
+        _detail(job, costs.cancelled(job.name))
         print(f"{'share':<10} {costs.share(args.name)}")
         print(f"{'cost':<10} {costs.cost(args.name)}")
         if job.is_submitted and job.items > job.results_ok + job.results_failed:
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no jobs on {topics.jobs}")
         return 0
     ordered = sorted(jobs.values(), key=lambda j: _listing_order(j, jobs))
-    views = {job.name: openai_view(job) for job in ordered}
+    views = {job.name: openai_view(job, cancel_requested=costs.cancelled(job.name)) for job in ordered}
     header = (
         "job", "state", "openai", "requests", "rows", "bad", "ok", "failed", "missing", "tokens in",
         "counted", "share", "routed", "padded", "cached",
@@ -149,11 +149,11 @@ def _listing_order(job: JobRecord, jobs: dict[str, JobRecord]) -> tuple[int, int
     return ((base or job).started_ms, job.attempt, job.name)
 
 
-def _detail(job: JobRecord) -> None:
+def _detail(job: JobRecord, cancel_requested: bool) -> None:
     from processor.jobs.model import bad_rows_text
     from processor.jobs.states import openai_view
 
-    view = openai_view(job)
+    view = openai_view(job, cancel_requested=cancel_requested)
     never_ran = f"{job.results_cancelled:,} cancelled, {job.results_expired:,} expired"
     for label, value in (
         ("job", job.name + (f" (attempt {job.attempt} of {job.retry_of})" if job.retry_of else "")),
@@ -187,9 +187,16 @@ def _detail(job: JobRecord) -> None:
 class _Costs:
     """A job's share (the job-shares topic) and its tokens (the processors' checkpoints)."""
 
-    def __init__(self, shares: dict[str, JobPolicy], view: StatusView) -> None:
-        self.shares = shares
+    def __init__(self, records: dict[str, JobShareRecord], view: StatusView) -> None:
+        self.shares = {job: rec.policy for job, rec in records.items()}
+        self.records = records
         self.view = view
+
+    def cancelled(self, job: str) -> bool:
+        """Whether ``tokenfabric cancel`` has cancelled ``job`` (OpenAI's ``cancelling`` until its rows
+        come back ``cancelled``)."""
+        rec = self.records.get(job)
+        return rec is not None and rec.cancelled_ms is not None
 
     def share(self, job: str) -> str:
         from processor.cli.options import describe_policy

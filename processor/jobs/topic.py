@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, Message
 
 from processor.core.shares import JobPolicy
-from processor.jobs.codec import decode_job, decode_job_share, encode_job, encode_job_share
+from processor.jobs.codec import decode_job, encode_job, encode_job_share
 from processor.jobs.model import JobRecord
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.wire.errors import DecodeError
+from processor.wire.job_share import JobShareRecord, decode_job_share_record
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +42,31 @@ def read_jobs(conf: Mapping[str, str], topics: TopicNames, timeout_s: float = 30
     return jobs
 
 
+def read_job_share_records(
+    conf: Mapping[str, str], topics: TopicNames, timeout_s: float = 30.0
+) -> dict[str, JobShareRecord]:
+    """Every job's record on the job-shares topic: its share policy and its lifecycle (cancelled,
+    deadline); undecodable records are logged and skipped."""
+    records: dict[str, JobShareRecord] = {}
+    for msg in read_topic(conf, topics.job_shares, timeout_s=timeout_s):
+        key = (msg.key() or b"").decode("utf-8", "replace")
+        if msg.value() is None:
+            records.pop(key, None)
+            continue
+        try:
+            rec = decode_job_share_record(msg.value())
+        except DecodeError as exc:
+            log.warning("%s: skipping record at offset %s: %s", topics.job_shares, msg.offset(), exc)
+            continue
+        records[rec.job] = rec
+    return records
+
+
 def read_job_shares(
     conf: Mapping[str, str], topics: TopicNames, timeout_s: float = 30.0
 ) -> dict[str, JobPolicy]:
     """Every job's share policy on the job-shares topic (jobs with none have weight 1, no quota)."""
-    shares: dict[str, JobPolicy] = {}
-    for msg in read_topic(conf, topics.job_shares, timeout_s=timeout_s):
-        key = (msg.key() or b"").decode("utf-8", "replace")
-        if msg.value() is None:
-            shares.pop(key, None)
-            continue
-        try:
-            job, policy, _ms = decode_job_share(msg.value())
-        except DecodeError as exc:
-            log.warning("%s: skipping record at offset %s: %s", topics.job_shares, msg.offset(), exc)
-            continue
-        shares[job] = policy
-    return shares
+    return {job: rec.policy for job, rec in read_job_share_records(conf, topics, timeout_s).items()}
 
 
 class JobWriter:

@@ -20,6 +20,7 @@ import pytest
 
 from processor.apps.producer import TokenProducer, synthetic_tokens
 from processor.cli.tokenfabric import main
+from processor.jobs.topic import read_job_share_records
 from processor.kafka.reader import read_topic
 from processor.ops.audit import AuditReport, audit
 from processor.ops.status import gather
@@ -122,6 +123,7 @@ def test_a_cancel_mid_job_with_the_processor_killed_during_it_answers_every_row_
     assert proc.poll() is None, "processor-0 died on its own"
     proc.send_signal(signal.SIGKILL)  # ... and dies while it does
     proc.wait()
+    assert read_job_share_records(rig.conf, rig.topics)[JOB].cancelled_ms is not None  # `jobs`: cancelling
     late = produce_job(rig, 200, seed=28, prefix="late-")  # in ingest when the next processor starts
     rig.spawn_processor("processor-1")
     statuses = answered_once(rig, ids | late)
