@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.jobs.model import check_job_name
+    from processor.jobs.topic import read_jobs
     from processor.kafka.config import ConfigError
     from processor.ops.lifecycle import LifecycleError, change_job_share, utc
 
@@ -38,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     try:
+        if args.job not in read_jobs(conf, topics):  # a typo, or items a producer labelled itself
+            print(
+                f"{PROG}: warning: no job {args.job!r} on {topics.jobs}; items whose job_id is "
+                f"{args.job!r} are cancelled all the same",
+                file=sys.stderr,
+            )
         rec = change_job_share(conf, topics, args.job, time.time_ns() // 1_000_000, cancel=True)
     except (KafkaException, LifecycleError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -110,7 +110,9 @@ def clean_audit(rig: Rig) -> AuditReport:
         time.sleep(1)
 
 
-def test_a_cancel_mid_job_with_the_processor_killed_during_it_answers_every_row_once(rig: Rig) -> None:
+def test_a_cancel_mid_job_with_the_processor_killed_during_it_answers_every_row_once(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
     ids = produce_job(rig, 3_000, seed=27)
     rig.spawn_processor("processor-0")
     deadline = time.monotonic() + 60
@@ -123,6 +125,8 @@ def test_a_cancel_mid_job_with_the_processor_killed_during_it_answers_every_row_
     assert proc.poll() is None, "processor-0 died on its own"
     proc.send_signal(signal.SIGKILL)  # ... and dies while it does
     proc.wait()
+    # the items were produced under a job id with no job record: cancelled all the same, with a warning
+    assert f"warning: no job {JOB!r} on {rig.topics.jobs}" in capsys.readouterr().err
     assert read_job_share_records(rig.conf, rig.topics)[JOB].cancelled_ms is not None  # `jobs`: cancelling
     late = produce_job(rig, 200, seed=28, prefix="late-")  # in ingest when the next processor starts
     rig.spawn_processor("processor-1")
