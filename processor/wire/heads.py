@@ -116,23 +116,25 @@ class CompletionHead(NamedTuple):
     """Prompt tokens served from the engine's prefix cache; 0 in a message written before the field."""
 
 
+def _interned(table: dict[bytes, str], raw: bytes, keep: bool = True) -> str:
+    """``raw`` decoded, one str per distinct value (up to ``_MAX_MODELS`` of them) when ``keep``."""
+    text = table.get(raw)
+    if text is None:
+        text = raw.decode("utf-8")
+        if keep and len(table) < _MAX_MODELS:
+            table[raw] = text
+    return text
+
+
 def _model(raw: bytes) -> str:
-    """A model name, one str per name; one holding SEPARATOR (an invalid item) is not kept."""
+    """A model name; one holding SEPARATOR (an invalid item) is not kept, so a hit in ``_MODELS``
+    is a valid name (the usual path relies on it)."""
     model = _MODELS.get(raw)
-    if model is None:
-        model = raw.decode("utf-8")
-        if len(_MODELS) < _MAX_MODELS and SEPARATOR not in model:
-            _MODELS[raw] = model
-    return model
+    return model if model is not None else _interned(_MODELS, raw, SEPARATOR.encode() not in raw)
 
 
 def _job(raw: bytes) -> str:
-    job = _JOBS.get(raw)
-    if job is None:
-        job = raw.decode("utf-8")
-        if len(_JOBS) < _MAX_MODELS:
-            _JOBS[raw] = job
-    return job
+    return _interned(_JOBS, raw)
 
 
 def decode_item_head(value: bytes | bytearray | memoryview | None) -> ItemHead:
