@@ -48,7 +48,7 @@ from processor.apps.served import checked_view, engine_view
 from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.accounting import prompt_split
 from processor.core.contract import Contract, contract_violation
-from processor.engines.base import Engine, ItemResult
+from processor.engines.base import Engine, ItemResult, retriable_error
 from processor.kafka.clients import static_member, static_member_present
 from processor.kafka.exits import (
     DeliveryFailed,
@@ -445,7 +445,7 @@ class ConsumerApp:
                 type(exc).__name__,
                 exc,
             )
-            return _all_failed(batch, f"engine error: {type(exc).__name__}: {exc}")
+            return _all_failed(batch, f"engine error: {type(exc).__name__}: {exc}", retriable_error(exc))
         ids = [getattr(r, "item_id", None) for r in results] if isinstance(results, list) else None
         bad = ids is None or any(not isinstance(r, ItemResult) or r.status not in STATUSES for r in results)
         if bad or ids != [item.item_id for item in batch.items]:
@@ -526,8 +526,8 @@ class ConsumerApp:
             raise DeliveryFailed(f"{what}: {remaining} messages still unacknowledged after {timeout_s:g} s")
 
 
-def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:
-    return [ItemResult(item.item_id, "failed", b"", 0, reason, False) for item in batch.items]
+def _all_failed(batch: BatchRecord, reason: str, retriable: bool = False) -> list[ItemResult]:
+    return [ItemResult(item.item_id, "failed", b"", 0, reason, False, 0, retriable) for item in batch.items]
 
 
 def item_completion(
@@ -557,6 +557,7 @@ def item_completion(
         completed_ms=completed_ms,
         cached_tokens=cached,
         cache_hit=result.cache_hit or cached > 0,
+        retriable=result.retriable and result.status == "failed",
     )
 
 

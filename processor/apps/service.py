@@ -516,7 +516,8 @@ class ProcessorService:
         last[head.consumer] = max(last.get(head.consumer, 0), msg.timestamp()[1])  # replays are older
         counters.completions += len(items)  # items, not messages: a message may hold a whole batch
         answered = self.core.in_flight_batch(batch_id)
-        applied, finished = self.core.items_done(batch_id, items, now, head.cached_tokens)
+        applied, finished = self.core.items_done(batch_id, items, now, head.cached_tokens, head.retriable)
+        self.committer.retried(self.core.take_retried())  # they wait again (processor/core/retries.py)
         if applied and answered is not None:
             self.observer.answered(answered, applied, now)
         if applied < len(items):

@@ -122,10 +122,12 @@ def change_job_share(
     policy: JobPolicy | None = None,
     cancel: bool = False,
     deadline_ms: int | None = None,
+    max_attempts: int | None = None,
     clients: ClientFactory = KAFKA,
 ) -> JobShareRecord:
-    """Read the job's record, change what is given (a policy, a cancel, a deadline), keep the rest,
-    write it back; returns what was written. A cancel keeps the first cancel time."""
+    """Read the job's record, change what is given (a policy, a cancel, a deadline, the attempts its
+    items get), keep the rest, write it back; returns what was written. A cancel keeps the first
+    cancel time."""
     if not job:
         raise ValueError("a job needs a name")
     current = read_job_share(conf, topics, job, clients) or JobShareRecord(job, JobPolicy(), now_ms)
@@ -136,6 +138,8 @@ def change_job_share(
         rec = replace(rec, cancelled_ms=now_ms)
     if deadline_ms is not None:
         rec = replace(rec, deadline_ms=deadline_ms)
+    if max_attempts is not None:
+        rec = replace(rec, max_attempts=max_attempts)
     write_job_share(conf, topics, rec, job, clients=clients)
     return rec
 

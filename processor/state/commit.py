@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -115,6 +115,12 @@ class Committer(Protocol):
     def batch_finished(self, batch_id: str) -> None: ...
     def batch_progress(self, batch_id: str) -> None: ...
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
+    def retried(self, items: Sequence[Item]) -> None:
+        """Items that failed retriably went back to the lanes (``Scheduler.take_retried``; often
+        none): exactly-once records them waiting again, in the transaction that checkpoints the
+        ledger counting them ``retried``; at-least-once keeps them in memory only."""
+        ...
+
     def withdrawn(self, items: Iterable[Item]) -> Deliver:
         """Waiting items of a job that ended left the lanes, answered by the message this returns the
         delivery callback of: their waiting-set records go in the same transaction (exactly-once),
@@ -272,6 +278,9 @@ class AtLeastOnceCommitter(_Base):
         return None
 
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
+        return None
+
+    def retried(self, items: Sequence[Item]) -> None:
         return None
 
     def withdrawn(self, items: Iterable[Item]) -> Deliver:
@@ -462,6 +471,10 @@ class TransactionalCommitter(_Base):
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
         self._finished.append(batch_id)
         self._new_items.extend(cast(Iterable[IngestItem], items))
+
+    def retried(self, items: Sequence[Item]) -> None:
+        if items:
+            self._new_items.extend(cast(Sequence[IngestItem], items))
 
     def withdrawn(self, items: Iterable[Item]) -> Deliver:
         self._withdrawn.extend(cast(Iterable[IngestItem], items))

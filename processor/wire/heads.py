@@ -32,6 +32,8 @@ from processor.wire.avro import (
 from processor.wire.completions import (
     PRE_ENDINGS_COMPLETION_BATCH_HEADER,
     PRE_ENDINGS_COMPLETION_HEADER,
+    PRE_RETRY_COMPLETION_BATCH_HEADER,
+    PRE_RETRY_COMPLETION_HEADER,
     PREVIOUS_COMPLETION_BATCH_HEADER,
     PREVIOUS_COMPLETION_HEADER,
 )
@@ -114,6 +116,8 @@ class CompletionHead(NamedTuple):
     cache_hit: bool
     cached_tokens: int = 0
     """Prompt tokens served from the engine's prefix cache; 0 in a message written before the field."""
+    retriable: bool = False
+    """Failed, and worth another try (``Completion.retriable``); False in messages written before it."""
 
 
 def _interned(table: dict[bytes, str], raw: bytes, keep: bool = True) -> str:
@@ -380,22 +384,30 @@ def _read_completion_lead(buf: bytes) -> tuple[str, str, str, int, int]:
 def _completion_head(value: bytes) -> CompletionHead:
     """:func:`decode_completion_head` of a message whose header is Completion's (or its previous one's).
 
-    ``cache_hit``, the last field, is the last byte. ``cached_tokens``, the field before it, is the
-    varint that ends just before that byte; it is found by walking back over its continuation bytes
-    (at most five for an int). In a message written before ``cached_tokens`` it is 0.
+    ``cache_hit``, the last field, is the last byte, and ``retriable`` the byte before it.
+    ``cached_tokens``, the field before that, is the varint that ends just before it; it is found by
+    walking back over its continuation bytes (at most five for an int). In a message written before
+    ``retriable`` (``PRE_RETRY``, ``PRE_ENDINGS``) ``cached_tokens`` ends just before ``cache_hit``;
+    in one written before ``cached_tokens`` it is 0.
     """
     try:
         item_id, batch_id, consumer, status, pos = _read_completion_lead(value)
         flag = value[-1]
-        previous = value[:HEADER_SIZE] == PREVIOUS_COMPLETION_HEADER
+        header = value[:HEADER_SIZE]
+        previous = header == PREVIOUS_COMPLETION_HEADER
+        current = not previous and header not in _PRE_RETRY_HEADERS
         # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3),
-        # cached_tokens (1, not in the previous schema), flag (1)
-        if flag > 1 or len(value) - pos < (9 if previous else 10):
+        # attempt and retriable (2, current only), cached_tokens (1, not in the previous schema), flag (1)
+        if flag > 1 or len(value) - pos < (9 if previous else 12 if current else 10):
             raise Malformed("the record does not end in a boolean")
-        cached = 0 if previous else _int_before(value, len(value) - 1, pos)
+        if (retriable := current and value[-2]) > 1:
+            raise Malformed(f"boolean byte {value[-2]}")
+        cached = 0 if previous else _int_before(value, len(value) - 1 - current, pos)
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
-    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1, cached)
+    return CompletionHead(
+        item_id, batch_id, consumer, status == 0, flag == 1, cached, retriable == 1 == status
+    )
 
 
 def _int_before(buf: bytes, end: int, floor: int) -> int:
@@ -440,17 +452,24 @@ def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) 
         pos = _skip_bytes(buf, pos)
         for _field in ("queued_ms", "engine_ms", "completed_ms"):
             _n, pos = read_long(buf, pos)
-        cached = 0
+        cached, retriable = 0, 0
+        current = value[:HEADER_SIZE] not in (PREVIOUS_COMPLETION_HEADER, *_PRE_RETRY_HEADERS)
+        if current:
+            _attempt, pos = read_int(buf, pos)
         if value[:HEADER_SIZE] != PREVIOUS_COMPLETION_HEADER:
             cached, pos = read_int(buf, pos)
+        if current:
+            retriable, pos = buf[pos], pos + 1
         flag = buf[pos]
-        if flag > 1:
-            raise Malformed(f"boolean byte {flag}")
+        if flag > 1 or retriable > 1:
+            raise Malformed(f"boolean byte {max(flag, retriable)}")
         pos += 1
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
     finish(value, pos, "Completion")
-    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1, cached)
+    return CompletionHead(
+        item_id, batch_id, consumer, status == 0, flag == 1, cached, retriable == 1 and status == 1
+    )
 
 
 class CompletionsHead(NamedTuple):
@@ -459,13 +478,15 @@ class CompletionsHead(NamedTuple):
     ``items`` holds ``(item_id, ok, cache_hit)`` per item: plain tuples, measured cheaper to build
     and unpack than one :class:`CompletionHead` per item (docs/wire-format.md). ``cached_tokens``
     holds each item's ``cached_tokens``, in the same order (0 in messages written before the field):
-    a list of its own, so the tuples keep the shape the core's ``items_done`` takes.
+    a list of its own, so the tuples keep the shape the core's ``items_done`` takes. ``retriable``
+    names the items that failed with ``retriable`` set (the core's ``items_done(retriable=...)``).
     """
 
     batch_id: str
     consumer: str
     items: list[tuple[str, bool, bool]]
     cached_tokens: list[int]
+    retriable: list[str] | tuple[()] = ()
 
 
 def decode_completions_head(value: bytes | bytearray | memoryview | None) -> CompletionsHead:
@@ -480,7 +501,9 @@ def decode_completions_head(value: bytes | bytearray | memoryview | None) -> Com
     header = value[:HEADER_SIZE]
     if header in _COMPLETION_BATCH_HEADERS:
         try:
-            head, pos = _read_batch_head(value, header != PREVIOUS_COMPLETION_BATCH_HEADER)
+            head, pos = _read_batch_head(
+                value, header != PREVIOUS_COMPLETION_BATCH_HEADER, header not in _PRE_RETRY_BATCH_HEADERS
+            )
         except MALFORMED as exc:
             raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
         finish(value, pos, "CompletionBatch")
@@ -488,20 +511,22 @@ def decode_completions_head(value: bytes | bytearray | memoryview | None) -> Com
     if header not in _COMPLETION_HEADERS:
         check_header(value, "Completion")
     one = _completion_head(value)
+    again = [one.item_id] if one.retriable else ()
     return CompletionsHead(
-        one.batch_id, one.consumer, [(one.item_id, one.ok, one.cache_hit)], [one.cached_tokens]
+        one.batch_id, one.consumer, [(one.item_id, one.ok, one.cache_hit)], [one.cached_tokens], again
     )
 
 
-_COMPLETION_HEADERS = (_COMPLETION, PREVIOUS_COMPLETION_HEADER, PRE_ENDINGS_COMPLETION_HEADER)
-_COMPLETION_BATCH_HEADERS = (
-    _COMPLETION_BATCH,
+_PRE_RETRY_HEADERS = (PRE_ENDINGS_COMPLETION_HEADER, PRE_RETRY_COMPLETION_HEADER)
+_PRE_RETRY_BATCH_HEADERS = (
     PREVIOUS_COMPLETION_BATCH_HEADER,
     PRE_ENDINGS_COMPLETION_BATCH_HEADER,
+    PRE_RETRY_COMPLETION_BATCH_HEADER,
 )
-"""Every schema a results message may be written with: the current one, the one before
-``cached_tokens`` and the one before ``cancelled`` and ``expired`` (its messages are the bytes the
-current schema writes for the same values: only the fingerprint differs)."""
+_COMPLETION_HEADERS = (_COMPLETION, PREVIOUS_COMPLETION_HEADER, *_PRE_RETRY_HEADERS)
+_COMPLETION_BATCH_HEADERS = (_COMPLETION_BATCH, *_PRE_RETRY_BATCH_HEADERS)
+"""Every schema a results message may be written with: the current one, and those before
+``cached_tokens``, before ``cancelled`` and ``expired`` and before ``attempt`` and ``retriable``."""
 
 
 # The usual one-byte encodings, tested before calling a reader: a function call per field is most
@@ -510,8 +535,9 @@ current schema writes for the same values: only the fingerprint differs)."""
 _STATUS_BYTE = {2 * i: i for i in range(len(STATUSES))}
 
 
-def _read_batch_head(buf: bytes, with_cached: bool) -> tuple[CompletionsHead, int]:
-    """The head of a CompletionBatch; ``with_cached`` False for one written before ``cached_tokens``."""
+def _read_batch_head(buf: bytes, with_cached: bool, with_retry: bool) -> tuple[CompletionsHead, int]:
+    """The head of a CompletionBatch; ``with_cached`` False for one written before ``cached_tokens``,
+    ``with_retry`` for one written before ``retriable`` and ``attempt``."""
     batch_id, pos = read_str(buf, HEADER_SIZE)
     consumer, pos = read_str(buf, pos)
     _name, pos = read_str(buf, pos)
@@ -521,6 +547,7 @@ def _read_batch_head(buf: bytes, with_cached: bool) -> tuple[CompletionsHead, in
     items: list[tuple[str, bool, bool]] = []
     append = items.append
     cached: list[int] = []
+    retriable: list[str] = []
     count, pos = read_block_count(buf, pos)
     while count:
         for _ in range(count):
@@ -543,9 +570,16 @@ def _read_batch_head(buf: bytes, with_cached: bool) -> tuple[CompletionsHead, in
             else:
                 n, pos = read_int(buf, pos)
                 cached.append(n)
+            if with_retry:
+                again = buf[pos]  # retriable, then attempt (not read: the core knows each item's)
+                if again > 1:
+                    raise Malformed(f"boolean byte {again}")
+                if again and status == 1:
+                    retriable.append(item_id)
+                _attempt, pos = (0, pos + 2) if buf[pos + 1] < 0x80 else read_int(buf, pos + 1)
             pos = _skip_outcome_rest(buf, pos)
         count, pos = read_block_count(buf, pos)
-    return CompletionsHead(batch_id, consumer, items, cached), pos
+    return CompletionsHead(batch_id, consumer, items, cached, retriable or ()), pos
 
 
 def _skip_outcome_rest(buf: bytes, pos: int) -> int:

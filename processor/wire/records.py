@@ -112,6 +112,10 @@ class CompletionRecord:
     cached_tokens: int = 0
     """Prompt tokens the server served from its prefix cache (``Completion.cached_tokens``)."""
     cache_hit: bool = False
+    attempt: int = 1
+    """Which dispatch of the item this answers (``Completion.attempt``): 1, then one more per retry."""
+    retriable: bool = False
+    """A failure worth another try (``Completion.retriable``): the processor may send the item again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +126,8 @@ class ItemOutcomeRecord:
     status: Status
     cache_hit: bool = False
     cached_tokens: int = 0
+    retriable: bool = False
+    attempt: int = 1
     job_id: str = ""
     reason: str | None = None
     input_tokens: int

@@ -134,10 +134,16 @@ def completion_of(item: TokenItemRecord, **outcome: Any) -> CompletionRecord:
     )
 
 
-OK = completion_of(ITEM, status="ok", output_tokens=2, output=b"Hi!", cached_tokens=2, cache_hit=True)
-"""Two of its three prompt tokens served from the engine's prefix cache (one computed)."""
+OK = completion_of(
+    ITEM, status="ok", output_tokens=2, output=b"Hi!", cached_tokens=2, cache_hit=True, attempt=2
+)
+"""Two of its three prompt tokens served from the engine's prefix cache (one computed), on the
+item's second attempt (its first failed retriably, as ``FAILED`` does)."""
 
-FAILED = completion_of(PLAIN_ITEM, status="failed", reason="engine error: RuntimeError: out of memory")
+FAILED = completion_of(
+    PLAIN_ITEM, status="failed", reason="engine error: RuntimeError: out of memory", retriable=True
+)
+"""A failure worth another try: the processor sends the item back to the lanes."""
 
 JOB = JobRecord(
     name="golden-job",
@@ -237,7 +243,7 @@ seed, and a request that names only the adapter (every other field its default).
 
 def _as_previous(rec: CompletionRecord) -> CompletionRecord:
     """``rec`` as a consumer older than ``cached_tokens`` wrote it, and as readers now read that."""
-    return CompletionRecord(**{**_fields_of(rec), "cached_tokens": 0})
+    return CompletionRecord(**{**_fields_of(rec), "cached_tokens": 0, "attempt": 1, "retriable": False})
 
 
 def _fields_of(rec: CompletionRecord) -> dict[str, Any]:

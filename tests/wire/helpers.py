@@ -299,6 +299,8 @@ completions = st.builds(
     completed_ms=int64,
     cached_tokens=int32,
     cache_hit=st.booleans(),
+    attempt=int32,
+    retriable=st.booleans(),
 )
 outcomes = st.builds(
     ItemOutcomeRecord,
@@ -306,6 +308,8 @@ outcomes = st.builds(
     status=st.sampled_from(STATUSES),
     cache_hit=st.booleans(),
     cached_tokens=int32,
+    retriable=st.booleans(),
+    attempt=int32,
     job_id=text,
     reason=st.none() | text,
     input_tokens=int32,
