@@ -60,6 +60,7 @@ from processor.state.handover import HandoverContext, PartitionHandover, Restore
 from processor.state.ingest import IngestItem
 from processor.state.restore import OnWaiting, RestoredState, latest_checkpoint, restore, transactional_id
 from processor.state.results import ResultsCursor
+from processor.wire.completion_heads import decode_completions_head
 from processor.wire.control import (
     DUPLICATE_ITEM_ID,
     decode_contract,
@@ -67,7 +68,7 @@ from processor.wire.control import (
     encode_ledger_snapshot,
 )
 from processor.wire.errors import DecodeError
-from processor.wire.heads import ItemHead, decode_completions_head, decode_item_head
+from processor.wire.heads import ItemHead, decode_item_head
 from processor.wire.items import encode_batch
 from processor.wire.records import LedgerSnapshotRecord
 

@@ -13,6 +13,11 @@ import pytest
 from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from processor.core.shares import JobPolicy
+from processor.wire.completion_heads import (
+    decode_completion_head,
+    decode_completion_head_strict,
+    decode_completions_head,
+)
 from processor.wire.completions import (
     PRE_ENDINGS_COMPLETION,
     PRE_ENDINGS_COMPLETION_BATCH,
@@ -26,11 +31,6 @@ from processor.wire.completions import (
     encode_completion_batch,
 )
 from processor.wire.errors import DecodeError
-from processor.wire.heads import (
-    decode_completion_head,
-    decode_completion_head_strict,
-    decode_completions_head,
-)
 from processor.wire.job_share import (
     PREVIOUS_JOB_SHARE_HEADER,
     JobShareRecord,

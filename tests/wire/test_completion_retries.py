@@ -4,17 +4,17 @@ not retriable. (processor/wire/completions.py, processor/wire/heads.py)"""
 
 from __future__ import annotations
 
+from processor.wire.completion_heads import (
+    decode_completion_head,
+    decode_completion_head_strict,
+    decode_completions_head,
+)
 from processor.wire.completions import (
     PRE_RETRY_COMPLETION,
     PRE_RETRY_COMPLETION_BATCH,
     decode_completions,
     encode_completion,
     encode_completion_batch,
-)
-from processor.wire.heads import (
-    decode_completion_head,
-    decode_completion_head_strict,
-    decode_completions_head,
 )
 from processor.wire.records import CompletionBatchRecord, CompletionRecord, ItemOutcomeRecord
 

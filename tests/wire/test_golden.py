@@ -48,6 +48,7 @@ from processor.core.contract import contract_violation  # noqa: E402
 from processor.core.item import Batch, Item  # noqa: E402
 from processor.core.serving import serving_key  # noqa: E402
 from processor.jobs import codec as jobs_codec  # noqa: E402
+from processor.wire.completion_heads import decode_completions_head  # noqa: E402
 from processor.wire.completions import (  # noqa: E402
     decode_completions,
 )
@@ -55,7 +56,7 @@ from processor.wire.fastavro_io import (  # noqa: E402
     PreviousSchema,
     decode_token_item_fastavro,
 )
-from processor.wire.heads import decode_batch_head, decode_completions_head, decode_item_head  # noqa: E402
+from processor.wire.heads import decode_batch_head, decode_item_head  # noqa: E402
 from processor.wire.items import (  # noqa: E402
     decode_batch,
     decode_token_item,

@@ -12,6 +12,11 @@ from hypothesis import strategies as st
 
 from processor.core.item import Batch, Item
 from processor.core.serving import SEPARATOR, serving_key
+from processor.wire.completion_heads import (
+    decode_completion_head,
+    decode_completion_head_strict,
+    decode_completions_head,
+)
 from processor.wire.completions import (
     PREVIOUS_COMPLETION,
     PREVIOUS_COMPLETION_BATCH,
@@ -20,14 +25,7 @@ from processor.wire.completions import (
     encode_completion,
     encode_completion_batch,
 )
-from processor.wire.heads import (
-    _usual_head,
-    decode_batch_head,
-    decode_completion_head,
-    decode_completion_head_strict,
-    decode_completions_head,
-    decode_item_head,
-)
+from processor.wire.heads import _usual_head, decode_batch_head, decode_item_head
 from processor.wire.items import decode_batch, decode_token_item, encode_batch, encode_token_item
 from processor.wire.records import (
     BatchRecord,
