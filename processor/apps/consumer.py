@@ -406,8 +406,8 @@ class ConsumerApp:
             self._count_engine(batch, results, engine_s)
         completed_ms = _now_ms()
         records = [
-            item_completion(batch, item, result, engine_ms, completed_ms)
-            for item, result in zip(batch.items, results, strict=True)
+            item_completion(batch, item, result, engine_ms, completed_ms, batch.attempt(i))
+            for i, (item, result) in enumerate(zip(batch.items, results, strict=True))
         ]
         self._write_completions(batch.batch_id, records)
         for rec in records:
@@ -531,11 +531,17 @@ def _all_failed(batch: BatchRecord, reason: str, retriable: bool = False) -> lis
 
 
 def item_completion(
-    batch: BatchRecord, item: TokenItemRecord, result: ItemResult, engine_ms: int, completed_ms: int
+    batch: BatchRecord,
+    item: TokenItemRecord,
+    result: ItemResult,
+    engine_ms: int,
+    completed_ms: int,
+    attempt: int = 1,
 ) -> CompletionRecord:
     """``item``'s completion from its engine result. ``cached_tokens`` is the engine's count held to
     the prompt (``prompt_split``; 0 unless ok); ``cache_hit`` is ``cached_tokens > 0``, or the engine's
-    own flag when it counts no tokens."""
+    own flag when it counts no tokens. ``attempt`` is the item's in the batch (``Batch.attempts``):
+    the completion answers that attempt, so readers keep the last one's (docs/jobs.md)."""
     ok = result.status == "ok"
     produced_ms = item.produced_ms
     queued = batch.created_ms - produced_ms if 0 < produced_ms <= batch.created_ms else 0
@@ -558,6 +564,7 @@ def item_completion(
         cached_tokens=cached,
         cache_hit=result.cache_hit or cached > 0,
         retriable=result.retriable and result.status == "failed",
+        attempt=attempt,
     )
 
 

@@ -24,14 +24,13 @@ from processor.wire.avro import (
     read_signature,
 )
 from processor.wire.errors import MALFORMED, DecodeError
-from processor.wire.items import read_batch_lead, read_item_lead, read_item_rest
+from processor.wire.items import batch_form, read_attempts, read_batch_lead, read_item_lead, read_item_rest
 from processor.wire.records import item_problem
 from processor.wire.request import GenerationRequest
 from processor.wire.request_codec import read_final_request, read_request_field
 from processor.wire.schemas import (
     HEADER_SIZE,
     HEADERS,
-    PREVIOUS_BATCH_HEADER,
     PREVIOUS_TOKEN_ITEM_HEADER,
     as_bytes,
     check_header,
@@ -90,6 +89,8 @@ class BatchHead(NamedTuple):
     created_ms: int
     oversized: bool
     items: list[BatchItemHead]
+    attempts: list[int] | tuple[()] = ()
+    """Each item's attempt (``Batch.attempts``); empty when every item is on its first."""
 
 
 def _interned(table: dict[bytes, str], raw: bytes, keep: bool = True) -> str:
@@ -283,10 +284,8 @@ def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead
     costs about a third of decoding it (docs/wire-format.md).
     """
     value = as_bytes(value)
-    header = value[:HEADER_SIZE]
-    current = header == _BATCH
-    if not current and header != PREVIOUS_BATCH_HEADER:
-        check_header(value, "Batch")
+    current, with_attempts = batch_form(value)
+    attempts: list[int] | tuple[()] = ()
     items: list[BatchItemHead] = []
     append = items.append
     problem: tuple[str, str] | None = None  # the first item's that breaks a rule, raised after the structure
@@ -308,9 +307,11 @@ def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead
                 if problem is None:
                     problem = _head_problem(item_id, model, token_count, end - start, fault)
             count, pos = read_block_count(value, pos)
+        if with_attempts:
+            attempts, pos = read_attempts(value, pos, len(items))
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Batch: {exc}") from None
     finish(value, pos, "Batch")
     if problem is not None:
         raise DecodeError(*problem)
-    return BatchHead(*lead, items=items)
+    return BatchHead(*lead, items=items, attempts=attempts or ())

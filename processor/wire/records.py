@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, cast
 
 from processor.core.contract import Contract
@@ -81,6 +81,13 @@ class BatchRecord:
     created_ms: int
     oversized: bool = False
     items: list[TokenItemRecord]
+    attempts: list[int] = field(default_factory=list)
+    """Which dispatch of each item this batch is, in item order (``Batch.attempts``); empty when every
+    item is on its first (:meth:`attempt`)."""
+
+    def attempt(self, index: int) -> int:
+        """The attempt of ``items[index]``: 1 unless ``attempts`` says otherwise."""
+        return self.attempts[index] if self.attempts else 1
 
 
 Status = Literal["ok", "failed", "rejected", "cancelled", "expired"]
