@@ -25,8 +25,11 @@ def produce(p: Pipeline, ids: list[str]) -> None:
         p.send(p.topics.ingest, encode_token_item(rec), item_id.encode(), 0)
 
 
-def answer(p: Pipeline, batch: BatchRecord, flaky: set[str], retriable: bool = True) -> None:
-    """The consumer's completions of ``batch``: the items in ``flaky`` fail (retriably or not)."""
+def answer(
+    p: Pipeline, batch: BatchRecord, flaky: set[str], retriable: bool = True, only: set[str] | None = None
+) -> None:
+    """The consumer's completions of ``batch`` (of its items in ``only``, default all), each with its
+    attempt in the batch: the items in ``flaky`` fail (retriably or not)."""
     outcomes = [
         ItemOutcomeRecord(
             item_id=it.item_id,
@@ -34,8 +37,10 @@ def answer(p: Pipeline, batch: BatchRecord, flaky: set[str], retriable: bool = T
             input_tokens=it.token_count,
             reason="engine timed out" if it.item_id in flaky else None,
             retriable=retriable and it.item_id in flaky,
+            attempt=batch.attempt(i),
         )
-        for it in batch.items
+        for i, it in enumerate(batch.items)
+        if only is None or it.item_id in only
     ]
     rec = CompletionBatchRecord(
         batch_id=batch.batch_id, consumer=batch.consumer, model=batch.model, completed_ms=5, items=outcomes
@@ -69,6 +74,8 @@ def test_a_retriable_failure_is_dispatched_again_until_the_jobs_attempts_are_spe
     produce(p, ["r0", "r1", "r2", "r3"])
     sent = run(p, svc, {"r1"})
     assert sorted(i for ids in sent for i in ids) == ["r0", "r1", "r1", "r2", "r3"]  # r1: its two attempts
+    first, again = p.batches()
+    assert (first.attempts, again.attempts) == ([], [2])  # the consumer learns r1's second attempt
     book = svc.core.ledger.jobs[JOB]
     assert (book.routed.items, book.retried.items, book.completed.items, book.failed.items) == (5, 1, 3, 1)
     assert svc.snapshot().counters["retried_items"] == 1
@@ -119,3 +126,50 @@ def test_a_batch_whose_only_item_is_retried_frees_its_slot() -> None:
     book = svc.core.ledger.jobs[JOB]
     assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
     svc.core.check(deep=True)
+
+
+def attempts_of(p: Pipeline, item_id: str) -> list[int]:
+    """The attempt of ``item_id`` in each batch that carried it, in order."""
+    return [b.attempt(i) for b in p.batches() for i, it in enumerate(b.items) if it.item_id == item_id]
+
+
+def test_a_retried_item_waiting_at_a_restart_keeps_its_attempt() -> None:
+    """r1 fails retriably while r0 still holds the only slot, so r1 waits, logged with its attempt
+    (an ``A`` record); the restarted processor restores it on its second attempt and the third
+    retriable failure is its last (max_attempts 3)."""
+    p = Pipeline()
+    first = p.started()
+    p.announce(contract(items=4, inflight=1))
+    produce(p, ["r0", "r1"])
+    p.steps(first, 3)
+    (batch,) = p.batches()
+    answer(p, batch, {"r1"}, only={"r1"})  # r0 outstanding: the batch keeps the slot
+    p.steps(first, 3)
+    assert len(p.batches()) == 1 and first.core.view.waiting().items == 1
+    second = p.started()  # fences the first; restores r1 waiting and r0's batch in flight
+    run(p, second, {"r1"})
+    assert attempts_of(p, "r1") == [1, 2, 3]
+    book = second.core.ledger.jobs[JOB]
+    assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
+    assert book.queued.items == book.in_flight.items == 0
+    second.core.check(deep=True)
+
+
+def test_a_retried_item_in_flight_at_a_restart_keeps_its_attempt() -> None:
+    """r1's second attempt is in flight when the processor restarts: its batch record carries the
+    attempt, so the restored batch's next retry is the third, and the last."""
+    p = Pipeline()
+    first = p.started()
+    p.announce(contract(items=4, inflight=1))
+    produce(p, ["r0", "r1"])
+    p.steps(first, 3)
+    (batch,) = p.batches()
+    answer(p, batch, {"r1"})
+    p.steps(first, 3)
+    assert attempts_of(p, "r1") == [1, 2]
+    second = p.started()
+    run(p, second, {"r1"})
+    assert attempts_of(p, "r1") == [1, 2, 3]  # lost, the restored batch would read 1 and retry twice more
+    book = second.core.ledger.jobs[JOB]
+    assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
+    second.core.check(deep=True)
