@@ -116,6 +116,9 @@ _EARLIER = {p.header: p for p in (PREVIOUS_COMPLETION, PRE_ENDINGS_COMPLETION, P
 _EARLIER_BATCH = {
     p.header: p for p in (PREVIOUS_COMPLETION_BATCH, PRE_ENDINGS_COMPLETION_BATCH, PRE_RETRY_COMPLETION_BATCH)
 }
+#: Every header a CompletionBatch may carry: the current schema's and each earlier one's (a reader
+#: that routes results messages by form tells a batch from a single completion by it).
+COMPLETION_BATCH_HEADERS = (COMPLETION_BATCH_HEADER, *_EARLIER_BATCH)
 
 
 _COMPLETION_FIELDS = tuple(f["name"] for f in PARSED["Completion"]["fields"])
