@@ -233,7 +233,7 @@ _STATUS_BYTE = {2 * i: i for i in range(len(STATUSES))}
 
 def _read_batch_head(buf: bytes, with_cached: bool, with_retry: bool) -> tuple[CompletionsHead, int]:
     """The head of a CompletionBatch; ``with_cached`` False for one written before ``cached_tokens``,
-    ``with_retry`` for one written before ``retriable`` and ``attempt``."""
+    ``with_retry`` False for one written before ``retriable`` and ``attempt``."""
     batch_id, pos = read_str(buf, HEADER_SIZE)
     consumer, pos = read_str(buf, pos)
     _name, pos = read_str(buf, pos)

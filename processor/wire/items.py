@@ -24,6 +24,7 @@ from processor.wire.avro import (
     encode_str,
     read_block_count,
     read_int,
+    read_int_array,
     read_long,
     read_long_slow,
     read_signature,
@@ -267,16 +268,10 @@ def batch_form(value: bytes) -> tuple[bool, bool]:
 def read_attempts(value: bytes, pos: int, items: int) -> tuple[list[int], int]:
     """A Batch's ``attempts`` (an array of ints) and the position after it. Raises ``Malformed``
     unless it is empty or holds one attempt of at least 1 per item."""
-    attempts: list[int] = []
-    count, pos = read_block_count(value, pos)
-    while count:
-        for _ in range(count):
-            attempt, pos = read_int(value, pos)
-            attempts.append(attempt)
-        count, pos = read_block_count(value, pos)
+    attempts, pos = read_int_array(value, pos)
     if attempts and (len(attempts) != items or min(attempts) < 1):
-        raise Malformed(f"attempts {attempts[:8]} for {items} items: one per item, each at least 1")
-    return attempts, pos
+        raise Malformed(f"attempts {list(attempts[:8])} for {items} items: one per item, each at least 1")
+    return list(attempts), pos
 
 
 def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:

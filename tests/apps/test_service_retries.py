@@ -94,17 +94,24 @@ def test_a_failure_not_marked_retriable_is_final() -> None:
     assert (book.retried.items, book.failed.items) == (0, 1)
 
 
-def test_a_processor_restarted_after_a_retry_still_has_the_item_waiting() -> None:
-    """Exactly-once: the retried item is logged waiting again (and then in its new batch) in the
-    transaction that checkpoints its ``retried`` count, so a restart restores it once."""
+def r1_failed_once(only: set[str] | None = None) -> tuple[Pipeline, ProcessorService]:
+    """A processor whose first batch, [r0, r1] (one slot), saw r1 fail retriably (``only``: the
+    completions of those items alone), and the steps after."""
     p = Pipeline()
     first = p.started()
     p.announce(contract(items=4, inflight=1))
     produce(p, ["r0", "r1"])
     p.steps(first, 3)
     (batch,) = p.batches()
-    answer(p, batch, {"r1"})
-    p.steps(first, 3)  # r1 goes back and out again in a second batch: not answered before the restart
+    answer(p, batch, {"r1"}, only=only)
+    p.steps(first, 3)
+    return p, first
+
+
+def test_a_processor_restarted_after_a_retry_still_has_the_item_waiting() -> None:
+    """Exactly-once: the retried item is logged waiting again (and then in its new batch) in the
+    transaction that checkpoints its ``retried`` count, so a restart restores it once."""
+    p, _first = r1_failed_once()  # r1 goes back and out again in a second batch, not answered
     assert [[it.item_id for it in b.items] for b in p.batches()][1] == ["r1"]
     second = p.started()  # fences the first; restores r1's batch in flight from the changelog
     run(p, second, set())  # answers both batches again: the first is a duplicate by now
@@ -137,14 +144,7 @@ def test_a_retried_item_waiting_at_a_restart_keeps_its_attempt() -> None:
     """r1 fails retriably while r0 still holds the only slot, so r1 waits, logged with its attempt
     (an ``A`` record); the restarted processor restores it on its second attempt and the third
     retriable failure is its last (max_attempts 3)."""
-    p = Pipeline()
-    first = p.started()
-    p.announce(contract(items=4, inflight=1))
-    produce(p, ["r0", "r1"])
-    p.steps(first, 3)
-    (batch,) = p.batches()
-    answer(p, batch, {"r1"}, only={"r1"})  # r0 outstanding: the batch keeps the slot
-    p.steps(first, 3)
+    p, first = r1_failed_once(only={"r1"})  # r0 outstanding: the batch keeps the slot
     assert len(p.batches()) == 1 and first.core.view.waiting().items == 1
     second = p.started()  # fences the first; restores r1 waiting and r0's batch in flight
     run(p, second, {"r1"})
@@ -158,14 +158,7 @@ def test_a_retried_item_waiting_at_a_restart_keeps_its_attempt() -> None:
 def test_a_retried_item_in_flight_at_a_restart_keeps_its_attempt() -> None:
     """r1's second attempt is in flight when the processor restarts: its batch record carries the
     attempt, so the restored batch's next retry is the third, and the last."""
-    p = Pipeline()
-    first = p.started()
-    p.announce(contract(items=4, inflight=1))
-    produce(p, ["r0", "r1"])
-    p.steps(first, 3)
-    (batch,) = p.batches()
-    answer(p, batch, {"r1"})
-    p.steps(first, 3)
+    p, _first = r1_failed_once()
     assert attempts_of(p, "r1") == [1, 2]
     second = p.started()
     run(p, second, {"r1"})
