@@ -165,8 +165,8 @@ def _collect(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from processor.jobs.collect import attempts_of
-    from processor.jobs.topic import read_jobs
+    from processor.jobs.collect import attempts_of, max_attempts_by_job
+    from processor.jobs.topic import read_job_share_records, read_jobs
 
     deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
     next_refresh = time.monotonic() + JOB_REFRESH_S
@@ -195,6 +195,7 @@ def _collect(
                 for rec in (jobs.get(collector.job.name), *attempts_of(collector.job.name, jobs)):
                     if rec is not None and not collection.add_attempt(rec):
                         collector.update(rec)
+                collector.max_attempts = max_attempts_by_job(read_job_share_records(conf, topics))
                 next_refresh = time.monotonic() + JOB_REFRESH_S
             stop.wait(args.poll_s)
 
