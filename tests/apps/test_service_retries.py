@@ -166,3 +166,28 @@ def test_a_retried_item_in_flight_at_a_restart_keeps_its_attempt() -> None:
     book = second.core.ledger.jobs[JOB]
     assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
     second.core.check(deep=True)
+
+
+def test_a_retried_item_handed_over_to_another_instance_keeps_its_attempt() -> None:
+    """r1 waits, retried, when a second instance joins: the rebalance hands the partitions over
+    through the changelog, and whichever instance restores r1 dispatches its second attempt."""
+    p, one = r1_failed_once(only={"r1"})
+    two = p.started("p1")
+    p.announce(contract(items=4, inflight=2))  # a slot per partition, so either instance can send r1
+    (first,) = p.batches()
+    answer(p, first, set(), only={"r0"})  # read by whichever instance restores the batch
+    answered = {first.batch_id}
+    for _ in range(12):
+        p.steps(one, 1)
+        p.steps(two, 1)
+        for batch in p.batches():
+            if batch.batch_id not in answered:
+                answered.add(batch.batch_id)
+                answer(p, batch, set())
+    assert one.owned | two.owned == {0, 1} and one.owned and two.owned
+    assert attempts_of(p, "r1") == [1, 2]
+    books = [svc.core.ledger.jobs[JOB] for svc in (one, two) if JOB in svc.core.ledger.jobs]
+    assert sum(b.retried.items for b in books) == 1  # counted once, by the instance that retried it
+    assert sum(b.completed.items for b in books) == 2 and sum(b.failed.items for b in books) == 0
+    for svc in (one, two):
+        svc.core.check(deep=True)
