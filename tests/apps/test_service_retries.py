@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from processor.apps.service import ProcessorService
 from processor.core.shares import JobPolicy
+from processor.state import changelog
 from processor.wire.completions import encode_completion_batch
 from processor.wire.items import encode_token_item
 from processor.wire.job_share import JobShareRecord, encode_job_share_record
@@ -140,15 +141,26 @@ def attempts_of(p: Pipeline, item_id: str) -> list[int]:
     return [b.attempt(i) for b in p.batches() for i, it in enumerate(b.items) if it.item_id == item_id]
 
 
+def live_attempt_records(p: Pipeline) -> dict[bytes, int]:
+    """The changelog's ``A`` records not tombstoned (committed), by key: retried items waiting."""
+    live: dict[bytes, bytes | None] = {}
+    for _p, _o, rec in p.mk.records(p.topics.changelog):
+        if rec.key is not None and rec.key[:1] == changelog.ATTEMPT:
+            live[rec.key] = rec.value
+    return {key: int.from_bytes(value, "big") for key, value in live.items() if value is not None}
+
+
 def test_a_retried_item_waiting_at_a_restart_keeps_its_attempt() -> None:
     """r1 fails retriably while r0 still holds the only slot, so r1 waits, logged with its attempt
     (an ``A`` record); the restarted processor restores it on its second attempt and the third
     retriable failure is its last (max_attempts 3)."""
     p, first = r1_failed_once(only={"r1"})  # r0 outstanding: the batch keeps the slot
     assert len(p.batches()) == 1 and first.core.view.waiting().items == 1
+    assert list(live_attempt_records(p).values()) == [2]  # committed with the ledger counting it
     second = p.started()  # fences the first; restores r1 waiting and r0's batch in flight
     run(p, second, {"r1"})
     assert attempts_of(p, "r1") == [1, 2, 3]
+    assert live_attempt_records(p) == {}  # tombstoned as r1 went out again
     book = second.core.ledger.jobs[JOB]
     assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
     assert book.queued.items == book.in_flight.items == 0
