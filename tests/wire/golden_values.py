@@ -111,10 +111,11 @@ BATCH = BatchRecord(
     pad_multiple=CONTRACT.pad_multiple,
     created_ms=T0 + 250,
     items=[ITEM, PLAIN_ITEM],
-    attempts=[1, 2],
+    attempts=[2, 1],
 )
-"""The second item is on its second attempt (a retriable failure sent it back), so the batch carries
-``attempts``; :data:`FIRST_ATTEMPT_BATCH` is the same batch on first attempts."""
+"""The first item is on its second attempt (a retriable failure sent it back: its completion is
+``OK``, of attempt 2), so the batch carries ``attempts``; :data:`FIRST_ATTEMPT_BATCH` is the same
+batch on first attempts."""
 
 FIRST_ATTEMPT_BATCH = dataclasses.replace(BATCH, attempts=[])
 """:data:`BATCH` with every item on its first attempt: written with the header before ``attempts``."""

@@ -37,7 +37,7 @@ def test_a_batch_of_first_attempts_is_the_message_of_before_attempts() -> None:
     current, before = golden_batch("messages.json"), golden_batch("previous.json")
     assert current[:HEADER_SIZE] == BATCH_HEADER == HEADERS["Batch"]
     assert before[:HEADER_SIZE].hex() == PRE_ATTEMPTS_BATCH_HEADER.hex() == BATCH_HEADER_BEFORE_ATTEMPTS
-    attempts_tail = bytes([4, 2, 4, 0])  # an array of two ints, 1 and 2, and its end
+    attempts_tail = bytes([4, 4, 2, 0])  # an array of two ints, 2 and 1, and its end
     assert current.endswith(attempts_tail)
     assert before == PRE_ATTEMPTS_BATCH_HEADER + current[HEADER_SIZE : -len(attempts_tail)]
     assert encode_batch_record(FIRST_ATTEMPT_BATCH) == before
@@ -46,9 +46,9 @@ def test_a_batch_of_first_attempts_is_the_message_of_before_attempts() -> None:
 
 def test_every_reader_reads_each_items_attempt() -> None:
     current, before = golden_batch("messages.json"), golden_batch("previous.json")
-    assert decode_batch(current).attempts == [1, 2]
-    assert [decode_batch(current).attempt(i) for i in range(2)] == [1, 2]
-    assert list(decode_batch_head(current).attempts) == [1, 2]
+    assert decode_batch(current).attempts == [2, 1]
+    assert [decode_batch(current).attempt(i) for i in range(2)] == [2, 1]
+    assert list(decode_batch_head(current).attempts) == [2, 1]
     assert decode_batch(before) == FIRST_ATTEMPT_BATCH
     assert [decode_batch(before).attempt(i) for i in range(2)] == [1, 1]
     assert list(decode_batch_head(before).attempts) == []
