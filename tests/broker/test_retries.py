@@ -43,7 +43,7 @@ from tests.broker.rig import Threads, in_process, running_rig, wait_for
 pytestmark = pytest.mark.kafka
 
 JOB = "flaky"
-ROWS = 40
+ROWS = 16
 CARD = Contract("card", "default", budget_tokens=4096, max_items=8, pad_multiple=8, max_inflight=2)
 WENT_AWAY = "ConnectionRefusedError: server went away (gave up after 3 attempt(s))"
 
