@@ -234,10 +234,9 @@ class ProcessorService:
         """Fence older instances and load the last checkpoint (exactly-once), then subscribe; lane
         state arrives with the partitions the group assigns (``_on_assign``).
 
-        The service owns its process: the hot path allocates an item, its body and a few strings per
-        message and makes no reference cycles of its own, so the cyclic collector runs its first
-        generation every 50,000 allocations instead of 700 (it took 8-13% of the loop and a third of
-        restore; docs/benchmarks.md)."""
+        The service owns its process: the hot path allocates an item, its body and a few strings a
+        message and no reference cycles of its own, so the cyclic collector runs its first generation
+        every 50,000 allocations, not 700 (it took 8-13% of the loop, 1/3 of restore: docs/benchmarks.md)."""
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         self.committer.watchdog = self.watchdog
