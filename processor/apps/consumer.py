@@ -48,7 +48,7 @@ from processor.apps.served import checked_view, engine_view
 from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.accounting import prompt_split
 from processor.core.contract import Contract, contract_violation
-from processor.engines.base import Engine, ItemResult
+from processor.engines.base import Engine, ItemResult, retriable_error
 from processor.kafka.clients import static_member, static_member_present
 from processor.kafka.exits import (
     DeliveryFailed,
@@ -406,8 +406,8 @@ class ConsumerApp:
             self._count_engine(batch, results, engine_s)
         completed_ms = _now_ms()
         records = [
-            item_completion(batch, item, result, engine_ms, completed_ms)
-            for item, result in zip(batch.items, results, strict=True)
+            item_completion(batch, item, result, engine_ms, completed_ms, batch.attempt(i))
+            for i, (item, result) in enumerate(zip(batch.items, results, strict=True))
         ]
         self._write_completions(batch.batch_id, records)
         for rec in records:
@@ -445,7 +445,7 @@ class ConsumerApp:
                 type(exc).__name__,
                 exc,
             )
-            return _all_failed(batch, f"engine error: {type(exc).__name__}: {exc}")
+            return _all_failed(batch, f"engine error: {type(exc).__name__}: {exc}", retriable_error(exc))
         ids = [getattr(r, "item_id", None) for r in results] if isinstance(results, list) else None
         bad = ids is None or any(not isinstance(r, ItemResult) or r.status not in STATUSES for r in results)
         if bad or ids != [item.item_id for item in batch.items]:
@@ -526,16 +526,22 @@ class ConsumerApp:
             raise DeliveryFailed(f"{what}: {remaining} messages still unacknowledged after {timeout_s:g} s")
 
 
-def _all_failed(batch: BatchRecord, reason: str) -> list[ItemResult]:
-    return [ItemResult(item.item_id, "failed", b"", 0, reason, False) for item in batch.items]
+def _all_failed(batch: BatchRecord, reason: str, retriable: bool = False) -> list[ItemResult]:
+    return [ItemResult(item.item_id, "failed", b"", 0, reason, False, 0, retriable) for item in batch.items]
 
 
 def item_completion(
-    batch: BatchRecord, item: TokenItemRecord, result: ItemResult, engine_ms: int, completed_ms: int
+    batch: BatchRecord,
+    item: TokenItemRecord,
+    result: ItemResult,
+    engine_ms: int,
+    completed_ms: int,
+    attempt: int = 1,
 ) -> CompletionRecord:
     """``item``'s completion from its engine result. ``cached_tokens`` is the engine's count held to
     the prompt (``prompt_split``; 0 unless ok); ``cache_hit`` is ``cached_tokens > 0``, or the engine's
-    own flag when it counts no tokens."""
+    own flag when it counts no tokens. ``attempt`` is the item's in the batch (``Batch.attempts``):
+    the completion answers that attempt, so readers keep the last one's (docs/jobs.md)."""
     ok = result.status == "ok"
     produced_ms = item.produced_ms
     queued = batch.created_ms - produced_ms if 0 < produced_ms <= batch.created_ms else 0
@@ -557,6 +563,8 @@ def item_completion(
         completed_ms=completed_ms,
         cached_tokens=cached,
         cache_hit=result.cache_hit or cached > 0,
+        retriable=result.retriable and result.status == "failed",
+        attempt=attempt,
     )
 
 

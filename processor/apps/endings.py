@@ -43,13 +43,16 @@ REASONS: dict[Ending, str] = {
 
 
 def apply_job_share(core: Scheduler, job: str, rec: JobShareRecord | None, now_ms: int) -> None:
-    """One job-shares record (None: a tombstone) applied to the core: the policy, the deadline, and a
-    cancel, which is final (a later record without it does not revive the job)."""
+    """One job-shares record (None: a tombstone) applied to the core: the policy, the deadline, the
+    attempts its items get (``max_attempts``), and a cancel, which is final (a later record without
+    it does not revive the job)."""
     if rec is None:
         core.shares.set_policy(job, JobPolicy())
         core.set_deadline(job, None, now_ms)
+        core.set_max_attempts(job, None)
         return
     core.shares.set_policy(job, rec.policy)
+    core.set_max_attempts(job, rec.max_attempts)
     if rec.cancelled_ms is not None:
         core.end_job(job, "cancelled", now_ms)
     core.set_deadline(job, rec.deadline_ms, now_ms)

@@ -60,6 +60,7 @@ from processor.state.handover import HandoverContext, PartitionHandover, Restore
 from processor.state.ingest import IngestItem
 from processor.state.restore import OnWaiting, RestoredState, latest_checkpoint, restore, transactional_id
 from processor.state.results import ResultsCursor
+from processor.wire.completion_heads import decode_completions_head
 from processor.wire.control import (
     DUPLICATE_ITEM_ID,
     decode_contract,
@@ -67,7 +68,7 @@ from processor.wire.control import (
     encode_ledger_snapshot,
 )
 from processor.wire.errors import DecodeError
-from processor.wire.heads import ItemHead, decode_completions_head, decode_item_head
+from processor.wire.heads import ItemHead, decode_item_head
 from processor.wire.items import encode_batch
 from processor.wire.records import LedgerSnapshotRecord
 
@@ -233,10 +234,9 @@ class ProcessorService:
         """Fence older instances and load the last checkpoint (exactly-once), then subscribe; lane
         state arrives with the partitions the group assigns (``_on_assign``).
 
-        The service owns its process: the hot path allocates an item, its body and a few strings per
-        message and makes no reference cycles of its own, so the cyclic collector runs its first
-        generation every 50,000 allocations instead of 700 (it took 8-13% of the loop and a third of
-        restore; docs/benchmarks.md)."""
+        The service owns its process: the hot path allocates an item, its body and a few strings a
+        message and no reference cycles of its own, so the cyclic collector runs its first generation
+        every 50,000 allocations, not 700 (it took 8-13% of the loop, 1/3 of restore: docs/benchmarks.md)."""
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         self.committer.watchdog = self.watchdog
@@ -516,7 +516,8 @@ class ProcessorService:
         last[head.consumer] = max(last.get(head.consumer, 0), msg.timestamp()[1])  # replays are older
         counters.completions += len(items)  # items, not messages: a message may hold a whole batch
         answered = self.core.in_flight_batch(batch_id)
-        applied, finished = self.core.items_done(batch_id, items, now, head.cached_tokens)
+        applied, finished = self.core.items_done(batch_id, items, now, head.cached_tokens, head.retriable)
+        self.committer.retried(self.core.take_retried())  # they wait again (processor/core/retries.py)
         if applied and answered is not None:
             self.observer.answered(answered, applied, now)
         if applied < len(items):

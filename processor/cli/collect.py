@@ -74,10 +74,16 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from processor.jobs.collect import CollectError, Collection, JobCollector, attempts_of
+    from processor.jobs.collect import (
+        CollectError,
+        Collection,
+        JobCollector,
+        attempts_of,
+        max_attempts_by_job,
+    )
     from processor.jobs.datasets import DatasetError, need_pyarrow, output_format
     from processor.jobs.journal import JournalError
-    from processor.jobs.topic import JobsTopicError, JobWriter, read_jobs
+    from processor.jobs.topic import JobsTopicError, JobWriter, read_job_share_records, read_jobs
     from processor.kafka.config import ConfigError
 
     try:
@@ -107,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{PROG}: error: no job {args.job!r} on {topics.jobs} {why}", file=sys.stderr)
             return 2
         try:
-            collector = JobCollector.open(job, args.out, args.dataset, attempts_of(job.name, jobs))
+            limits = max_attempts_by_job(read_job_share_records(conf, topics))
+            collector = JobCollector.open(job, args.out, args.dataset, attempts_of(job.name, jobs), limits)
         except (DatasetError, JournalError, OSError) as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
@@ -158,8 +165,8 @@ def _collect(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from processor.jobs.collect import attempts_of
-    from processor.jobs.topic import read_jobs
+    from processor.jobs.collect import attempts_of, max_attempts_by_job
+    from processor.jobs.topic import read_job_share_records, read_jobs
 
     deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
     next_refresh = time.monotonic() + JOB_REFRESH_S
@@ -188,6 +195,7 @@ def _collect(
                 for rec in (jobs.get(collector.job.name), *attempts_of(collector.job.name, jobs)):
                     if rec is not None and not collection.add_attempt(rec):
                         collector.update(rec)
+                collector.max_attempts = max_attempts_by_job(read_job_share_records(conf, topics))
                 next_refresh = time.monotonic() + JOB_REFRESH_S
             stop.wait(args.poll_s)
 

@@ -96,6 +96,8 @@ class CollectorService:
         self._progress_at: dict[str, float] = {}
         #: Per job written, the retry attempts its output includes.
         self._written_with: dict[str, set[str]] = {}
+        #: Each job's ``max_attempts`` on the job-shares topic, as of the last :meth:`refresh`.
+        self.max_attempts: dict[str, int] = {}
 
     def output(self, job: str) -> Path:
         return self.out_dir / f"{job}.{'jsonl' if self.fmt == 'openai' else self.fmt}"
@@ -103,10 +105,11 @@ class CollectorService:
     def refresh(self) -> None:
         """Read the jobs topic: start collecting new jobs, update the records of open ones, and
         hand each retry attempt to its job's collector (reopening a job already written)."""
-        from processor.jobs.collect import attempts_of
-        from processor.jobs.topic import read_jobs
+        from processor.jobs.collect import attempts_of, max_attempts_by_job
+        from processor.jobs.topic import read_job_share_records, read_jobs
 
         jobs = read_jobs(self.conf, self.topics)
+        self.max_attempts = max_attempts_by_job(read_job_share_records(self.conf, self.topics))
         for name, job in jobs.items():
             if job.retry_of is not None:
                 continue
@@ -114,6 +117,7 @@ class CollectorService:
             open_collector = self.collection.collectors.get(name)
             if open_collector is not None:
                 open_collector.update(job)
+                open_collector.max_attempts = self.max_attempts
                 for attempt in attempts:
                     self.collection.add_attempt(attempt)
             elif name in self.done and any(a.name not in self._written_with.get(name, ()) for a in attempts):
@@ -136,7 +140,7 @@ class CollectorService:
             self._written_with[job.name] = {a.name for a in attempts}
             return
         try:
-            collector = JobCollector.open(job, out, attempts=attempts)
+            collector = JobCollector.open(job, out, attempts=attempts, max_attempts=self.max_attempts)
         except (DatasetError, JournalError, OSError) as exc:
             self.skipped[job.name] = str(exc)
             log.error("job %s: not collected: %s", job.name, exc)

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from confluent_kafka import KafkaException
 
-    from processor.jobs.collect import CollectError, scan_progress
+    from processor.jobs.collect import CollectError, max_attempts_by_job, scan_progress
     from processor.jobs.states import openai_view
     from processor.jobs.topic import read_job_share_records, read_jobs
     from processor.kafka.config import ConfigError
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         if args.scan:
             now_ms = time.time_ns() // 1_000_000
             open_jobs = {k: v for k, v in jobs.items() if v.state != "finished"}
-            for name, p in scan_progress(conf, topics, open_jobs).items():
+            limits = max_attempts_by_job(costs.records)
+            for name, p in scan_progress(conf, topics, open_jobs, max_attempts=limits).items():
                 jobs[name] = replace(
                     jobs[name],
                     results_ok=p.ok,
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.name is not None:
         job = jobs[args.name]
         _detail(job, costs.cancelled(job.name))
+        print(f"{'retries':<10} {costs.retries(args.name)}")
         print(f"{'share':<10} {costs.share(args.name)}")
         print(f"{'cost':<10} {costs.cost(args.name)}")
         if job.is_submitted and job.items > job.results_ok + job.results_failed:
@@ -204,6 +206,16 @@ class _Costs:
         policy = self.shares.get(job)
         text = describe_policy(policy) if policy is not None else "weight 1"
         return text + (" CAPPED" if self.view.job_policy(job)[3] else "")
+
+    def retries(self, job: str) -> str:
+        """Dispatches of the job's items after a retriable failure (the ledger's ``retried``), and
+        how many attempts each item gets (docs/jobs.md, "Retries inside the pipeline")."""
+        from processor.core.retries import DEFAULT_MAX_ATTEMPTS
+
+        rec = self.records.get(job)
+        limit = rec.max_attempts if rec is not None and rec.max_attempts is not None else DEFAULT_MAX_ATTEMPTS
+        n = self.view.job_total(job, "retried_items")
+        return f"{n:,} items sent back to the lanes after a retriable failure; max_attempts {limit}"
 
     def cost(self, job: str) -> str:
         t = self.view.job_total

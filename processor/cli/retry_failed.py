@@ -62,11 +62,14 @@ def merged_results(
     dataset: str | None,
 ) -> tuple[dict[int, RowResult], JobSummary]:
     """Each row's latest result over ``job`` and its ``attempts``, read from the results topic as
-    ``collect`` reads them (into a journal in a temporary folder, deleted after), and the summary."""
-    from processor.jobs.collect import Collection, JobCollector
+    ``collect`` reads them (into a journal in a temporary folder, deleted after), and the summary.
+    A row the pipeline is still retrying has no result yet, so it is not retried here too."""
+    from processor.jobs.collect import Collection, JobCollector, max_attempts_by_job
+    from processor.jobs.topic import read_job_share_records
 
+    limits = max_attempts_by_job(read_job_share_records(conf, topics))
     with tempfile.TemporaryDirectory(prefix="tokenfabric-retry-") as folder:
-        collector = JobCollector.open(job, Path(folder) / "scan.jsonl", dataset, attempts)
+        collector = JobCollector.open(job, Path(folder) / "scan.jsonl", dataset, attempts, limits)
         collection = Collection(conf, topics)
         try:
             collection.add(collector)
@@ -84,6 +87,7 @@ def run_retry_failed(args: argparse.Namespace) -> int:
     from processor.apps.producer import MissingTopicError, ProduceError, TokenProducer
     from processor.cli.options import kafka_settings
     from processor.cli.submit import Aborted, plan_from, submit
+    from processor.core.shares import JobPolicy
     from processor.jobs.collect import CollectError, attempts_of
     from processor.jobs.datasets import DatasetError
     from processor.jobs.journal import JournalError
@@ -96,8 +100,9 @@ def run_retry_failed(args: argparse.Namespace) -> int:
         retry_problem,
         rows_to_retry,
     )
-    from processor.jobs.topic import JobsTopicError, read_job_shares, read_jobs
+    from processor.jobs.topic import JobsTopicError, read_job_share_records, read_jobs
     from processor.kafka.config import ConfigError
+    from processor.ops.lifecycle import max_attempts_from
 
     name = args.retry_failed
     try:
@@ -137,9 +142,13 @@ def run_retry_failed(args: argparse.Namespace) -> int:
         producer = TokenProducer(conf, topics)
         producer.check_topic()
         writer = AttemptWriter(conf, topics, retry_of=job, attempt=attempt)
-        policy = read_job_shares(conf, topics).get(name)
-        if policy is not None:  # the attempt runs under the job's share, from its first item
-            writer.write_share(attempt_job, policy, time.time_ns() // 1_000_000)
+        share = read_job_share_records(conf, topics).get(name)
+        max_attempts = max_attempts_from(getattr(args, "max_attempts", None))
+        if max_attempts is None and share is not None:
+            max_attempts = share.max_attempts
+        if share is not None or max_attempts is not None:  # from the attempt's first item: the job's
+            policy = share.policy if share is not None else JobPolicy()  # share, and its attempts
+            writer.write_share(attempt_job, policy, time.time_ns() // 1_000_000, max_attempts)
         final = submit(plan, producer, writer)
     except (ValueError, DatasetError, JournalError, CollectError, MissingTopicError, JobsTopicError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

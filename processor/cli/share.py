@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         now_ms = time.time_ns() // 1_000_000
         if policy is None and (
-            current is None or (current.cancelled_ms, current.deadline_ms) == (None, None)
+            current is None
+            or (current.cancelled_ms, current.deadline_ms, current.max_attempts) == (None,) * 3
         ):
             write_job_share(conf, topics, None, args.job)
         else:

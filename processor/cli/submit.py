@@ -144,6 +144,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="rows not dispatched by then (ISO 8601, UTC unless zoned) end 'expired'",
     )
+    p.add_argument(
+        "--max-attempts",
+        metavar="N",
+        default=None,
+        help="dispatches each row gets in all when its engine fails it for a reason worth another try "
+        "(a timeout, a server error; not a rejected prompt): default 3, 1 for no retry",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_job_policy_arguments(p)
     add_kafka_arguments(p)
@@ -425,13 +432,14 @@ def run(args: argparse.Namespace) -> int:
     from processor.apps.producer import MissingTopicError, ProduceError, TokenProducer
     from processor.jobs.topic import JobsTopicError, JobWriter, read_jobs
     from processor.kafka.config import ConfigError
-    from processor.ops.lifecycle import LifecycleError, deadline_from, record_deadline
+    from processor.ops.lifecycle import LifecycleError, deadline_from, max_attempts_from, record_deadline
 
     if args.retry_failed is not None:
         from processor.cli.retry_failed import run_retry_failed
 
         return run_retry_failed(args)
     try:
+        max_attempts = max_attempts_from(args.max_attempts)  # first: a typo costs no dataset read
         plan = plan_from(args)
         policy = job_policy_from(args)
         deadline_ms = deadline_from(args.window, args.deadline, time.time_ns() // 1_000_000)
@@ -468,8 +476,9 @@ def run(args: argparse.Namespace) -> int:
         _warn_if_unserved(plan.model, plan.adapter, conf, topics)
         if policy is not None:  # before the first item, so the processors weigh it from the start
             writer.write_share(plan.job, policy, time.time_ns() // 1_000_000)
-        if deadline_ms is not None:  # after the share, which writes the record without a deadline
-            record_deadline(conf, topics, plan.job, deadline_ms, time.time_ns() // 1_000_000)
+        if deadline_ms is not None or max_attempts is not None:  # after the share, which writes neither
+            now_ms = time.time_ns() // 1_000_000
+            record_deadline(conf, topics, plan.job, deadline_ms, now_ms, max_attempts=max_attempts)
         with _progress(not args.no_progress) as on_rows:
             final = submit(plan, producer, writer, on_bad=on_bad, on_rows=on_rows)
     except (Aborted, KafkaException, ProduceError, JobsTopicError, LifecycleError) as exc:

@@ -17,6 +17,8 @@ keeps stable ("What is stable" there); import them from ``processor.core``. The 
 - ``shares``: token shares between jobs (:class:`Shares`, :class:`JobPolicy`, :class:`ShareSettings`);
 - ``endings``: jobs that end before their items are dispatched, cancelled or past their deadline
   (``Scheduler.end_job``, ``Scheduler.set_deadline``, ``Scheduler.take_ended``);
+- ``retries``: which failed items go back to the lanes for another attempt (:class:`RetryPolicy`,
+  ``Scheduler.set_max_attempts``, ``Scheduler.take_retried``);
 - ``accounting``: the :class:`Ledger` of items and tokens at each stage, its books and
   :class:`LedgerImbalance`; ``measures``: :func:`padding_waste`, the one formula every report uses.
 
@@ -30,6 +32,7 @@ from processor.core.dispatch import DispatchSettings
 from processor.core.item import Batch, Item, ItemOutcome
 from processor.core.lanes import LaneSettings
 from processor.core.measures import padding_waste
+from processor.core.retries import RetryPolicy
 from processor.core.scheduler import Scheduler
 from processor.core.shares import JobPolicy, Shares, ShareSettings
 from processor.core.signature import shape_signature
@@ -52,6 +55,7 @@ __all__ = [
     "Ledger",
     "LedgerImbalance",
     "ModelBook",
+    "RetryPolicy",
     "Scheduler",
     "SchedulerView",
     "ShareSettings",

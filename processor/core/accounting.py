@@ -2,8 +2,8 @@
 
 Two equations hold at every instant, in items and in tokens, per model and in total:
 
-    received + adopted_queued  = queued + routed + cancelled + expired + released_queued
-    routed   + adopted_in_flight = completed + in_flight + failed + released_in_flight
+    received + adopted_queued + retried = queued + routed + cancelled + expired + released_queued
+    routed   + adopted_in_flight = completed + in_flight + failed + retried + released_in_flight
 
 They are written once, as ``RECEIVED`` and ``ROUTED`` (:class:`Equation`): the checks below and the
 metrics' imbalance gauges both ask them.
@@ -38,6 +38,12 @@ checkpoint then claims nothing about the cache, and the audit compares nothing.
 was cancelled (``tokenfabric cancel``), or its deadline passed first (``Scheduler.end_job``). The
 processor answers each with a completion of that status; an item in flight when its job ends is not
 touched, and ends completed or failed as any other.
+
+``retried`` are items that came back failed for a reason worth another try (the consumer said so:
+``Completion.retriable``) while their job allowed another attempt (``core/retries.py``): each such
+answer moves the item from ``in_flight`` back to ``queued`` through ``retried``, which therefore
+stands on both sides, once per retry. ``routed`` counts every attempt's dispatch (the engine did
+the work), and the item's last attempt ends it as any other: completed, failed, cancelled or expired.
 
 A producer's repeat of an item id (``duplicate``) is dead-lettered, never received: it is counted
 beside the equations, in ``dead_lettered`` too.
@@ -211,6 +217,17 @@ class Ledger:
         book.queued.add(items, tokens)
         c.redelivered.add(items, tokens)
 
+    def retried(self, model: str, consumer: str, items: int, tokens: int) -> None:
+        """Items of a batch failed retriably and wait again for another attempt: out of ``in_flight``
+        into ``retried``, and from there back into ``queued`` (``RECEIVED``, ``ROUTED``)."""
+        book = self._model(model)
+        c = self.consumer(consumer)
+        book.in_flight.add(-items, -tokens)
+        c.in_flight.add(-items, -tokens)
+        book.retried.add(items, tokens)
+        c.retried.add(items, tokens)
+        book.queued.add(items, tokens)
+
     def adopted_waiting(self, model: str, tokens: int, items: int = 1) -> None:
         """Items another instance (or this one before a restart) counted now wait here."""
         book = self._model(model)
@@ -292,6 +309,12 @@ class Ledger:
         book.routed.add(-items, -tokens)
         book.queued.add(items, tokens)
 
+    def job_retried(self, job: str, items: int, tokens: int) -> None:
+        book = self.job(job)
+        book.in_flight.add(-items, -tokens)
+        book.retried.add(items, tokens)
+        book.queued.add(items, tokens)
+
     def job_adopted_in_flight(self, job: str, items: int, tokens: int) -> None:
         book = self.job(job)
         book.in_flight.add(items, tokens)
@@ -358,6 +381,7 @@ class Ledger:
             "in_flight",
             "adopted_in_flight",
             "released_in_flight",
+            "retried",
         ):
             by_model = self.total(stage)
             by_consumer = Tally()
@@ -377,6 +401,25 @@ class Ledger:
             "cached_prompt by consumer",
             (by_consumer_cached,),
         )
+
+    def check_holdings(self, waiting: tuple[int, int], in_flight: tuple[int, int] | None) -> None:
+        """:meth:`check`, then ``queued`` against the ``(items, tokens)`` the lanes hold, the jobs'
+        books (:meth:`check_jobs`), and ``in_flight`` against what the batches in flight hold
+        (None: not recounted). ``Scheduler.check`` passes what it recounted."""
+        self.check()
+        queued = self.total("queued")
+        if (queued.items, queued.tokens) != waiting:
+            raise LedgerImbalance(
+                f"ledger says {queued.items:,} items / {queued.tokens:,} tokens queued, lanes hold "
+                f"{waiting[0]:,} / {waiting[1]:,}"
+            )
+        self.check_jobs()
+        held = self.total("in_flight")
+        if in_flight is not None and (held.items, held.tokens) != in_flight:
+            raise LedgerImbalance(
+                f"ledger says {held.items:,} items / {held.tokens:,} tokens in flight, "
+                f"batches hold {in_flight[0]:,} / {in_flight[1]:,}"
+            )
 
     def snapshot(self) -> dict[str, int]:
         """Flat counters: ``stage_items``/``stage_tokens`` totals, then per model, consumer and job

@@ -50,6 +50,11 @@ class ModelBook:
     expired: Tally
     """Items of a job whose deadline passed before they were dispatched: as ``cancelled``, status
     ``expired``."""
+    retried: Tally
+    """Items that came back failed with a retriable reason (``Scheduler.items_done(retriable=...)``)
+    and went back to the lanes for another attempt: they leave ``in_flight`` on the right of
+    ``ROUTED`` and come back to ``queued`` on the left of ``RECEIVED``. Each retry counts once, so an
+    item tried three times counts 2 here; its tokens are counted on every ``routed``."""
     cached_prompt_tokens: int = 0
     """Prompt tokens of completed items the engine served from its prefix cache."""
     prefill_tokens: int = 0
@@ -58,7 +63,7 @@ class ModelBook:
     @classmethod
     def empty(cls) -> ModelBook:
         t = Tally  # one per stage (written out: the int counters follow them)
-        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
+        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
 
 
 @dataclass(slots=True)
@@ -70,6 +75,8 @@ class ConsumerBook:
     redelivered: Tally
     adopted_in_flight: Tally
     released_in_flight: Tally
+    retried: Tally
+    """Items its engine failed with a retriable reason that went back to the lanes (``ModelBook.retried``)."""
     batches: int = 0
     padded_tokens: int = 0
     oversized: int = 0
@@ -85,7 +92,7 @@ class ConsumerBook:
 
     @classmethod
     def empty(cls) -> ConsumerBook:
-        return cls(Tally(), Tally(), Tally(), Tally(), Tally(), Tally(), Tally())
+        return cls(Tally(), Tally(), Tally(), Tally(), Tally(), Tally(), Tally(), Tally())
 
 
 @dataclass(slots=True)
@@ -99,7 +106,7 @@ class JobBook(ModelBook):
     @classmethod
     def empty(cls) -> JobBook:
         t = Tally  # one per ModelBook stage (written out: the int counters follow them)
-        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
+        return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
 
 
 HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
@@ -116,6 +123,7 @@ STAGES = (
     *HANDOVER,
     "duplicate",
     *ENDINGS,
+    "retried",
 )
 PROMPT_COUNTERS = ("cached_prompt_tokens", "prefill_tokens")
 """How completed prompts were served, in every book (``PROMPTS``): from the prefix cache, or computed."""
@@ -138,6 +146,7 @@ CONSUMER_STAGES = (
     "redelivered",
     "adopted_in_flight",
     "released_in_flight",
+    "retried",
 )
 
 
@@ -184,18 +193,20 @@ class Equation:
 
 
 RECEIVED = Equation(
-    "received", ("received", "adopted_queued"), ("queued", "routed", *ENDINGS, "released_queued")
+    "received",
+    ("received", "adopted_queued", "retried"),
+    ("queued", "routed", *ENDINGS, "released_queued"),
 )
-"""What arrived (or was adopted) waits, went out, ended unrouted (cancelled or expired), or was handed
-over: models and jobs."""
+"""What arrived (or was adopted, or came back to be tried again) waits, went out, ended unrouted
+(cancelled or expired), or was handed over: models and jobs."""
 
 ROUTED = Equation(
     "routed",
     ("routed", "adopted_in_flight"),
-    ("completed", "in_flight", "failed", "released_in_flight"),
+    ("completed", "in_flight", "failed", "retried", "released_in_flight"),
 )
-"""What went out (or was adopted in flight) completed, is in flight, failed, or was handed over:
-models, jobs and consumers."""
+"""What went out (or was adopted in flight) completed, is in flight, failed, came back to be tried
+again, or was handed over: models, jobs and consumers."""
 
 
 def prompt_split(input_tokens: int, cached_tokens: int) -> tuple[int, int]:

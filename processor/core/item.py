@@ -26,7 +26,8 @@ class Item(msgspec.Struct, eq=False, gc=False):
     ``default_output_tokens`` when None) because generation fills the KV cache too. ``job`` is the
     job the item belongs to (``TokenItem.job_id``; "" for none): lanes never mix jobs, so every
     batch holds one job's items, which is what lets token shares (``core/shares.py``) be counted
-    per batch. Items compare by identity (``eq=False``): two requests with equal fields are still two.
+    per batch. ``attempt`` counts its retries (processor/core/retries.py). Items compare by
+    identity (``eq=False``): two requests with equal fields are still two.
     """
 
     id: str
@@ -39,6 +40,9 @@ class Item(msgspec.Struct, eq=False, gc=False):
     job: str = ""
     lane: int = NO_LANE
     dispatched: bool = False
+    attempt: int = 1
+    """Which dispatch of the item this is or will be: 1 at first, one more each time a retriable
+    failure sends it back to the lanes (processor/core/retries.py)."""
 
     def __repr__(self) -> str:
         return f"Item({self.id!r}, model={self.model!r}, shape={self.shape:#x}, length={self.length})"

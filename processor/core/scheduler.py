@@ -1,11 +1,11 @@
 """The scheduler: one object an adapter drives, over the lanes, the dispatch rules, the batches in
 flight and the ledger.
 
-What goes where: waiting items sit in the lane table (core/lanes.py, cut into batches by
-core/cut.py); which lane a consumer's next batch comes from is core/dispatch.py (its docstring states
-the rules); what consumers hold until they answer is core/inflight.py; the counts are the ledger's
-(core/accounting.py), and the scheduler is its only writer. Read-only figures for observers are
-:class:`~processor.core.view.SchedulerView` (``Scheduler.view``).
+What goes where: waiting items sit in the lane table (core/lanes.py, cut into batches by core/cut.py);
+which lane a consumer's next batch comes from is core/dispatch.py (its docstring states the rules);
+what consumers hold until they answer is core/inflight.py, which failures go back is core/retries.py;
+the counts are the ledger's (core/accounting.py), and the scheduler is its only writer. Read-only
+figures for observers are :class:`~processor.core.view.SchedulerView` (``Scheduler.view``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from processor.core.accounting import Ledger, LedgerImbalance
+from processor.core.accounting import Ledger
 from processor.core.contract import Contract, check_batch
 from processor.core.dispatch import DEADLINES, DispatchRules, DispatchSettings
 from processor.core.endings import Ending, JobEndings
@@ -32,6 +32,7 @@ from processor.core.inflight import (
 from processor.core.item import Batch, Item, ItemOutcome, Outcome
 from processor.core.lane import Lane
 from processor.core.lanes import LaneSettings, LaneTable, ShapeKey, ShapeLanes
+from processor.core.retries import RetryPolicy
 from processor.core.shares import Shares
 from processor.core.switch_order import SwitchOrder
 from processor.core.view import SchedulerView
@@ -71,6 +72,8 @@ class Scheduler:
         self._seq = 0
         self.oversized = 0
         self.endings = JobEndings()
+        self.retries = RetryPolicy()
+        self._retried: list[Item] = []
         self._rules = DispatchRules(
             self.settings,
             self.shares,
@@ -352,11 +355,11 @@ class Scheduler:
 
     # -- results in ----------------------------------------------------------------------------
 
-    def complete(self, batch_id: str, now_ms: int, failed: Collection[str] = ()) -> Batch | None:
-        """The whole batch came back; ``failed`` names the item ids that failed.
-
-        Returns the batch, or None if it is not in flight (already completed: a duplicate).
-        """
+    def complete(
+        self, batch_id: str, now_ms: int, failed: Collection[str] = (), retriable: Collection[str] = ()
+    ) -> Batch | None:
+        """The whole batch came back; ``failed`` names the item ids that failed (``retriable``: as
+        for :meth:`items_done`). Returns the batch, or None if it is not in flight (a duplicate)."""
         entry = self._flights.pop(batch_id)
         if entry is None:
             return None
@@ -365,6 +368,8 @@ class Scheduler:
         if answered is None:  # the common case: the whole batch succeeded at once
             self._finished(flight, (len(flight.batch.items), flight.tokens, 0, 0), None)
         else:
+            if retriable:
+                answered = self._retry(flight, answered, retriable, now_ms)
             self._finished(flight, count_answers(answered), answered)
         return flight.batch
 
@@ -381,12 +386,17 @@ class Scheduler:
         results: Sequence[Outcome],
         now_ms: int,
         cached_tokens: Sequence[int] | None = None,
+        retriable: Collection[str] = (),
     ) -> tuple[int, bool]:
         """Several items of one batch came back (one results message), as :class:`ItemOutcome` or the
         plain ``(item_id, ok, cache_hit)`` tuples the wire heads build. ``cached_tokens``, when given,
         holds each result's prompt tokens served from the engine's prefix cache, in the same order
         (``CompletionsHead.cached_tokens``); the ledger books them for the ok items that were
         outstanding, and the rest of their prompts as computed.
+
+        ``retriable``: failed items worth another try (``Completion.retriable``); each goes back to
+        its lanes, counted ``retried``, while its job allows (:attr:`retries`, core/retries.py; the
+        adapter learns which through :meth:`take_retried`), else its failure is final.
 
         Returns how many of them were outstanding (the rest are duplicates) and whether that
         finished the batch. Same effect as :meth:`item_done` on each in turn, with one ledger entry: the
@@ -396,12 +406,15 @@ class Scheduler:
             return 0, False
         flight = entry[1]
         answered, finished = flight.answer(results)
+        applied = len(answered)  # a retried item was answered too: its batch holds it no more
+        if answered and retriable:
+            answered = self._retry(flight, answered, retriable, now_ms)
         if answered:
             cached = None if cached_tokens is None else cached_by_id(results, cached_tokens)
             self._finished(flight, count_answers(answered), answered, cached)
         if finished:
             self._flights.pop(batch_id)
-        return len(answered), finished
+        return applied, finished
 
     def requeue(self, batch_id: str, now_ms: int) -> list[Item]:
         """Put a batch's outstanding items back in their lanes (their consumer will not finish them)."""
@@ -418,6 +431,27 @@ class Scheduler:
             item.dispatched = False
         self._enqueue_many(items, [now_ms] * len(items), None)
         return items
+
+    def set_max_attempts(self, job: str, max_attempts: int | None) -> None:
+        """``job``'s items get ``max_attempts`` dispatches in all (None: the default, 3)."""
+        self.retries.set(job, max_attempts)
+
+    def take_retried(self) -> list[Item]:
+        """The items sent back for another attempt (their new ``attempt`` set) since the last call."""
+        out, self._retried = self._retried, []
+        return out
+
+    def _retry(self, flight: InFlight, answered: Answers, retriable: Collection[str], now_ms: int) -> Answers:
+        """Send back the items of ``answered`` that :meth:`RetryPolicy.split` retries; returns the rest."""
+        again, rest = self.retries.split(answered, retriable)
+        if again:
+            b = flight.batch
+            self.ledger.retried(b.model, b.consumer, len(again), sum(it.length for it in again))
+            for job, (n, tokens) in per_job(again).items():
+                self.ledger.job_retried(job, n, tokens)
+            self._retried += again
+            self._enqueue_many(again, [now_ms] * len(again), None)
+        return rest
 
     # -- jobs that end before their items are dispatched (core/endings.py) ------------------------
 
@@ -560,20 +594,5 @@ class Scheduler:
         if deep:
             self.table.check()
             self._order.check()
-        self.ledger.check()
-        queued = self.ledger.total("queued")
-        if (queued.items, queued.tokens) != (self.table.waiting_items, self.table.waiting_tokens):
-            raise LedgerImbalance(
-                f"ledger says {queued.items:,} items / {queued.tokens:,} tokens queued, lanes hold "
-                f"{self.table.waiting_items:,} / {self.table.waiting_tokens:,}"
-            )
-        self.ledger.check_jobs()
-        if not deep:
-            return
-        items, tokens = self._flights.outstanding()
-        in_flight = self.ledger.total("in_flight")
-        if (in_flight.items, in_flight.tokens) != (items, tokens):
-            raise LedgerImbalance(
-                f"ledger says {in_flight.items:,} items / {in_flight.tokens:,} tokens in flight, "
-                f"batches hold {items:,} / {tokens:,}"
-            )
+        waiting = (self.table.waiting_items, self.table.waiting_tokens)
+        self.ledger.check_holdings(waiting, self._flights.outstanding() if deep else None)

@@ -64,7 +64,10 @@ class ItemResult:
     instead of computing them, as its server reported them (0 when it keeps no cache or reports
     none); the consumer app holds it to ``[0, token_count]``. ``cache_hit`` is True when the engine
     reused a cached prefix for the item: an engine that counts tokens sets it to ``cached_tokens > 0``;
-    one that counts none (``sim``'s modelled cache) says it alone.
+    one that counts none (``sim``'s modelled cache) says it alone. ``retriable`` (``failed`` only):
+    the failure is worth another try, the engine timed out, its server answered 5xx, went away or
+    refused the connection; not a refusal (4xx) nor anything that would fail again. The processor
+    then sends the item back to the lanes while its job's ``max_attempts`` allows (docs/jobs.md).
     """
 
     item_id: str
@@ -74,6 +77,28 @@ class ItemResult:
     reason: str | None
     cache_hit: bool
     cached_tokens: int = 0
+    retriable: bool = False
+
+
+RETRIABLE_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
+"""Exceptions that make a failure retriable: a timeout, a connection refused, reset or aborted."""
+
+
+def retriable_error(exc: BaseException) -> bool:
+    """Whether an engine's exception is one of :data:`RETRIABLE_ERRORS`, itself or anything it was
+    raised from or wraps (``urllib.error.URLError.reason``: a refused connection); the consumer app
+    marks the failed completions of a batch whose engine raised it ``retriable``."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        if isinstance(e, RETRIABLE_ERRORS):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
+    return False
 
 
 class Engine(ABC):

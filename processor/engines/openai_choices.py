@@ -151,6 +151,8 @@ def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def item_result(item: TokenItemRecord, status: Literal["failed", "rejected"], reason: str) -> ItemResult:
-    """A result that is not ``ok``: no output, no tokens, the reason."""
-    return ItemResult(item.item_id, status, b"", 0, reason, False)
+def item_result(
+    item: TokenItemRecord, status: Literal["failed", "rejected"], reason: str, retriable: bool = False
+) -> ItemResult:
+    """A result that is not ``ok``: no output, no tokens, the reason (``retriable``: ``ItemResult``'s)."""
+    return ItemResult(item.item_id, status, b"", 0, reason, False, 0, retriable and status == "failed")

@@ -70,7 +70,10 @@ BODY_SNIPPET_CHARS = 200
 
 
 class _RequestFailed(Exception):
-    """Internal: a request failed for good; the text is every item's reason."""
+    """Internal: a request failed for good; the text is every item's reason. ``retriable``: it gave
+    up on what may pass later (timeouts, 429, 5xx, a server gone away), so the pipeline may retry."""
+
+    retriable = False
 
 
 class _Refused(_RequestFailed):
@@ -196,7 +199,7 @@ class OpenAICompletionsEngine(Engine):
             except _Refused as exc:
                 return Refusal(exc.status, str(exc))
             except _RequestFailed as exc:
-                return [item_result(item, "failed", str(exc)) for item in part]
+                return [item_result(item, "failed", str(exc), exc.retriable) for item in part]
             return map_choices(part, response, max_tokens, json_output=json_output)
 
         def refused(item: TokenItemRecord, refusal: Refusal, sent: int) -> ItemResult:
@@ -268,9 +271,11 @@ class OpenAICompletionsEngine(Engine):
         return delay_ms / 1000.0
 
     def _gave_up(self, last: str, attempts: int, why: str) -> _RequestFailed:
-        return _RequestFailed(
+        failed = _RequestFailed(
             f"{self.settings.endpoint}: {last} (gave up after {attempts} attempt(s): {why})"
         )
+        failed.retriable = True
+        return failed
 
 
 def _parse_response(data: bytes, where: str) -> dict[str, Any]:

@@ -130,10 +130,11 @@ def decode_job(value: bytes | bytearray | memoryview | None) -> JobRecord:
     )
 
 
-def encode_job_share(job: str, policy: JobPolicy, set_ms: int) -> bytes:
+def encode_job_share(job: str, policy: JobPolicy, set_ms: int, max_attempts: int | None = None) -> bytes:
     """A job's share (weight and quotas: docs/shares.md) as a message value of the job-shares topic,
-    with no cancel and no deadline (the whole record: :mod:`processor.wire.job_share`)."""
-    return encode_job_share_record(JobShareRecord(job, policy, set_ms))
+    with no cancel and no deadline, and ``max_attempts`` (None: the default; the whole record:
+    :mod:`processor.wire.job_share`)."""
+    return encode_job_share_record(JobShareRecord(job, policy, set_ms, max_attempts=max_attempts))
 
 
 def decode_job_share(value: bytes | bytearray | memoryview | None) -> tuple[str, JobPolicy, int]:

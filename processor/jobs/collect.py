@@ -32,6 +32,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from processor.core.retries import DEFAULT_MAX_ATTEMPTS, may_retry
 from processor.jobs.datasets import Dataset, DatasetError, file_sha256, output_format, write_output
 from processor.jobs.journal import Journal
 from processor.jobs.model import (
@@ -47,15 +48,14 @@ from processor.jobs.openai_output import request_of_job, write_openai
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import position
 from processor.kafka.topics import TopicNames
-from processor.wire.completions import PREVIOUS_COMPLETION_BATCH_HEADER, decode_completions
+from processor.wire.completions import COMPLETION_BATCH_HEADERS, decode_completions
 from processor.wire.errors import DecodeError
+from processor.wire.job_share import JobShareRecord
 from processor.wire.records import CompletionRecord
-from processor.wire.schemas import HEADER_SIZE, HEADERS
+from processor.wire.schemas import HEADER_SIZE
 
 #: How far before a job's ``started_ms`` a fresh collect starts reading results.
 START_SLACK_MS = 10 * 60 * 1000
-_BATCH_HEADERS = (HEADERS["CompletionBatch"], PREVIOUS_COMPLETION_BATCH_HEADER)
-"""A CompletionBatch's headers: today's, and the one written before ``cached_tokens``."""
 
 
 class CollectError(RuntimeError):
@@ -172,6 +172,14 @@ def _row_result(row: int, c: CompletionRecord, attempt: int) -> RowResult:
     )
 
 
+def provisional(c: CompletionRecord, max_attempts: int) -> bool:
+    """Whether ``c`` is not its item's last completion: it failed retriably (``Completion.retriable``)
+    on an attempt its job's ``max_attempts`` allows a next one after, so the processor sends the item
+    again (processor/core/retries.py decides with the same function) and a later completion is the
+    row's result. A reader neither counts such a completion as the row's result nor writes it."""
+    return c.status == "failed" and c.retriable and may_retry(c.attempt, max_attempts)
+
+
 def journal_path(out: Path) -> Path:
     return out.with_name(out.name + ".journal")
 
@@ -190,6 +198,11 @@ class JobCollector:
     undecodable: int = 0
     #: The job's retry attempts by job name (``NAME.r2``, ...), merged into its output.
     attempts: dict[str, JobRecord] = field(default_factory=dict)
+    #: Each job name's ``max_attempts`` (its JobShare record, :func:`max_attempts_by_job`); a name
+    #: not here has the processors' default.
+    max_attempts: dict[str, int] = field(default_factory=dict)
+    #: Completions passed over because a later attempt of their item follows (:func:`provisional`).
+    provisional: int = 0
     _pending: list[RowResult] = field(default_factory=list)
     _bad: frozenset[int] = frozenset()
 
@@ -200,11 +213,12 @@ class JobCollector:
         out: str | Path,
         dataset: str | Path | None = None,
         attempts: Iterable[JobRecord] = (),
+        max_attempts: Mapping[str, int] | None = None,
     ) -> JobCollector:
         """Check the output name and the dataset, then open (and lock) the journal beside the output.
 
         ``attempts``: the job's retry attempts known now (:func:`attempts_of`); more can be added
-        later with :meth:`add_attempt`."""
+        later with :meth:`add_attempt`. ``max_attempts``: each job name's (:func:`max_attempts_by_job`)."""
         target = Path(out)
         output_format(target)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -217,6 +231,7 @@ class JobCollector:
         journal = Journal.open(journal_path(target), job)
         c = cls(job, target, journal, ds)
         c._bad = frozenset(b.row for b in job.bad_rows)
+        c.max_attempts = dict(max_attempts or {})
         for attempt in attempts:
             c.add_attempt(attempt)
         return c
@@ -278,9 +293,15 @@ class JobCollector:
     def take(self, partition: int, offset: int, completion: CompletionRecord) -> None:
         """A decoded completion of one of this job's items (from either form of results message)."""
         opened = self._open_row(partition, offset, completion.item_id)
-        if opened is not None:
+        if opened is not None and provisional(completion, self.attempts_allowed(job_of(completion.item_id))):
+            self.provisional += 1  # the item goes out again: its next completion is the row's
+        elif opened is not None:
             row, attempt = opened
             self._pending.append(_row_result(row, completion, attempt))
+
+    def attempts_allowed(self, job_name: str) -> int:
+        """The ``max_attempts`` of the items of job ``job_name`` (this job or one of its attempts)."""
+        return self.max_attempts.get(job_name, DEFAULT_MAX_ATTEMPTS)
 
     def _open_row(self, partition: int, offset: int, item: str) -> tuple[int, int] | None:
         """(row, attempt) of ``item`` if its result may still be this job's, for a row that has none
@@ -323,7 +344,11 @@ class JobCollector:
         return not self.attempts or self.summary().complete
 
     def summary(self) -> JobSummary:
-        extra = {"stray completions": self.stray, "undecodable completions": self.undecodable}
+        extra = {
+            "stray completions": self.stray,
+            "undecodable completions": self.undecodable,
+            "retried completions (a later attempt answers)": self.provisional,
+        }
         return summarize(self.job, self.journal.results.values(), extra, self.attempts.values())
 
     def progress_records(self, now_ms: int) -> list[JobRecord]:
@@ -380,6 +405,12 @@ def _counts(rec: JobRecord) -> tuple[object, ...]:
         rec.output_tokens,
         rec.state,
     )
+
+
+def max_attempts_by_job(shares: Mapping[str, JobShareRecord]) -> dict[str, int]:
+    """Each job's ``max_attempts`` from its job-shares record (``read_job_share_records``), for the
+    jobs whose record names one."""
+    return {job: rec.max_attempts for job, rec in shares.items() if rec.max_attempts is not None}
 
 
 def attempts_of(job: str, jobs: Mapping[str, JobRecord]) -> list[JobRecord]:
@@ -439,7 +470,7 @@ class Collection:
             self._reassign = False
         for msg in self.tail.drain(max_s):
             value = msg.value()
-            if value is not None and value[:HEADER_SIZE] in _BATCH_HEADERS:
+            if value is not None and value[:HEADER_SIZE] in COMPLETION_BATCH_HEADERS:
                 self._offer_batch(*position(msg), value)
                 continue
             key = msg.key()
@@ -482,11 +513,18 @@ class Progress:
 
 
 def scan_progress(
-    conf: Mapping[str, str], topics: TopicNames, jobs: Mapping[str, JobRecord], max_s: float = 120.0
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    jobs: Mapping[str, JobRecord],
+    max_s: float = 120.0,
+    max_attempts: Mapping[str, int] | None = None,
 ) -> dict[str, Progress]:
     """Count each job's distinct rows with a result, reading results since the oldest job started.
 
-    A row's result is its first completion, or a later try's (a retry inside the pipeline)."""
+    A row's result is its completion of the greatest attempt (a retry inside the pipeline), and a
+    completion another attempt follows is none (:func:`provisional`; ``max_attempts`` by job, as
+    :func:`max_attempts_by_job` gives it)."""
+    limits = max_attempts or {}
     if not jobs:
         return {}
     tail = ResultsTail(conf, topics)
@@ -503,6 +541,8 @@ def scan_progress(
                 rows = seen.get(name)
                 row = row_of(name, c.item_id) if rows is not None else None
                 if rows is not None and row is not None:
+                    if provisional(c, limits.get(name, DEFAULT_MAX_ATTEMPTS)):
+                        continue
                     result = _row_result(row, c, attempt=1)
                     if result.supersedes(rows.get(row)):
                         rows[row] = result

@@ -97,10 +97,19 @@ class JobWriter:
         """A tombstone: compaction drops the job's records (results stay on the results topic)."""
         self._send(name, None, timeout_s)
 
-    def write_share(self, job: str, policy: JobPolicy | None, set_ms: int, timeout_s: float = 30.0) -> None:
-        """The job's weight and quotas on the job-shares topic; None writes a tombstone (weight 1, no
-        quota). Every processor instance applies it as it reads it (docs/shares.md)."""
-        value = None if policy is None else encode_job_share(job, policy, set_ms)
+    def write_share(
+        self,
+        job: str,
+        policy: JobPolicy | None,
+        set_ms: int,
+        max_attempts: int | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        """A new job's weight and quotas (and ``max_attempts``, None: the default) on the job-shares
+        topic; None writes a tombstone (weight 1, no quota). Every processor instance applies it as
+        it reads it (docs/shares.md). A job's later changes keep what they do not change
+        (``processor.ops.lifecycle.change_job_share``)."""
+        value = None if policy is None else encode_job_share(job, policy, set_ms, max_attempts)
         self._send(job, value, timeout_s, self.topics.job_shares)
 
     def _send(self, key: str, value: bytes | None, timeout_s: float, topic: str | None = None) -> None:

@@ -11,9 +11,12 @@ items and tokens at each stage by item id, and reports:
   taken once (otherwise the item is lost);
 * lost: an item received that is neither in a batch, nor waiting in the changelog, nor answered
   ``cancelled`` or ``expired`` by a processor (its job ended before it was dispatched) (must be 0);
+* retried: failed completions marked ``retriable`` that a later completion of the same item, from
+  another batch, follows (its next attempt: processor/core/retries.py); the item's result is its
+  last completion by ``(attempt, order read)``, and its extra dispatches are not duplicates;
 * cancelled and expired: the items so answered, which the ledger counts apart (``ENDINGS``), and any
   of them also in a batch (a processor dispatched an item of a job it had ended: must be 0);
-* how the completed prompts were served: each item's first completion's ``cached_tokens`` (held to
+* how the completed prompts were served: each item's result's ``cached_tokens`` (held to
   its prompt by ``prompt_split``) from the engine's prefix cache, the rest computed;
 * every difference between the derived figures and the latest checkpoint of each processor (the
   prompt counters only when every checkpoint has them: a processor of an earlier version, or one
@@ -26,7 +29,7 @@ up as differences.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from processor.core.accounting import ENDINGS, cached_prompt_share, prompt_split
@@ -40,6 +43,7 @@ from processor.wire.control import DUPLICATE_ITEM_ID, decode_dead_letter
 from processor.wire.errors import DecodeError
 from processor.wire.heads import decode_batch_head
 from processor.wire.items import decode_token_item
+from processor.wire.records import CompletionRecord
 
 
 @dataclass(slots=True)
@@ -58,6 +62,8 @@ class AuditReport:
     cancelled_tokens: int = 0
     expired_items: int = 0
     expired_tokens: int = 0
+    retried_items: int = 0
+    retried_tokens: int = 0
     ended_dispatched: int = 0
     """Items answered cancelled or expired that are also in a committed batch (must be 0)."""
     waiting_items: int = 0
@@ -81,7 +87,7 @@ class AuditReport:
     def clean(self) -> bool:
         return (
             not self.differences
-            and self.duplicate_dispatches == self.redelivered
+            and self.duplicate_dispatches == self.redelivered + self.retried_items
             and self.duplicate_completions == 0
             and self.lost_items == 0
             and self.ended_dispatched == 0
@@ -100,7 +106,9 @@ class AuditReport:
             f"waiting       {self.waiting_items:>12,} items {self.waiting_tokens:>16,} tokens",
             f"dead-lettered {self.dead_lettered:>12,} messages "
             f"({self.undecodable_ingest:,} undecodable in ingest)",
-            f"duplicates    {self.duplicate_dispatches:>12,} dispatches ({self.redelivered:,} redelivered), "
+            f"retried       {self.retried_items:>12,} items {self.retried_tokens:>16,} tokens",
+            f"duplicates    {self.duplicate_dispatches:>12,} dispatches ({self.redelivered:,} redelivered, "
+            f"{self.retried_items:,} retried), "
             f"{self.duplicate_completions:,} completions",
             f"lost          {self.lost_items:>12,} items",
             f"prompts       {self.cached_prompt_tokens:>12,} cached {self.prefill_tokens:>15,} computed "
@@ -176,28 +184,23 @@ def audit(
     r.dispatched_tokens = sum(tokens.get(i, 0) for i in dispatched)
     r.duplicate_dispatches = sum(n - 1 for n in dispatched.values())
 
-    outcomes: Counter[str] = Counter()
     ended: set[str] = set()
     say(topics.results)
-    for msg in read_topic(conf, topics.results):
-        for done in decode_completions(msg.value()):
-            outcomes[done.item_id] += 1
-            if outcomes[done.item_id] > 1:
-                continue
-            if done.status == "ok":
-                r.completed_items += 1
-                r.completed_tokens += done.input_tokens
-                cached, computed = prompt_split(done.input_tokens, done.cached_tokens)
-                r.cached_prompt_tokens += cached
-                r.prefill_tokens += computed
-            elif done.status in ENDINGS:
-                ended.add(done.item_id)
-                setattr(r, f"{done.status}_items", getattr(r, f"{done.status}_items") + 1)
-                setattr(r, f"{done.status}_tokens", getattr(r, f"{done.status}_tokens") + done.input_tokens)
-            else:
-                r.failed_items += 1
-                r.failed_tokens += done.input_tokens
-    r.duplicate_completions = sum(n - 1 for n in outcomes.values())
+    read = (c for msg in read_topic(conf, topics.results) for c in decode_completions(msg.value()))
+    for done in _last_completions(r, read):
+        if done.status == "ok":
+            r.completed_items += 1
+            r.completed_tokens += done.input_tokens
+            cached, computed = prompt_split(done.input_tokens, done.cached_tokens)
+            r.cached_prompt_tokens += cached
+            r.prefill_tokens += computed
+        elif done.status in ENDINGS:
+            ended.add(done.item_id)
+            setattr(r, f"{done.status}_items", getattr(r, f"{done.status}_items") + 1)
+            setattr(r, f"{done.status}_tokens", getattr(r, f"{done.status}_tokens") + done.input_tokens)
+        else:
+            r.failed_items += 1
+            r.failed_tokens += done.input_tokens
 
     state = changelog.ChangelogState()
     say(topics.changelog)
@@ -223,8 +226,8 @@ def _compare(r: AuditReport, view: StatusView) -> None:
     pairs = [
         ("received_items", r.received_items),
         ("received_tokens", r.received_tokens),
-        ("routed_items", r.dispatched_items),
-        ("routed_tokens", r.dispatched_tokens),
+        ("routed_items", r.dispatched_items + r.retried_items),  # a retry is dispatched again
+        ("routed_tokens", r.dispatched_tokens + r.retried_tokens),
         ("completed_items", r.completed_items),
         ("completed_tokens", r.completed_tokens),
         ("failed_items", r.failed_items),
@@ -233,6 +236,8 @@ def _compare(r: AuditReport, view: StatusView) -> None:
         ("cancelled_tokens", r.cancelled_tokens),
         ("expired_items", r.expired_items),
         ("expired_tokens", r.expired_tokens),
+        ("retried_items", r.retried_items),
+        ("retried_tokens", r.retried_tokens),
         ("queued_items", r.waiting_items),
         ("queued_tokens", r.waiting_tokens),
         ("dead_lettered_items", r.dead_lettered),
@@ -246,3 +251,28 @@ def _compare(r: AuditReport, view: StatusView) -> None:
         claimed = view.held(key) if key.startswith("queued_") else total(key)
         if claimed != derived:
             r.differences.append(f"{key}: checkpoint says {claimed:,}, topics say {derived:,}")
+
+
+def _last_completions(r: AuditReport, completions: Iterable[CompletionRecord]) -> list[CompletionRecord]:
+    """Each item's result: its last completion by ``(attempt, order read)``, a retriable failure
+    first among those of one attempt (its retry was sent after it; a consumer that does not know
+    attempts writes 1 for all, and results partitions are read in any order). A failed, ``retriable``
+    completion that a completion of the item from another batch follows counts in ``r`` as retried;
+    any other further completion as a duplicate."""
+    by_item: dict[str, list[tuple[int, bool, int, CompletionRecord]]] = {}
+    for n, c in enumerate(completions):
+        retry = c.status == "failed" and c.retriable
+        by_item.setdefault(c.item_id, []).append((c.attempt, not retry, n, c))
+    out: list[CompletionRecord] = []
+    for answers in by_item.values():
+        answers.sort(key=lambda a: a[:3])
+        held = answers[0][3]
+        for _attempt, _retry, _n, c in answers[1:]:
+            if held.status == "failed" and held.retriable and c.batch_id != held.batch_id:
+                r.retried_items += 1
+                r.retried_tokens += held.input_tokens
+                held = c
+            else:
+                r.duplicate_completions += 1
+        out.append(held)
+    return out

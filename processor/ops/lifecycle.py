@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from confluent_kafka import KafkaError, Message
 
+from processor.core.retries import check_max_attempts
 from processor.core.shares import JobPolicy
 from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.reader import read_topic
@@ -66,6 +67,20 @@ def deadline_from(window: str | None, deadline: str | None, now_ms: int) -> int 
     if window is not None:
         return now_ms + window_ms(window)
     return None if deadline is None else deadline_ms_of(deadline)
+
+
+def max_attempts_from(value: str | None) -> int | None:
+    """``submit --max-attempts``: the dispatches each of the job's items gets in all (None: not
+    given, the processors' default); ``ValueError`` with how to fix it for anything but an integer
+    >= 1."""
+    if value is None:
+        return None
+    try:
+        return check_max_attempts(int(value))
+    except ValueError:
+        raise ValueError(
+            f"--max-attempts must be a whole number >= 1 (1: never retry a failed item), got {value!r}"
+        ) from None
 
 
 def read_job_share(
@@ -122,10 +137,12 @@ def change_job_share(
     policy: JobPolicy | None = None,
     cancel: bool = False,
     deadline_ms: int | None = None,
+    max_attempts: int | None = None,
     clients: ClientFactory = KAFKA,
 ) -> JobShareRecord:
-    """Read the job's record, change what is given (a policy, a cancel, a deadline), keep the rest,
-    write it back; returns what was written. A cancel keeps the first cancel time."""
+    """Read the job's record, change what is given (a policy, a cancel, a deadline, the attempts its
+    items get), keep the rest, write it back; returns what was written. A cancel keeps the first
+    cancel time."""
     if not job:
         raise ValueError("a job needs a name")
     current = read_job_share(conf, topics, job, clients) or JobShareRecord(job, JobPolicy(), now_ms)
@@ -136,6 +153,8 @@ def change_job_share(
         rec = replace(rec, cancelled_ms=now_ms)
     if deadline_ms is not None:
         rec = replace(rec, deadline_ms=deadline_ms)
+    if max_attempts is not None:
+        rec = replace(rec, max_attempts=max_attempts)
     write_job_share(conf, topics, rec, job, clients=clients)
     return rec
 
@@ -144,13 +163,17 @@ def record_deadline(
     conf: Mapping[str, str],
     topics: TopicNames,
     job: str,
-    deadline_ms: int,
+    deadline_ms: int | None,
     now_ms: int,
     clients: ClientFactory = KAFKA,
+    max_attempts: int | None = None,
 ) -> JobShareRecord:
-    """``submit``'s call: the job's items not dispatched by ``deadline_ms`` end ``expired``. Write it
-    before the job's first item, as the share is, so that no processor sees an item without it."""
-    return change_job_share(conf, topics, job, now_ms, deadline_ms=deadline_ms, clients=clients)
+    """``submit``'s call: the job's items not dispatched by ``deadline_ms`` end ``expired``, and each
+    gets ``max_attempts`` dispatches (None for either: not changed). Write it before the job's first
+    item, as the share is, so that no processor sees an item without it."""
+    return change_job_share(
+        conf, topics, job, now_ms, deadline_ms=deadline_ms, max_attempts=max_attempts, clients=clients
+    )
 
 
 def describe_lifecycle(rec: JobShareRecord | None) -> str:

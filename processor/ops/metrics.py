@@ -405,7 +405,7 @@ class ProcessorCollector(Collector):
         tokens = GaugeMetricFamily(
             "tokenfabric_job_tokens",
             "Prompt tokens of a job at a ledger stage (received, queued, routed, in_flight, completed, "
-            "failed, cancelled, expired; routed is net of requeues), and of its completed prompts, "
+            "failed, cancelled, expired, retried; routed is net of requeues), and of its completed prompts, "
             "cached_prompt and prefill (where consumers report them).",
             labels=["job", "stage"],
         )
@@ -413,7 +413,16 @@ class ProcessorCollector(Collector):
             "tokenfabric_job_padded_tokens", "Padded tokens of the batches routed for a job.", labels=["job"]
         )
         for job, book in books:
-            for stage in ("received", "queued", "routed", "in_flight", "completed", "failed", *ENDINGS):
+            for stage in (
+                "received",
+                "queued",
+                "routed",
+                "in_flight",
+                "completed",
+                "failed",
+                *ENDINGS,
+                "retried",
+            ):
                 tokens.add_metric([job, stage], getattr(book, stage).tokens)
             if core.ledger.prompts_counted:
                 tokens.add_metric([job, "cached_prompt"], book.cached_prompt_tokens)

@@ -49,9 +49,11 @@ SCHEMA_PATH = Path(__file__).with_name("status.schema.json")
 SCHEMA_ID = "tokenfabric-status/1"
 RETIRED = "retired_ms"
 """Counter set on a checkpoint rewritten by :func:`forget_processor`: the wall-clock time it was."""
-STAGES = ("received", "queued", "routed", "in_flight", "completed", "failed", "cancelled", "expired")
-"""The ledger's stages status shows: ``received = queued + routed + cancelled + expired`` (plus the
-adopted and released terms of a handover) and ``routed = in_flight + completed + failed``."""
+_STAGE_NAMES = "received queued routed in_flight completed failed cancelled expired retried"
+STAGES = tuple(_STAGE_NAMES.split())
+"""The ledger's stages status shows: ``received = queued + routed + cancelled + expired`` and
+``routed = in_flight + completed + failed`` (plus the adopted and released terms of a handover, and
+``retried`` on both sides: items sent back to the lanes after a retriable failure)."""
 
 
 @dataclass(slots=True)

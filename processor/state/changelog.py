@@ -12,12 +12,19 @@ Records, on a compacted topic with as many partitions as the ingest topic:
   tombstone for every item that waited across a commit, twice the ingest traffic again.
 * ``B`` + batch id, value: the batch's consumer, lane, padded length, item references, the
   consumer's in-flight slot it holds, which items are answered already, and where the results topic
-  stood when it was emitted (its completions can only come after that). Binary
-  (:data:`BATCH_FORMAT`); JSON values from earlier versions still parse.
+  stood when it was emitted (its completions can only come after that), and, when some item is past
+  its first attempt, every item's attempt (a tail that earlier versions neither write nor read: their
+  items read as first attempts). Binary (:data:`BATCH_FORMAT`); JSON values from earlier versions
+  still parse.
 * ``D`` + ingest partition (4 bytes) + bucket start, ms (8 bytes) + segment (4 bytes): item ids the partition
   took within the dedupe window, as 64-bit hashes (``processor/state/seen.py``), so that a producer's
   repeat is caught after a restart or a handover too. Committed with the offsets of the items they
   remember; tombstoned as the window moves past their bucket.
+* ``A`` + ingest partition (4 bytes) + offset (8 bytes), value the attempt (4 bytes, big-endian): the
+  attempt of a waiting item past its first (a retriable failure sent it back to the lanes:
+  processor/core/retries.py), beside its bit in the waiting set and in the same partition. Written
+  when the item is logged waiting, tombstoned when it leaves the waiting set; a waiting item without
+  one is on its first attempt.
 * ``W`` + partition (4 bytes) + offset (8 bytes), value ``b"1"``: one waiting item, written by
   earlier versions. Still read; a processor that adopts one rewrites it into its chunk and
   tombstones it in the same transaction.
@@ -44,6 +51,7 @@ WAITING = b"W"
 WAITING_SET = b"S"
 BATCH = b"B"
 SEEN = b"D"
+ATTEMPT = b"A"
 LEGACY_RESULTS = b"R"  # results positions, written by 0.1 processors; now derived from batch records
 PRESENT = b"1"
 _REF = struct.Struct(">iq")
@@ -57,6 +65,7 @@ _FIRST = struct.Struct(">H")
 BATCH_FORMAT = 1
 """First byte of a binary batch entry (a JSON entry starts with ``{``)."""
 _BATCH_HEAD = struct.Struct(">BiiiqBiIII")
+_ATTEMPT = struct.Struct(">I")
 
 
 def waiting_key(partition: int, offset: int) -> bytes:
@@ -65,6 +74,14 @@ def waiting_key(partition: int, offset: int) -> bytes:
 
 def chunk_key(partition: int, chunk: int) -> bytes:
     return WAITING_SET + _CHUNK_KEY.pack(partition, chunk)
+
+
+def attempt_key(partition: int, offset: int) -> bytes:
+    return ATTEMPT + _REF.pack(partition, offset)
+
+
+def attempt_value(attempt: int) -> bytes:
+    return _ATTEMPT.pack(attempt)
 
 
 def seen_key(partition: int, bucket_ms: int, segment: int) -> bytes:
@@ -91,6 +108,12 @@ class BatchEntry:
     """Indices into ``refs`` of items already answered (counted in the ledger of the same commit)."""
     results_from: tuple[tuple[int, int], ...] = ()
     """(results partition, offset) before which none of this batch's completions can be."""
+    attempts: tuple[int, ...] = ()
+    """Each item's attempt, in ``refs`` order; empty when every item is on its first (:meth:`attempt`)."""
+
+    def attempt(self, index: int) -> int:
+        """The attempt of the item at ``refs[index]``: 1 unless ``attempts`` says otherwise."""
+        return self.attempts[index] if self.attempts else 1
 
     def value(self) -> bytes:
         """Binary: a batch record is written once per batch and again as it is answered in part, so
@@ -112,7 +135,9 @@ class BatchEntry:
         parts = [p for p, _ in self.refs] + [o for _, o in self.refs] + list(self.done)
         parts += [p for p, _ in self.results_from] + [o for _, o in self.results_from]
         body = struct.pack(f">H{len(consumer)}s{n}i{n}q{d}I{r}i{r}q", len(consumer), consumer, *parts)
-        return head + body
+        if not self.attempts:
+            return head + body
+        return head + body + struct.pack(f">{n}I", *self.attempts)
 
     @classmethod
     def parse(cls, batch_id: str, value: bytes) -> BatchEntry:
@@ -121,7 +146,10 @@ class BatchEntry:
         _v, lane, padded, pad_multiple, created, oversized, slot, n, d, r = _BATCH_HEAD.unpack_from(value)
         pos = _BATCH_HEAD.size
         (size,) = _FIRST.unpack_from(value, pos)
-        consumer, *parts = struct.unpack_from(f">{size}s{n}i{n}q{d}I{r}i{r}q", value, pos + 2)
+        layout = struct.Struct(f">{size}s{n}i{n}q{d}I{r}i{r}q")
+        consumer, *parts = layout.unpack_from(value, pos + 2)
+        tail = pos + 2 + layout.size  # the attempts, when some item is past its first
+        attempts = struct.unpack_from(f">{n}I", value, tail) if len(value) >= tail + 4 * n > tail else ()
         refs = tuple(zip(parts[:n], parts[n : 2 * n], strict=True))
         done = tuple(parts[2 * n : 2 * n + d])
         results = parts[2 * n + d :]
@@ -137,6 +165,7 @@ class BatchEntry:
             slot,
             done,
             tuple(zip(results[:r], results[r:], strict=True)),
+            attempts,
         )
 
     @classmethod
@@ -286,6 +315,8 @@ class ChangelogState:
         self.legacy_waiting: dict[tuple[int, int], int] = {}
         self.batches: dict[str, BatchEntry] = {}
         self.homes: dict[str, int] = {}
+        self.attempts: dict[tuple[int, int], tuple[int, int]] = {}
+        """Each waiting item past its first attempt: its ingest ref, to (home, attempt) (``A`` records)."""
         self.seen: dict[tuple[int, int, int], bytes] = {}
         """Seen-id records by (ingest partition, bucket start ms, segment) (``processor/state/seen.py``)."""
         self.records = 0
@@ -316,6 +347,12 @@ class ChangelogState:
             elif self.legacy_waiting.get(ref) == partition:
                 del self.legacy_waiting[ref]
             self._waiting = None
+        elif kind == ATTEMPT:
+            at: tuple[int, int] = _REF.unpack(key[1:])
+            if value is not None:
+                self.attempts[at] = (partition, _ATTEMPT.unpack(value)[0])
+            elif self.attempts.get(at, (None, 0))[0] == partition:
+                del self.attempts[at]
         elif kind == SEEN:
             ref3: tuple[int, int, int] = _SEEN_KEY.unpack(key[1:])
             if value is not None:
@@ -337,6 +374,11 @@ class ChangelogState:
                 waiting.update(dict.fromkeys(_chunk_offsets(ingest, chunk, value), home))
             self._waiting = waiting
         return self._waiting
+
+    def attempt_of(self, ref: tuple[int, int]) -> int:
+        """The attempt of the waiting item at ingest ``ref``: 1 without an ``A`` record."""
+        found = self.attempts.get(ref)
+        return 1 if found is None else found[1]
 
     def batch_refs(self) -> set[tuple[int, int]]:
         """The ingest messages of the open batches' items."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -115,6 +115,12 @@ class Committer(Protocol):
     def batch_finished(self, batch_id: str) -> None: ...
     def batch_progress(self, batch_id: str) -> None: ...
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
+    def retried(self, items: Sequence[Item]) -> None:
+        """Items that failed retriably went back to the lanes (``Scheduler.take_retried``; often
+        none): exactly-once records them waiting again, in the transaction that checkpoints the
+        ledger counting them ``retried``; at-least-once keeps them in memory only."""
+        ...
+
     def withdrawn(self, items: Iterable[Item]) -> Deliver:
         """Waiting items of a job that ended left the lanes, answered by the message this returns the
         delivery callback of: their waiting-set records go in the same transaction (exactly-once),
@@ -274,6 +280,9 @@ class AtLeastOnceCommitter(_Base):
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
         return None
 
+    def retried(self, items: Sequence[Item]) -> None:
+        return None
+
     def withdrawn(self, items: Iterable[Item]) -> Deliver:
         answered = list(items)
 
@@ -305,6 +314,12 @@ class _LoggedBatch:
     partition: int
     entry: changelog.BatchEntry
     batch: Batch
+
+
+def changelog_attempts(items: Iterable[Item]) -> tuple[int, ...]:
+    """A batch record's ``attempts``: each item's, or none when all are on their first."""
+    attempts = tuple(it.attempt for it in items)
+    return attempts if any(a != 1 for a in attempts) else ()
 
 
 class TransactionalCommitter(_Base):
@@ -463,6 +478,10 @@ class TransactionalCommitter(_Base):
         self._finished.append(batch_id)
         self._new_items.extend(cast(Iterable[IngestItem], items))
 
+    def retried(self, items: Sequence[Item]) -> None:
+        if items:
+            self._new_items.extend(cast(Sequence[IngestItem], items))
+
     def withdrawn(self, items: Iterable[Item]) -> Deliver:
         self._withdrawn.extend(cast(Iterable[IngestItem], items))
         return self._failed
@@ -474,16 +493,19 @@ class TransactionalCommitter(_Base):
         waiting.add_all(fresh)
         for item in fresh:
             item.logged = True
+        self._log_attempts(fresh, True)
         ended = [it for it in self._withdrawn if it.logged]  # withdrawn items are marked dispatched
         waiting.discard_all(ended)
         for it in ended:
             it.logged = False
+        self._log_attempts(ended, False)
         for batch, placement in self._emitted:
             items = cast(list[IngestItem], batch.items)
             gone = [it for it in items if it.logged]
             waiting.discard_all(gone)
             for it in gone:
                 it.logged = False
+            self._log_attempts(gone, False)
             if self._is_in_flight(batch.batch_id):
                 entry = changelog.BatchEntry(
                     batch.batch_id,
@@ -497,6 +519,7 @@ class TransactionalCommitter(_Base):
                     placement.slot,
                     (),
                     placement.results_from,
+                    changelog_attempts(items),
                 )
                 self._logged_batches[batch.batch_id] = _LoggedBatch(placement.partition, entry, batch)
                 self._progressed.add(batch.batch_id)
@@ -517,6 +540,15 @@ class TransactionalCommitter(_Base):
         self._emitted.clear()
         self._finished.clear()
         self._progressed.clear()
+
+    def _log_attempts(self, items: Iterable[IngestItem], waiting: bool) -> None:
+        """The ``A`` record of each item past its first attempt that starts (``waiting``) or stops
+        waiting, beside its bit in the waiting set (processor/state/changelog.py)."""
+        for it in items:
+            if it.attempt != 1:
+                value = changelog.attempt_value(it.attempt) if waiting else None
+                key = changelog.attempt_key(it.partition, it.offset)
+                self.produce(self.topics.changelog, value, key, partition=it.home)
 
     def _log_batch(self, batch_id: str) -> None:
         """(Re)write a batch's record with the items answered so far, so the ledger this transaction

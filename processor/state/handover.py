@@ -30,6 +30,7 @@ from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
+from processor.state.changelog import ChangelogState
 from processor.state.commit import Committer, TransactionalCommitter
 from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
@@ -161,6 +162,7 @@ class PartitionHandover:
             adopted.append(item)
 
         state = ctx.restore(partitions, contracts, waiting)
+        restore_attempts(adopted, state.changelog)
         adopted.sort(key=arrival_of)  # the core's arrival order is its queue's: oldest first
         ctx.core.adopt_waiting_many(adopted, [it.arrival_ms for it in adopted])  # in one pass
         committer.adopt_waiting(state.changelog)
@@ -191,6 +193,8 @@ class PartitionHandover:
     def _rebuilt_batch(state: RestoredState, batch_id: str, now: int) -> Batch:
         entry = state.changelog.batches[batch_id]
         items = [IngestItem.from_head(state.records[ref], now, *ref) for ref in entry.refs]
+        for i in range(len(entry.attempts)):
+            items[i].attempt = entry.attempts[i]
         first = items[0]
         return Batch(
             batch_id,
@@ -221,3 +225,14 @@ class PartitionHandover:
                     f"restore: model {model}: the checkpoint counted {a[0] - b[0]:+,} items / "
                     f"{a[1] - b[1]:+,} tokens different from what the changelog holds"
                 )
+
+
+def restore_attempts(waiting: list[IngestItem], state: ChangelogState) -> None:
+    """Give each restored waiting item the attempt its ``A`` record kept (without one: its first)."""
+    if not state.attempts:
+        return
+    by_ref = {(it.partition, it.offset): it for it in waiting}
+    for ref in state.attempts:
+        item = by_ref.get(ref)
+        if item is not None:
+            item.attempt = state.attempt_of(ref)

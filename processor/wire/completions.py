@@ -4,9 +4,11 @@
 too large for a Kafka message needs each item's exact encoded size (``encode_completion_batches``).
 ``decode_completions`` reads either form into one list of completions, also messages written
 with an earlier schema: before ``cached_tokens`` existed (``COMPLETION_FIELDS_ADDED``: they read with
-0 there), and before ``CompletionStatus`` gained ``cancelled`` and ``expired`` (``PRE_ENDINGS_*``:
-the same fields, three symbols; the consumer apps not yet upgraded write these). An older reader
-cannot read the current header: upgrade readers (the processor, ``collect``, ``audit``) first.
+0 there), before ``CompletionStatus`` gained ``cancelled`` and ``expired`` (``PRE_ENDINGS_*``: the
+same fields, three symbols), and before ``attempt`` and ``retriable`` (``PRE_RETRY_*``,
+``RETRY_FIELDS_ADDED``: they read as 1 and false; the consumer apps not yet upgraded write these).
+An older reader cannot read the current header: upgrade readers (the processor, ``collect``,
+``audit``) first.
 """
 
 from __future__ import annotations
@@ -56,49 +58,67 @@ PRE_ENDINGS_STATUSES = tuple(s for s in STATUSES if s not in ENDINGS_ADDED)
 
 
 class _EarlierStatuses(PreviousSchema):
-    """``name``'s schema before ``CompletionStatus`` gained ``ENDINGS_ADDED``, and before it gained
-    the fields in ``added``: as :class:`PreviousSchema`, with the enum's first symbols only (a writer
-    of that schema never writes the later ones; Avro resolves the rest by symbol name)."""
+    """``name``'s schema before it gained the fields in ``added``, and (unless ``endings``) before
+    ``CompletionStatus`` gained ``ENDINGS_ADDED``: as :class:`PreviousSchema`, with the enum's first
+    symbols only (a writer of that schema never writes the later ones; Avro resolves the rest by
+    symbol name)."""
 
-    def __init__(self, name: str, added: tuple[str, ...]) -> None:
+    def __init__(self, name: str, added: tuple[str, ...], endings: bool = False) -> None:
         self.name = name
         raw = json.loads((schema_dir() / f"{name}.avsc").read_text(encoding="utf-8"))
-        self.schema = parse_schema(_earlier(raw, frozenset(added)), {}, expand=True)
+        self.schema = parse_schema(_earlier(raw, frozenset(added), not endings), {}, expand=True)
         fingerprint = rabin_fingerprint(to_parsing_canonical_form(self.schema).encode())
         self.header = MAGIC + fingerprint.to_bytes(8, "little")
         NAME_BY_FP_BYTES[self.header[2:]] = name
 
 
-def _earlier(schema: Any, added: frozenset[str]) -> Any:
+def _earlier(schema: Any, added: frozenset[str], drop_endings: bool) -> Any:
     """``schema`` (parsed JSON of a completion record: self-contained) without the fields named in
-    ``added``, and with ``ENDINGS_ADDED`` taken out of ``CompletionStatus``, wherever they are."""
+    ``added``, and (``drop_endings``) with ``ENDINGS_ADDED`` taken out of ``CompletionStatus``,
+    wherever they are."""
     if isinstance(schema, list):
-        return [_earlier(branch, added) for branch in schema]
+        return [_earlier(branch, added, drop_endings) for branch in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: _earlier(value, added) for key, value in schema.items()}
+    out = {key: _earlier(value, added, drop_endings) for key, value in schema.items()}
     if out.get("type") == "record":
         out["fields"] = [f for f in out["fields"] if f["name"] not in added]
-    elif out.get("type") == "enum" and out.get("name") == "CompletionStatus":
+    elif drop_endings and out.get("type") == "enum" and out.get("name") == "CompletionStatus":
         out["symbols"] = [s for s in out["symbols"] if s not in ENDINGS_ADDED]
     return out
 
 
+#: Fields ``Completion`` and ``CompletionBatch`` (in its items) gained with retries in the pipeline.
+RETRY_FIELDS_ADDED = ("attempt", "retriable")
 #: Fields ``Completion`` and ``CompletionBatch`` (in its items) gained with measured cache use.
 COMPLETION_FIELDS_ADDED = ("cached_tokens",)
-PREVIOUS_COMPLETION: PreviousSchema = _EarlierStatuses("Completion", COMPLETION_FIELDS_ADDED)
-PREVIOUS_COMPLETION_BATCH: PreviousSchema = _EarlierStatuses("CompletionBatch", COMPLETION_FIELDS_ADDED)
+_BEFORE_CACHE = (*COMPLETION_FIELDS_ADDED, *RETRY_FIELDS_ADDED)
+PREVIOUS_COMPLETION: PreviousSchema = _EarlierStatuses("Completion", _BEFORE_CACHE)
+PREVIOUS_COMPLETION_BATCH: PreviousSchema = _EarlierStatuses("CompletionBatch", _BEFORE_CACHE)
 #: The headers of completions written before ``cached_tokens`` (they read with ``cached_tokens=0``).
 PREVIOUS_COMPLETION_HEADER = PREVIOUS_COMPLETION.header
 PREVIOUS_COMPLETION_BATCH_HEADER = PREVIOUS_COMPLETION_BATCH.header
-PRE_ENDINGS_COMPLETION: PreviousSchema = _EarlierStatuses("Completion", ())
-PRE_ENDINGS_COMPLETION_BATCH: PreviousSchema = _EarlierStatuses("CompletionBatch", ())
+PRE_ENDINGS_COMPLETION: PreviousSchema = _EarlierStatuses("Completion", RETRY_FIELDS_ADDED)
+PRE_ENDINGS_COMPLETION_BATCH: PreviousSchema = _EarlierStatuses("CompletionBatch", RETRY_FIELDS_ADDED)
 #: The headers of completions with ``cached_tokens`` written before ``cancelled`` and ``expired``
-#: existed: the same bytes as the current schema's for the same values, under another fingerprint.
+#: existed: the same bytes as the ``PRE_RETRY_*`` schema's for the same values, another fingerprint.
 PRE_ENDINGS_COMPLETION_HEADER = PRE_ENDINGS_COMPLETION.header
 PRE_ENDINGS_COMPLETION_BATCH_HEADER = PRE_ENDINGS_COMPLETION_BATCH.header
-_EARLIER = {p.header: p for p in (PREVIOUS_COMPLETION, PRE_ENDINGS_COMPLETION)}
-_EARLIER_BATCH = {p.header: p for p in (PREVIOUS_COMPLETION_BATCH, PRE_ENDINGS_COMPLETION_BATCH)}
+PRE_RETRY_COMPLETION: PreviousSchema = _EarlierStatuses("Completion", RETRY_FIELDS_ADDED, endings=True)
+PRE_RETRY_COMPLETION_BATCH: PreviousSchema = _EarlierStatuses(
+    "CompletionBatch", RETRY_FIELDS_ADDED, endings=True
+)
+#: The headers of completions with ``cancelled`` and ``expired`` written before ``attempt`` and
+#: ``retriable`` existed (they read with attempt 1, not retriable).
+PRE_RETRY_COMPLETION_HEADER = PRE_RETRY_COMPLETION.header
+PRE_RETRY_COMPLETION_BATCH_HEADER = PRE_RETRY_COMPLETION_BATCH.header
+_EARLIER = {p.header: p for p in (PREVIOUS_COMPLETION, PRE_ENDINGS_COMPLETION, PRE_RETRY_COMPLETION)}
+_EARLIER_BATCH = {
+    p.header: p for p in (PREVIOUS_COMPLETION_BATCH, PRE_ENDINGS_COMPLETION_BATCH, PRE_RETRY_COMPLETION_BATCH)
+}
+#: Every header a CompletionBatch may carry: the current schema's and each earlier one's (a reader
+#: that routes results messages by form tells a batch from a single completion by it).
+COMPLETION_BATCH_HEADERS = (COMPLETION_BATCH_HEADER, *_EARLIER_BATCH)
 
 
 _COMPLETION_FIELDS = tuple(f["name"] for f in PARSED["Completion"]["fields"])
@@ -117,6 +137,8 @@ def _outcome_body(o: ItemOutcomeRecord) -> bytes:
             status,
             b"\x01" if o.cache_hit else b"\x00",
             encode_int(o.cached_tokens, "cached_tokens"),
+            b"\x01" if o.retriable else b"\x00",
+            encode_int(o.attempt, "attempt"),
             encode_str(o.job_id),
             b"\x00" if o.reason is None else b"\x02" + encode_str(o.reason),
             encode_int(o.input_tokens, "input_tokens"),

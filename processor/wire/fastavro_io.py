@@ -28,6 +28,8 @@ from processor.wire.records import TokenItemRecord, check_item
 from processor.wire.request import request_problem
 from processor.wire.request_codec import request_from_avro
 from processor.wire.schemas import (
+    BATCH_ALL_FIELDS_ADDED,
+    BATCH_FIELDS_ADDED,
     HEADER_SIZE,
     HEADERS,
     ITEM_FIELDS_ADDED,
@@ -191,4 +193,6 @@ class PreviousSchema:
 
 #: TokenItem and Batch before ``request`` (``ITEM_FIELDS_ADDED``): they read with no request.
 PREVIOUS_TOKEN_ITEM = PreviousSchema("TokenItem", ITEM_FIELDS_ADDED)
-PREVIOUS_BATCH = PreviousSchema("Batch", ITEM_FIELDS_ADDED)
+PREVIOUS_BATCH = PreviousSchema("Batch", BATCH_ALL_FIELDS_ADDED)
+#: Batch before ``attempts`` (``BATCH_FIELDS_ADDED``): every item on its first attempt.
+PRE_ATTEMPTS_BATCH = PreviousSchema("Batch", BATCH_FIELDS_ADDED)

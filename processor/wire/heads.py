@@ -3,7 +3,7 @@
 Profiling the processor at 1,000-token items (docs/benchmarks.md, "Where the time goes") found three
 per-item costs dominating its one Python thread: decoding each ingest message into a full record,
 re-encoding every item into its batch, and decoding each completion with fastavro. This module does
-the same work with less:
+the first two with less (the third is :mod:`processor.wire.completion_heads`):
 
 * :func:`decode_item_head` validates an input message exactly as :func:`decode_token_item`
   does (same reasons, same rules: it is tested against it) but keeps only what the scheduler reads,
@@ -11,9 +11,7 @@ the same work with less:
   never sliced out and the record, its boxed ints and its own copy of the model name are never built;
 * an item's bytes inside a batch are exactly its input message minus the 10-byte header (plus the
   null request byte for a message written before ``request``), so :func:`encode_batch` splices the
-  kept messages instead of re-encoding seven fields per item;
-* :func:`decode_completions_head` reads the fields the processor uses from a results message: one
-  ``Completion``, or a ``CompletionBatch`` (one message per batch, walked item by item).
+  kept messages instead of re-encoding seven fields per item.
 """
 
 from __future__ import annotations
@@ -23,27 +21,16 @@ from typing import NamedTuple
 from processor.core.serving import SEPARATOR, serving_key
 from processor.wire.avro import (
     read_block_count,
-    read_int,
-    read_long,
     read_signature,
-    read_str,
-    read_union_index,
 )
-from processor.wire.completions import (
-    PRE_ENDINGS_COMPLETION_BATCH_HEADER,
-    PRE_ENDINGS_COMPLETION_HEADER,
-    PREVIOUS_COMPLETION_BATCH_HEADER,
-    PREVIOUS_COMPLETION_HEADER,
-)
-from processor.wire.errors import MALFORMED, DecodeError, Malformed
-from processor.wire.items import read_batch_lead, read_item_lead, read_item_rest
-from processor.wire.records import STATUSES, item_problem
+from processor.wire.errors import MALFORMED, DecodeError
+from processor.wire.items import batch_form, read_attempts, read_batch_lead, read_item_lead, read_item_rest
+from processor.wire.records import item_problem
 from processor.wire.request import GenerationRequest
 from processor.wire.request_codec import read_final_request, read_request_field
 from processor.wire.schemas import (
     HEADER_SIZE,
     HEADERS,
-    PREVIOUS_BATCH_HEADER,
     PREVIOUS_TOKEN_ITEM_HEADER,
     as_bytes,
     check_header,
@@ -52,8 +39,6 @@ from processor.wire.schemas import (
 
 _TOKEN_ITEM = HEADERS["TokenItem"]
 _BATCH = HEADERS["Batch"]
-_COMPLETION = HEADERS["Completion"]
-_COMPLETION_BATCH = HEADERS["CompletionBatch"]
 _MODELS: dict[bytes, str] = {}  # one str per model name, not one per item; none holds SEPARATOR
 _JOBS: dict[bytes, str] = {}  # one str per job id
 _MAX_MODELS = 4096
@@ -104,16 +89,8 @@ class BatchHead(NamedTuple):
     created_ms: int
     oversized: bool
     items: list[BatchItemHead]
-
-
-class CompletionHead(NamedTuple):
-    item_id: str
-    batch_id: str
-    consumer: str
-    ok: bool
-    cache_hit: bool
-    cached_tokens: int = 0
-    """Prompt tokens served from the engine's prefix cache; 0 in a message written before the field."""
+    attempts: list[int] | tuple[()] = ()
+    """Each item's attempt (``Batch.attempts``); empty when every item is on its first."""
 
 
 def _interned(table: dict[bytes, str], raw: bytes, keep: bool = True) -> str:
@@ -307,10 +284,8 @@ def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead
     costs about a third of decoding it (docs/wire-format.md).
     """
     value = as_bytes(value)
-    header = value[:HEADER_SIZE]
-    current = header == _BATCH
-    if not current and header != PREVIOUS_BATCH_HEADER:
-        check_header(value, "Batch")
+    current, with_attempts = batch_form(value)
+    attempts: list[int] | tuple[()] = ()
     items: list[BatchItemHead] = []
     append = items.append
     problem: tuple[str, str] | None = None  # the first item's that breaks a rule, raised after the structure
@@ -332,236 +307,11 @@ def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead
                 if problem is None:
                     problem = _head_problem(item_id, model, token_count, end - start, fault)
             count, pos = read_block_count(value, pos)
+        if with_attempts:
+            attempts, pos = read_attempts(value, pos, len(items))
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Batch: {exc}") from None
     finish(value, pos, "Batch")
     if problem is not None:
         raise DecodeError(*problem)
-    return BatchHead(*lead, items=items)
-
-
-def _read_status(buf: bytes, pos: int) -> tuple[int, int]:
-    status, pos = read_long(buf, pos)
-    if not 0 <= status < len(STATUSES):
-        raise Malformed(f"status symbol {status} does not exist")
-    return status, pos
-
-
-def _skip_reason(buf: bytes, pos: int) -> int:
-    """Past a ``reason`` (null or a string), checked but not kept."""
-    if buf[pos] == 0:
-        return pos + 1
-    branch, pos = read_union_index(buf, pos)
-    if branch:
-        _reason, pos = read_str(buf, pos)
-    return pos
-
-
-def _skip_bytes(buf: bytes, pos: int) -> int:
-    """Past a ``bytes`` field without copying it (an output can be kilobytes)."""
-    n, pos = read_long(buf, pos)
-    end = pos + n
-    if n < 0 or end > len(buf):
-        raise Malformed(f"length {n} at offset {pos} runs past the end ({len(buf)} bytes)")
-    return end
-
-
-def _read_completion_lead(buf: bytes) -> tuple[str, str, str, int, int]:
-    """item_id, batch_id, consumer and status of a Completion, and the position after status."""
-    item_id, pos = read_str(buf, HEADER_SIZE)
-    _job_id, pos = read_str(buf, pos)
-    batch_id, pos = read_str(buf, pos)
-    consumer, pos = read_str(buf, pos)
-    _name, pos = read_str(buf, pos)
-    status, pos = _read_status(buf, pos)
-    return item_id, batch_id, consumer, status, pos
-
-
-def _completion_head(value: bytes) -> CompletionHead:
-    """:func:`decode_completion_head` of a message whose header is Completion's (or its previous one's).
-
-    ``cache_hit``, the last field, is the last byte. ``cached_tokens``, the field before it, is the
-    varint that ends just before that byte; it is found by walking back over its continuation bytes
-    (at most five for an int). In a message written before ``cached_tokens`` it is 0.
-    """
-    try:
-        item_id, batch_id, consumer, status, pos = _read_completion_lead(value)
-        flag = value[-1]
-        previous = value[:HEADER_SIZE] == PREVIOUS_COMPLETION_HEADER
-        # the fixed minimum of the rest: reason null (1), 3 ints (3), empty output (1), 3 longs (3),
-        # cached_tokens (1, not in the previous schema), flag (1)
-        if flag > 1 or len(value) - pos < (9 if previous else 10):
-            raise Malformed("the record does not end in a boolean")
-        cached = 0 if previous else _int_before(value, len(value) - 1, pos)
-    except MALFORMED as exc:
-        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
-    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1, cached)
-
-
-def _int_before(buf: bytes, end: int, floor: int) -> int:
-    """The Avro int whose varint ends at ``end`` (exclusive): its last byte is under 0x80, the bytes
-    before it that belong to it are 0x80 or more (at most four of them), none before ``floor``."""
-    start = end - 1
-    while start > floor and end - start < 5 and buf[start - 1] >= 0x80:
-        start -= 1
-    if start > floor and buf[start - 1] >= 0x80:
-        raise Malformed(f"an over-long varint ends at offset {end}")
-    value, pos = read_int(buf, start)
-    if pos != end:
-        raise Malformed(f"no int ends at offset {end}")
-    return value
-
-
-def decode_completion_head(value: bytes | bytearray | memoryview | None) -> CompletionHead:
-    """The fields the processor applies a completion with.
-
-    Only the leading fields are parsed: ``cache_hit``, the record's last field, is a boolean, so in
-    a well-formed message it is the last byte. The fields in between (reason, token counts, output,
-    timings) are the consumer's report, not read by the processor; ``tokenfabric audit`` decodes
-    every completion in full. :func:`decode_completion_head_strict` checks the whole record (tests).
-    """
-    value = as_bytes(value)
-    if value[:HEADER_SIZE] not in _COMPLETION_HEADERS:
-        check_header(value, "Completion")
-    return _completion_head(value)
-
-
-def decode_completion_head_strict(value: bytes | bytearray | memoryview | None) -> CompletionHead:
-    """:func:`decode_completion_head`, checking every field of the record on the way."""
-    value = as_bytes(value)
-    if value[:HEADER_SIZE] not in _COMPLETION_HEADERS:
-        check_header(value, "Completion")
-    try:
-        buf = value
-        item_id, batch_id, consumer, status, pos = _read_completion_lead(buf)
-        pos = _skip_reason(buf, pos)
-        for _field in ("input_tokens", "output_tokens", "padded_tokens"):
-            _n, pos = read_int(buf, pos)
-        pos = _skip_bytes(buf, pos)
-        for _field in ("queued_ms", "engine_ms", "completed_ms"):
-            _n, pos = read_long(buf, pos)
-        cached = 0
-        if value[:HEADER_SIZE] != PREVIOUS_COMPLETION_HEADER:
-            cached, pos = read_int(buf, pos)
-        flag = buf[pos]
-        if flag > 1:
-            raise Malformed(f"boolean byte {flag}")
-        pos += 1
-    except MALFORMED as exc:
-        raise DecodeError("avro-decode", f"malformed Completion: {exc}") from None
-    finish(value, pos, "Completion")
-    return CompletionHead(item_id, batch_id, consumer, status == 0, flag == 1, cached)
-
-
-class CompletionsHead(NamedTuple):
-    """What the processor applies a results message with, whichever form it has.
-
-    ``items`` holds ``(item_id, ok, cache_hit)`` per item: plain tuples, measured cheaper to build
-    and unpack than one :class:`CompletionHead` per item (docs/wire-format.md). ``cached_tokens``
-    holds each item's ``cached_tokens``, in the same order (0 in messages written before the field):
-    a list of its own, so the tuples keep the shape the core's ``items_done`` takes.
-    """
-
-    batch_id: str
-    consumer: str
-    items: list[tuple[str, bool, bool]]
-    cached_tokens: list[int]
-
-
-def decode_completions_head(value: bytes | bytearray | memoryview | None) -> CompletionsHead:
-    """The processor's reading of a results message: a ``Completion`` or a ``CompletionBatch``.
-
-    A batch is walked to its end (its items are what the processor needs) and checked as
-    :func:`decode_completions` checks it: what that decoder refuses, this one refuses too
-    (it is stricter where fastavro is lax: over-long varints, negative indexes, boolean bytes).
-    A single ``Completion`` is read as :func:`decode_completion_head` reads it.
-    """
-    value = as_bytes(value)
-    header = value[:HEADER_SIZE]
-    if header in _COMPLETION_BATCH_HEADERS:
-        try:
-            head, pos = _read_batch_head(value, header != PREVIOUS_COMPLETION_BATCH_HEADER)
-        except MALFORMED as exc:
-            raise DecodeError("avro-decode", f"malformed CompletionBatch: {exc}") from None
-        finish(value, pos, "CompletionBatch")
-        return head
-    if header not in _COMPLETION_HEADERS:
-        check_header(value, "Completion")
-    one = _completion_head(value)
-    return CompletionsHead(
-        one.batch_id, one.consumer, [(one.item_id, one.ok, one.cache_hit)], [one.cached_tokens]
-    )
-
-
-_COMPLETION_HEADERS = (_COMPLETION, PREVIOUS_COMPLETION_HEADER, PRE_ENDINGS_COMPLETION_HEADER)
-_COMPLETION_BATCH_HEADERS = (
-    _COMPLETION_BATCH,
-    PREVIOUS_COMPLETION_BATCH_HEADER,
-    PRE_ENDINGS_COMPLETION_BATCH_HEADER,
-)
-"""Every schema a results message may be written with: the current one, the one before
-``cached_tokens`` and the one before ``cancelled`` and ``expired`` (its messages are the bytes the
-current schema writes for the same values: only the fingerprint differs)."""
-
-
-# The usual one-byte encodings, tested before calling a reader: a function call per field is most
-# of the cost of walking an item. A byte under 0x80 is a whole varint, and any one-byte varint fits
-# an int; the zigzag of the status index 0, 1, 2 is the byte 0, 2, 4.
-_STATUS_BYTE = {2 * i: i for i in range(len(STATUSES))}
-
-
-def _read_batch_head(buf: bytes, with_cached: bool) -> tuple[CompletionsHead, int]:
-    """The head of a CompletionBatch; ``with_cached`` False for one written before ``cached_tokens``."""
-    batch_id, pos = read_str(buf, HEADER_SIZE)
-    consumer, pos = read_str(buf, pos)
-    _name, pos = read_str(buf, pos)
-    _padded, pos = read_int(buf, pos)
-    _engine_ms, pos = read_long(buf, pos)
-    _completed_ms, pos = read_long(buf, pos)
-    items: list[tuple[str, bool, bool]] = []
-    append = items.append
-    cached: list[int] = []
-    count, pos = read_block_count(buf, pos)
-    while count:
-        for _ in range(count):
-            item_id, pos = read_str(buf, pos)
-            status = _STATUS_BYTE.get(buf[pos])
-            if status is None:
-                status, pos = _read_status(buf, pos)
-            else:
-                pos += 1
-            flag = buf[pos]
-            if flag > 1:
-                raise Malformed(f"boolean byte {flag}")
-            append((item_id, status == 0, flag == 1))
-            pos += 1
-            if not with_cached:
-                cached.append(0)
-            elif buf[pos] < 0x80:  # cached_tokens: one byte up to 63
-                cached.append((buf[pos] >> 1) ^ -(buf[pos] & 1))
-                pos += 1
-            else:
-                n, pos = read_int(buf, pos)
-                cached.append(n)
-            pos = _skip_outcome_rest(buf, pos)
-        count, pos = read_block_count(buf, pos)
-    return CompletionsHead(batch_id, consumer, items, cached), pos
-
-
-def _skip_outcome_rest(buf: bytes, pos: int) -> int:
-    """Past an ItemOutcome's fields after ``cached_tokens``: job_id, reason, two ints, output, queued_ms."""
-    if buf[pos] == 0:  # no job_id
-        pos += 1
-    else:
-        _job_id, pos = read_str(buf, pos)
-    pos = _skip_reason(buf, pos)
-    for _field in ("input_tokens", "output_tokens"):
-        if buf[pos] < 0x80:
-            pos += 1
-        else:
-            _n, pos = read_int(buf, pos)
-    pos = _skip_bytes(buf, pos)
-    if buf[pos] < 0x80:  # queued_ms
-        return pos + 1
-    _queued_ms, pos = read_long(buf, pos)
-    return pos
+    return BatchHead(*lead, items=items, attempts=attempts or ())

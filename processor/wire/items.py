@@ -24,6 +24,7 @@ from processor.wire.avro import (
     encode_str,
     read_block_count,
     read_int,
+    read_int_array,
     read_long,
     read_long_slow,
     read_signature,
@@ -40,6 +41,7 @@ from processor.wire.request_codec import encode_request_field, read_request_fiel
 from processor.wire.schemas import (
     BATCH_HEADER,
     HEADER_SIZE,
+    PRE_ATTEMPTS_BATCH_HEADER,
     PREVIOUS_BATCH_HEADER,
     PREVIOUS_TOKEN_ITEM_HEADER,
     TOKEN_ITEM_HEADER,
@@ -248,14 +250,36 @@ def decode_token_item(value: bytes | bytearray | memoryview | None) -> TokenItem
     return rec
 
 
-def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
-    """Decode a batch (what a consumer reads), also one written before ``request``
-    (``PREVIOUS_BATCH_HEADER``). Each item obeys the same rules as an input item."""
-    value = as_bytes(value)
+def batch_form(value: bytes) -> tuple[bool, bool]:
+    """Whether a Batch message's items carry ``request`` and whether it ends with ``attempts``, from
+    its header: the current schema, the one before ``attempts`` (``PRE_ATTEMPTS_BATCH_HEADER``, what
+    the processor writes while every item is on its first attempt) or the one before ``request``
+    (``PREVIOUS_BATCH_HEADER``). Raises ``DecodeError`` for any other header."""
     header = value[:HEADER_SIZE]
-    current = header == BATCH_HEADER
-    if not current and header != PREVIOUS_BATCH_HEADER:
+    if header == PRE_ATTEMPTS_BATCH_HEADER:
+        return True, False
+    if header == BATCH_HEADER:
+        return True, True
+    if header != PREVIOUS_BATCH_HEADER:
         check_header(value, "Batch")
+    return False, False
+
+
+def read_attempts(value: bytes, pos: int, items: int) -> tuple[list[int], int]:
+    """A Batch's ``attempts`` (an array of ints) and the position after it. Raises ``Malformed``
+    unless it is empty or holds one attempt of at least 1 per item."""
+    attempts, pos = read_int_array(value, pos)
+    if attempts and (len(attempts) != items or min(attempts) < 1):
+        raise Malformed(f"attempts {list(attempts[:8])} for {items} items: one per item, each at least 1")
+    return list(attempts), pos
+
+
+def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
+    """Decode a batch (what a consumer reads), also one written before ``attempts`` or before
+    ``request`` (:func:`batch_form`). Each item obeys the same rules as an input item."""
+    value = as_bytes(value)
+    current, with_attempts = batch_form(value)
+    attempts: list[int] = []
     try:
         lead, pos = read_batch_lead(value)
         items: list[TokenItemRecord] = []
@@ -267,6 +291,8 @@ def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
                 items.append(item)
                 faults.append(fault)
             count, pos = read_block_count(value, pos)
+        if with_attempts:
+            attempts, pos = read_attempts(value, pos, len(items))
     except MALFORMED as exc:
         raise DecodeError("avro-decode", f"malformed Batch: {exc}") from None
     finish(value, pos, "Batch")
@@ -284,6 +310,7 @@ def decode_batch(value: bytes | bytearray | memoryview | None) -> BatchRecord:
         created_ms=created_ms,
         oversized=oversized,
         items=items,
+        attempts=attempts,
     )
 
 
@@ -354,9 +381,16 @@ def encode_token_item(rec: TokenItemRecord) -> bytes:
     return b"".join(out)
 
 
-def _encode_batch_parts(batch: Batch | BatchRecord, records: Sequence[TokenItemRecord | bytes]) -> bytes:
+def _encode_batch_parts(
+    batch: Batch | BatchRecord, records: Sequence[TokenItemRecord | bytes], attempts: Sequence[int]
+) -> bytes:
+    """The Batch message; with the header before ``attempts`` (and no ``attempts``) while every item
+    is on its first attempt, so that the bytes are those a processor wrote before retries existed."""
+    retried = any(a != 1 for a in attempts)
+    if retried and (len(attempts) != len(records) or min(attempts) < 1):
+        raise ValueError(f"attempts {list(attempts)[:8]} for {len(records)} items: one per item, each >= 1")
     out: list[bytes | memoryview] = [
-        BATCH_HEADER,
+        BATCH_HEADER if retried else PRE_ATTEMPTS_BATCH_HEADER,
         encode_str(batch.batch_id),
         encode_str(batch.consumer),
         encode_str(batch.model),
@@ -379,6 +413,8 @@ def _encode_batch_parts(batch: Batch | BatchRecord, records: Sequence[TokenItemR
             else:
                 _item_parts(rec, out)
     out.append(b"\x00")
+    if retried:
+        out += (encode_long(len(attempts)), *(encode_int(a, "attempt") for a in attempts), b"\x00")
     return b"".join(out)
 
 
@@ -399,9 +435,10 @@ def encode_batch(batch: Batch) -> bytes:
         if not isinstance(payload, TokenItemRecord | bytes):
             raise TypeError(f"item {item.id!r}: payload is {type(payload).__name__}, not TokenItemRecord")
         records.append(payload)
-    return _encode_batch_parts(batch, records)
+    return _encode_batch_parts(batch, records, [item.attempt for item in batch.items])
 
 
 def encode_batch_record(batch: BatchRecord) -> bytes:
-    """Same wire form as :func:`encode_batch`, from a decoded :class:`BatchRecord`."""
-    return _encode_batch_parts(batch, batch.items)
+    """Same wire form as :func:`encode_batch`, from a decoded :class:`BatchRecord` (its ``attempts``
+    empty or all 1: the header before ``attempts``)."""
+    return _encode_batch_parts(batch, batch.items, batch.attempts)

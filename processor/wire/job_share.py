@@ -9,9 +9,10 @@ other away, and a key of their own would be a second grammar on a topic every pr
 reads from the beginning (docs/jobs.md, "Lifecycle").
 
 Records written before ``cancelled_ms`` and ``deadline_ms`` existed (``LIFECYCLE_FIELDS_ADDED``) carry
-the previous fingerprint (``PREVIOUS_JOB_SHARE_HEADER``) and read with both null. An older reader
-does not know the current header (it logs the record as undecodable and keeps the policy it had):
-upgrade the processors before cancelling a job or giving it a deadline.
+the previous fingerprint (``PREVIOUS_JOB_SHARE_HEADER``) and read with both null; those written
+before ``max_attempts`` (``RETRY_FIELDS_ADDED``, ``PRE_RETRY_JOB_SHARE_HEADER``) read with it null.
+An older reader does not know the current header (it logs the record as undecodable and keeps the
+policy it had): upgrade the processors before cancelling a job, giving it a deadline or attempts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from processor.wire.schemas import MAGIC, rabin_fingerprint, schema_dir
 
 LIFECYCLE_FIELDS_ADDED = ("cancelled_ms", "deadline_ms")
 """The fields ``JobShare`` gained with cancel and deadlines (both null by default)."""
+RETRY_FIELDS_ADDED = ("max_attempts",)
+"""The field ``JobShare`` gained with retries inside the pipeline (null by default: 3 attempts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,8 @@ class JobShareRecord:
     """When the job was cancelled; None while it is not. Final: writers keep it."""
     deadline_ms: int | None = None
     """When the job's undispatched items expire; None for no deadline."""
+    max_attempts: int | None = None
+    """Dispatches each item gets in all (processor/core/retries.py); None for the default, 3."""
 
 
 def _schema(added: tuple[str, ...]) -> tuple[Any, bytes]:
@@ -56,10 +61,15 @@ def _schema(added: tuple[str, ...]) -> tuple[Any, bytes]:
 
 
 _SCHEMA, JOB_SHARE_HEADER = _schema(())
-_PREVIOUS_SCHEMA, PREVIOUS_JOB_SHARE_HEADER = _schema(LIFECYCLE_FIELDS_ADDED)
+_PREVIOUS_SCHEMA, PREVIOUS_JOB_SHARE_HEADER = _schema((*LIFECYCLE_FIELDS_ADDED, *RETRY_FIELDS_ADDED))
+_PRE_RETRY_SCHEMA, PRE_RETRY_JOB_SHARE_HEADER = _schema(RETRY_FIELDS_ADDED)
 JOB_SHARE_CANONICAL_FORM = to_parsing_canonical_form(_SCHEMA)
-_WRITERS = {JOB_SHARE_HEADER: _SCHEMA, PREVIOUS_JOB_SHARE_HEADER: _PREVIOUS_SCHEMA}
 """The current schema's Parsing Canonical Form (its fingerprint is in :data:`JOB_SHARE_HEADER`)."""
+_WRITERS = {
+    JOB_SHARE_HEADER: _SCHEMA,
+    PRE_RETRY_JOB_SHARE_HEADER: _PRE_RETRY_SCHEMA,
+    PREVIOUS_JOB_SHARE_HEADER: _PREVIOUS_SCHEMA,
+}
 
 
 def encode_job_share_record(rec: JobShareRecord) -> bytes:
@@ -74,6 +84,7 @@ def encode_job_share_record(rec: JobShareRecord) -> bytes:
         "set_ms": rec.set_ms,
         "cancelled_ms": rec.cancelled_ms,
         "deadline_ms": rec.deadline_ms,
+        "max_attempts": rec.max_attempts,
     }
     out = io.BytesIO()
     out.write(JOB_SHARE_HEADER)
@@ -100,4 +111,8 @@ def decode_job_share_record(value: bytes | bytearray | memoryview | None) -> Job
         policy = JobPolicy(d["weight"], d["max_tokens_per_s"], d["max_tokens"], d["burst_ms"])
     except ValueError as exc:
         raise DecodeError("invalid-share", f"job {d['job']!r}: {exc}") from None
-    return JobShareRecord(d["job"], policy, d["set_ms"], d["cancelled_ms"], d["deadline_ms"])
+    if d["max_attempts"] is not None and d["max_attempts"] < 1:
+        raise DecodeError("invalid-share", f"job {d['job']!r}: max_attempts {d['max_attempts']} < 1")
+    return JobShareRecord(
+        d["job"], policy, d["set_ms"], d["cancelled_ms"], d["deadline_ms"], d["max_attempts"]
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, cast
 
 from processor.core.contract import Contract
@@ -81,6 +81,13 @@ class BatchRecord:
     created_ms: int
     oversized: bool = False
     items: list[TokenItemRecord]
+    attempts: list[int] = field(default_factory=list)
+    """Which dispatch of each item this batch is, in item order (``Batch.attempts``); empty when every
+    item is on its first (:meth:`attempt`)."""
+
+    def attempt(self, index: int) -> int:
+        """The attempt of ``items[index]``: 1 unless ``attempts`` says otherwise."""
+        return self.attempts[index] if self.attempts else 1
 
 
 Status = Literal["ok", "failed", "rejected", "cancelled", "expired"]
@@ -112,6 +119,10 @@ class CompletionRecord:
     cached_tokens: int = 0
     """Prompt tokens the server served from its prefix cache (``Completion.cached_tokens``)."""
     cache_hit: bool = False
+    attempt: int = 1
+    """Which dispatch of the item this answers (``Completion.attempt``): 1, then one more per retry."""
+    retriable: bool = False
+    """A failure worth another try (``Completion.retriable``): the processor may send the item again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +133,8 @@ class ItemOutcomeRecord:
     status: Status
     cache_hit: bool = False
     cached_tokens: int = 0
+    retriable: bool = False
+    attempt: int = 1
     job_id: str = ""
     reason: str | None = None
     input_tokens: int

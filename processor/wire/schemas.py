@@ -144,10 +144,19 @@ def previous_schema(name: str, added: tuple[str, ...]) -> tuple[Any, bytes]:
 
 #: Fields ``TokenItem`` gained (and ``Batch`` with it, in its items) with per-item requests.
 ITEM_FIELDS_ADDED = ("request",)
+#: The field ``Batch`` gained with retries inside the pipeline (each item's attempt).
+BATCH_FIELDS_ADDED = ("attempts",)
+#: Every field ``Batch`` gained since its first version, its items' included.
+BATCH_ALL_FIELDS_ADDED = (*ITEM_FIELDS_ADDED, *BATCH_FIELDS_ADDED)
 
-#: The headers of a TokenItem and a Batch written before ``request``: they read with no request.
+#: The headers of a TokenItem and a Batch written before ``request``: they read with no request
+#: (and a Batch with every item on its first attempt).
 PREVIOUS_TOKEN_ITEM_HEADER = previous_schema("TokenItem", ITEM_FIELDS_ADDED)[1]
-PREVIOUS_BATCH_HEADER = previous_schema("Batch", ITEM_FIELDS_ADDED)[1]
+PREVIOUS_BATCH_HEADER = previous_schema("Batch", BATCH_ALL_FIELDS_ADDED)[1]
+#: The header of a Batch written before ``attempts``: the processor still writes it for a batch whose
+#: items are all on their first attempt (the same bytes as before), so that consumer apps not yet
+#: upgraded read every batch until a retry happens. It reads with ``attempts`` empty.
+PRE_ATTEMPTS_BATCH_HEADER = previous_schema("Batch", BATCH_FIELDS_ADDED)[1]
 
 
 def fastavro_fingerprint(name: str) -> int:

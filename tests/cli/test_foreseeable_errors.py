@@ -130,3 +130,15 @@ def test_parquet_without_pyarrow(
         one_line(err)
         == f"tokenfabric {argv[0]}: error: Parquet needs pyarrow: pip install 'tokenfabric[jobs]'"
     )
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "three", "2.5"])
+def test_submit_with_a_bad_max_attempts(
+    capsys: pytest.CaptureFixture[str], no_cluster: None, value: str
+) -> None:
+    code, out, err = run_cli(capsys, "submit", "rows.jsonl", "--job", "j", "--max-attempts", value)
+    assert code == 2 and out == ""
+    assert one_line(err) == (
+        "tokenfabric submit: error: --max-attempts must be a whole number >= 1 (1: never retry a "
+        f"failed item), got {value!r}"
+    )

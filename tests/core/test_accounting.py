@@ -75,18 +75,18 @@ def test_consumer_counters() -> None:
     [
         (
             lambda lg: lg.models["alpha"].queued.add(0, 7),
-            "model alpha out of balance: received+adopted_queued 4 items / 1,000 tokens, "
+            "model alpha out of balance: received+adopted_queued+retried 4 items / 1,000 tokens, "
             "queued+routed+cancelled+expired+released_queued 4 items / 1,007 tokens",
         ),
         (
             lambda lg: lg.models["beta"].completed.add(1, 0),
             "model beta out of balance: routed+adopted_in_flight 2 items / 120 tokens, "
-            "completed+in_flight+failed+released_in_flight 3 items / 120 tokens",
+            "completed+in_flight+failed+retried+released_in_flight 3 items / 120 tokens",
         ),
         (
             lambda lg: lg.consumers["card-1"].failed.add(0, -5),
             "consumer card-1 out of balance: routed+adopted_in_flight 3 items / 700 tokens, "
-            "completed+in_flight+failed+released_in_flight 3 items / 695 tokens",
+            "completed+in_flight+failed+retried+released_in_flight 3 items / 695 tokens",
         ),
     ],
     ids=["received side", "routed side, items", "consumer"],

@@ -415,7 +415,7 @@ def test_check_detects_a_queued_counter_bumped_alone() -> None:
     sched.ledger.models[MODEL].queued.add(1, 0)
     with pytest.raises(
         LedgerImbalance,
-        match=r"received\+adopted_queued 1 items / 100 tokens, "
+        match=r"received\+adopted_queued\+retried 1 items / 100 tokens, "
         r"queued\+routed\+cancelled\+expired\+released_queued 2 items / 100",
     ):
         sched.check()

@@ -233,6 +233,7 @@ def test_one_items_failed_request_leaves_the_others_ok(server: FakeCompletions) 
 
     assert [r.status for r in results] == ["failed", "ok", "ok"]
     assert "HTTP 400" in (results[0].reason or "") and "not retried" in (results[0].reason or "")
+    assert not results[0].retriable  # a refusal: the pipeline does not retry it either
 
 
 # --------------------------------------------------------------------------------------------------
@@ -260,6 +261,7 @@ def test_always_500_fails_every_item_after_retries_plus_one_attempts(server: Fak
     reason = results[0].reason or ""
     assert "HTTP 500" in reason and "scripted 500" in reason and "4 attempt(s)" in reason
     assert server.url in reason
+    assert all(r.retriable for r in results)  # a server error: the pipeline may try the items again
     # exponential, capped at backoff_max_ms=25 ms, jittered into [half, full) of the cap
     caps = [0.010, 0.020, 0.025]
     assert [cap / 2 <= s < cap for s, cap in zip(harness.sleeps, caps, strict=True)] == [True, True, True]
@@ -283,6 +285,7 @@ def test_timeout_is_retried_then_fails(server: FakeCompletions) -> None:
     assert [r.status for r in results] == ["failed", "failed", "failed"]
     assert "no response within 0.1 s" in (results[0].reason or "")
     assert "2 attempt(s)" in (results[0].reason or "")
+    assert all(r.retriable for r in results)
 
 
 def test_connection_refused_is_retried_then_fails() -> None:
@@ -296,6 +299,7 @@ def test_connection_refused_is_retried_then_fails() -> None:
     results = OpenAICompletionsEngine(settings, sleep=sleeps.append).run(batch(*THREE))
 
     assert [r.status for r in results] == ["failed", "failed", "failed"]
+    assert all(r.retriable for r in results)
     assert "ConnectionRefusedError" in (results[0].reason or "") and "3 attempt(s)" in (
         results[0].reason or ""
     )

@@ -15,6 +15,7 @@ from processor.ops.lifecycle import (
     deadline_from,
     deadline_ms_of,
     describe_lifecycle,
+    max_attempts_from,
     read_job_share,
     record_deadline,
     window_ms,
@@ -68,3 +69,15 @@ def test_each_change_keeps_the_rest_of_the_record_and_a_cancel_keeps_its_first_t
         == describe_lifecycle(replace(rec, cancelled_ms=None, deadline_ms=None))
         == ""
     )
+
+
+def test_max_attempts_is_kept_by_every_later_change_and_submit_writes_it_with_the_deadline() -> None:
+    mk, topics = MemoryKafka(), TopicNames("lc")
+    mk.create_topics(topic_specs(topics))
+    clients = mk.clients()
+    assert max_attempts_from(None) is None and max_attempts_from("1") == 1 and max_attempts_from("5") == 5
+    record_deadline({}, topics, "j", None, 10, clients, max_attempts=5)  # submit --max-attempts 5
+    change_job_share({}, topics, "j", 20, policy=JobPolicy(weight=4.0), clients=clients)  # share
+    rec = change_job_share({}, topics, "j", 30, cancel=True, clients=clients)  # cancel
+    assert (rec.max_attempts, rec.policy.weight, rec.deadline_ms, rec.cancelled_ms) == (5, 4.0, None, 30)
+    assert read_job_share({}, topics, "j", clients) == rec

@@ -216,3 +216,17 @@ def test_status_shows_each_jobs_share_and_tokens() -> None:
     jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(
         json.loads(json.dumps(rep.as_json()))
     )
+
+
+def test_status_shows_the_retried_items_beside_cancelled_and_expired() -> None:
+    """Items sent back to the lanes after a retriable failure (the ledger's ``retried``), summed
+    over instances, in the text and the JSON."""
+    counters = {"received_items": 5, "routed_items": 7, "retried_items": 2, "retried_tokens": 80}
+    view = StatusView(read_ms=NOW)
+    for name in ("a", "b"):
+        view.checkpoints[name] = checkpoint(name, counters)
+    rep = report(view, TopicNames())
+    assert (rep.ledger["retried"].items, rep.ledger["retried"].tokens) == (4, 160)
+    assert rep.as_json()["ledger"]["retried"] == {"items": 4, "tokens": 160}
+    (line,) = [line for line in render_text(rep).splitlines() if line.split()[:1] == ["retried"]]
+    assert line.split()[1:] == ["4", "160"]

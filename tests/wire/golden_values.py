@@ -36,6 +36,7 @@ from processor.wire.control import (
     encode_ledger_snapshot,
 )
 from processor.wire.fastavro_io import (
+    PRE_ATTEMPTS_BATCH,
     PREVIOUS_BATCH,
     PREVIOUS_TOKEN_ITEM,
     PreviousSchema,
@@ -110,7 +111,14 @@ BATCH = BatchRecord(
     pad_multiple=CONTRACT.pad_multiple,
     created_ms=T0 + 250,
     items=[ITEM, PLAIN_ITEM],
+    attempts=[2, 1],
 )
+"""The first item is on its second attempt (a retriable failure sent it back: its completion is
+``OK``, of attempt 2), so the batch carries ``attempts``; :data:`FIRST_ATTEMPT_BATCH` is the same
+batch on first attempts."""
+
+FIRST_ATTEMPT_BATCH = dataclasses.replace(BATCH, attempts=[])
+""":data:`BATCH` with every item on its first attempt: written with the header before ``attempts``."""
 
 ENGINE_MS = 60
 COMPLETED_MS = BATCH.created_ms + ENGINE_MS + 4
@@ -134,10 +142,16 @@ def completion_of(item: TokenItemRecord, **outcome: Any) -> CompletionRecord:
     )
 
 
-OK = completion_of(ITEM, status="ok", output_tokens=2, output=b"Hi!", cached_tokens=2, cache_hit=True)
-"""Two of its three prompt tokens served from the engine's prefix cache (one computed)."""
+OK = completion_of(
+    ITEM, status="ok", output_tokens=2, output=b"Hi!", cached_tokens=2, cache_hit=True, attempt=2
+)
+"""Two of its three prompt tokens served from the engine's prefix cache (one computed), on the
+item's second attempt (its first failed retriably, as ``FAILED`` does)."""
 
-FAILED = completion_of(PLAIN_ITEM, status="failed", reason="engine error: RuntimeError: out of memory")
+FAILED = completion_of(
+    PLAIN_ITEM, status="failed", reason="engine error: RuntimeError: out of memory", retriable=True
+)
+"""A failure worth another try: the processor sends the item back to the lanes."""
 
 JOB = JobRecord(
     name="golden-job",
@@ -237,7 +251,7 @@ seed, and a request that names only the adapter (every other field its default).
 
 def _as_previous(rec: CompletionRecord) -> CompletionRecord:
     """``rec`` as a consumer older than ``cached_tokens`` wrote it, and as readers now read that."""
-    return CompletionRecord(**{**_fields_of(rec), "cached_tokens": 0})
+    return CompletionRecord(**{**_fields_of(rec), "cached_tokens": 0, "attempt": 1, "retriable": False})
 
 
 def _fields_of(rec: CompletionRecord) -> dict[str, Any]:
@@ -271,7 +285,7 @@ PREVIOUS_ITEM_RECORDS: list[tuple[PreviousSchema, Golden]] = [
         PREVIOUS_BATCH,
         Golden(
             "Batch",
-            dataclasses.replace(BATCH, items=[without_request(i) for i in BATCH.items]),
+            dataclasses.replace(FIRST_ATTEMPT_BATCH, items=[without_request(i) for i in BATCH.items]),
             lambda rec: PREVIOUS_BATCH.encode(
                 {
                     **{f: getattr(rec, f) for f in BatchRecord.__dataclass_fields__ if f != "items"},
@@ -309,6 +323,13 @@ PREVIOUS_COMPLETION_RECORDS: list[tuple[PreviousSchema, Golden]] = [
 """Messages in a record's previous schema (before ``cached_tokens``): what consumers not yet
 upgraded write, and what the results topic holds from before. Readers read them with 0 there."""
 
-PREVIOUS_RECORDS = [*PREVIOUS_COMPLETION_RECORDS, *PREVIOUS_ITEM_RECORDS]
+PRE_ATTEMPTS_RECORDS: list[tuple[PreviousSchema, Golden]] = [
+    (PRE_ATTEMPTS_BATCH, Golden("Batch", FIRST_ATTEMPT_BATCH, encode_batch_record, decode_batch)),
+]
+"""A Batch written before ``attempts``: what the processor writes while every item of a batch is on
+its first attempt (byte for byte what it wrote before retries), so consumer apps not yet upgraded
+read it. Readers read it with ``attempts`` empty."""
+
+PREVIOUS_RECORDS = [*PREVIOUS_COMPLETION_RECORDS, *PREVIOUS_ITEM_RECORDS, *PRE_ATTEMPTS_RECORDS]
 
 JOB_RECORDS = ("Job", "JobShare")

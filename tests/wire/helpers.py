@@ -20,7 +20,7 @@ from processor.core.signature import shape_signature, to_signed
 from processor.wire.completions import decode_completion, decode_completion_batch, decode_completions
 from processor.wire.control import decode_any, decode_contract, decode_dead_letter, decode_ledger_snapshot
 from processor.wire.errors import DecodeError
-from processor.wire.fastavro_io import decode_token_item_fastavro
+from processor.wire.fastavro_io import PRE_ATTEMPTS_BATCH, decode_token_item_fastavro
 from processor.wire.items import decode_batch, decode_token_item, encode_token_item
 from processor.wire.records import (
     STATUSES,
@@ -137,25 +137,28 @@ def batch_records(batch: Batch) -> BatchRecord:
         created_ms=batch.created_ms,
         oversized=batch.oversized,
         items=[i.payload for i in batch.items],
+        attempts=[i.attempt for i in batch.items] if any(i.attempt != 1 for i in batch.items) else [],
     )
 
 
 def fastavro_batch(rec: BatchRecord) -> bytes:
-    return fastavro_message(
-        "Batch",
-        {
-            "batch_id": rec.batch_id,
-            "consumer": rec.consumer,
-            "model": rec.model,
-            "shape": to_signed(rec.shape),
-            "lane": rec.lane,
-            "padded_length": rec.padded_length,
-            "pad_multiple": rec.pad_multiple,
-            "created_ms": rec.created_ms,
-            "oversized": rec.oversized,
-            "items": [item_dict(i) for i in rec.items],
-        },
-    )
+    """``rec`` as fastavro writes it in the schema the codec picks: the current one when some item is
+    past its first attempt, else the one before ``attempts``."""
+    fields = {
+        "batch_id": rec.batch_id,
+        "consumer": rec.consumer,
+        "model": rec.model,
+        "shape": to_signed(rec.shape),
+        "lane": rec.lane,
+        "padded_length": rec.padded_length,
+        "pad_multiple": rec.pad_multiple,
+        "created_ms": rec.created_ms,
+        "oversized": rec.oversized,
+        "items": [item_dict(i) for i in rec.items],
+    }
+    if any(a != 1 for a in rec.attempts):
+        return fastavro_message("Batch", {**fields, "attempts": rec.attempts})
+    return PRE_ATTEMPTS_BATCH.encode(fields)
 
 
 BATCH_ITEMS = [
@@ -299,6 +302,8 @@ completions = st.builds(
     completed_ms=int64,
     cached_tokens=int32,
     cache_hit=st.booleans(),
+    attempt=int32,
+    retriable=st.booleans(),
 )
 outcomes = st.builds(
     ItemOutcomeRecord,
@@ -306,6 +311,8 @@ outcomes = st.builds(
     status=st.sampled_from(STATUSES),
     cache_hit=st.booleans(),
     cached_tokens=int32,
+    retriable=st.booleans(),
+    attempt=int32,
     job_id=text,
     reason=st.none() | text,
     input_tokens=int32,

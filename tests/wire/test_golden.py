@@ -48,6 +48,7 @@ from processor.core.contract import contract_violation  # noqa: E402
 from processor.core.item import Batch, Item  # noqa: E402
 from processor.core.serving import serving_key  # noqa: E402
 from processor.jobs import codec as jobs_codec  # noqa: E402
+from processor.wire.completion_heads import decode_completions_head  # noqa: E402
 from processor.wire.completions import (  # noqa: E402
     decode_completions,
 )
@@ -55,7 +56,7 @@ from processor.wire.fastavro_io import (  # noqa: E402
     PreviousSchema,
     decode_token_item_fastavro,
 )
-from processor.wire.heads import decode_batch_head, decode_completions_head, decode_item_head  # noqa: E402
+from processor.wire.heads import decode_batch_head, decode_item_head  # noqa: E402
 from processor.wire.items import (  # noqa: E402
     decode_batch,
     decode_token_item,
@@ -244,8 +245,9 @@ def previous_document() -> dict[str, Any]:
         "description": (
             "Messages written with a record's previous schema, before it gained fields with defaults "
             "(Completion and CompletionBatch before cached_tokens, TokenItem and Batch before "
-            "request): what a writer not yet upgraded sends. Readers still read them, filling the "
-            "new fields' defaults (tests/wire/test_golden.py; keys as in messages.json)."
+            "request, Batch before attempts: what the processor writes while every item of a batch "
+            "is on its first attempt): what a writer not yet upgraded sends. Readers still read them, "
+            "filling the new fields' defaults (tests/wire/test_golden.py; keys as in messages.json)."
         ),
         "records": records,
     }
@@ -406,7 +408,7 @@ def test_a_processor_splicing_an_item_written_before_requests_writes_a_current_b
     """The processor keeps each input message and splices its body into the batch: a message
     written before ``request`` gets the null request byte, so the batch reads as its records'."""
     old_item = previous_item_message("TokenItem")
-    batch = dataclasses.replace(BATCH, items=[without_request(ITEM)])
+    batch = dataclasses.replace(BATCH, items=[without_request(ITEM)], attempts=[])
     core_batch = Batch(
         batch.batch_id, batch.consumer, batch.model, batch.shape, batch.lane, batch.pad_multiple,
         batch.padded_length, [Item(ITEM.item_id, MODEL, ITEM.shape, ITEM.token_count, 0, old_item)],

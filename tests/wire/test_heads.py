@@ -12,6 +12,11 @@ from hypothesis import strategies as st
 
 from processor.core.item import Batch, Item
 from processor.core.serving import SEPARATOR, serving_key
+from processor.wire.completion_heads import (
+    decode_completion_head,
+    decode_completion_head_strict,
+    decode_completions_head,
+)
 from processor.wire.completions import (
     PREVIOUS_COMPLETION,
     PREVIOUS_COMPLETION_BATCH,
@@ -20,14 +25,7 @@ from processor.wire.completions import (
     encode_completion,
     encode_completion_batch,
 )
-from processor.wire.heads import (
-    _usual_head,
-    decode_batch_head,
-    decode_completion_head,
-    decode_completion_head_strict,
-    decode_completions_head,
-    decode_item_head,
-)
+from processor.wire.heads import _usual_head, decode_batch_head, decode_item_head
 from processor.wire.items import decode_batch, decode_token_item, encode_batch, encode_token_item
 from processor.wire.records import (
     BatchRecord,
@@ -165,9 +163,18 @@ def test_a_batch_of_spliced_messages_is_byte_identical_to_one_of_records(
     assert encode_batch(batch(messages)) == encode_batch(batch(records))
 
 
-def head_of(rec: CompletionRecord) -> tuple[str, str, str, bool, bool, int]:
-    """What :func:`decode_completion_head` should say of ``rec``."""
-    return (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit, rec.cached_tokens)
+def head_of(rec: CompletionRecord) -> tuple[str, str, str, bool, bool, int, bool]:
+    """What :func:`decode_completion_head` should say of ``rec``: ``retriable`` only when failed."""
+    retriable = rec.retriable and rec.status == "failed"
+    return (
+        rec.item_id,
+        rec.batch_id,
+        rec.consumer,
+        rec.status == "ok",
+        rec.cache_hit,
+        rec.cached_tokens,
+        retriable,
+    )
 
 
 @given(completions)
@@ -204,7 +211,9 @@ def test_a_damaged_completion_is_refused_whenever_the_full_decoder_refuses_it(
         assert head == "avro-decode"
 
 
-def heads_of(records: list[CompletionRecord]) -> tuple[str, str, list[tuple[str, bool, bool]], list[int]]:
+def heads_of(
+    records: list[CompletionRecord],
+) -> tuple[str, str, list[tuple[str, bool, bool]], list[int], list[str] | tuple[()]]:
     """What :func:`decode_completions_head` should say of a message holding ``records``."""
     first = records[0] if records else None
     return (
@@ -212,6 +221,7 @@ def heads_of(records: list[CompletionRecord]) -> tuple[str, str, list[tuple[str,
         first.consumer if first else "",
         [(r.item_id, r.status == "ok", r.cache_hit) for r in records],
         [r.cached_tokens for r in records],
+        [r.item_id for r in records if r.retriable and r.status == "failed"] or (),
     )
 
 
@@ -230,6 +240,7 @@ def test_the_completions_head_of_a_batch_matches_the_full_decoder(rec: Completio
         rec.consumer,
         [(o.item_id, o.status == "ok", o.cache_hit) for o in rec.items],
         [o.cached_tokens for o in rec.items],
+        [o.item_id for o in rec.items if o.retriable and o.status == "failed"] or (),
     )
     if rec.items:
         assert head == heads_of(decode_completions(value))
@@ -251,9 +262,10 @@ def test_messages_written_before_cached_tokens_read_the_same_with_zero_there(
     batch = replace(batch, items=[replace(o, status=_status_then(o.status)) for o in batch.items])
     fields_of_rec = {n: getattr(rec, n) for n in CompletionRecord.__dataclass_fields__}
     old = PREVIOUS_COMPLETION.encode(fields_of_rec)
-    expected = (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit, 0)
+    expected = (rec.item_id, rec.batch_id, rec.consumer, rec.status == "ok", rec.cache_hit, 0, False)
     assert decode_completion_head(old) == decode_completion_head_strict(old) == expected
-    assert decode_completions(old) == [CompletionRecord(**{**fields_of_rec, "cached_tokens": 0})]
+    defaults = {"cached_tokens": 0, "attempt": 1, "retriable": False}
+    assert decode_completions(old) == [CompletionRecord(**{**fields_of_rec, **defaults})]
     fields = {
         n: getattr(batch, n)
         for n in ("batch_id", "consumer", "model", "padded_tokens", "engine_ms", "completed_ms")
@@ -262,8 +274,9 @@ def test_messages_written_before_cached_tokens_read_the_same_with_zero_there(
     old_batch = PREVIOUS_COMPLETION_BATCH.encode({**fields, "items": items})
     head = decode_completions_head(old_batch)
     assert head.items == [(o.item_id, o.status == "ok", o.cache_hit) for o in batch.items]
-    assert head.cached_tokens == [0] * len(batch.items)
+    assert head.cached_tokens == [0] * len(batch.items) and head.retriable == ()
     assert [c.cached_tokens for c in decode_completions(old_batch)] == [0] * len(batch.items)
+    assert {(c.attempt, c.retriable) for c in decode_completions(old_batch)} <= {(1, False)}
 
 
 @st.composite
