@@ -74,7 +74,6 @@ from processor.core.books import (
     ModelBook,
     Tally,
     balance,
-    book_prompts,
     cached_prompt_share,
     check_prompts,
     is_stage,
@@ -122,6 +121,8 @@ class Ledger:
         self.prompts_counted = False
         """A caller passed cached counts (or the checkpoint resumed from had them): the snapshot
         carries the prompt counters."""
+        self._batch_books: dict[tuple[str | None, str | None, str | None], BatchBooks] = {}
+        """A batch event's books by (model, consumer, job): :meth:`_books`."""
 
     def _model(self, model: str) -> ModelBook:
         book = self.models.get(model)
@@ -140,6 +141,21 @@ class Ledger:
         if book is None:
             book = self.jobs[job] = JobBook.empty()
         return book
+
+    def _books(self, model: str | None, consumer: str | None, job: str | None) -> BatchBooks:
+        """The books a batch's event writes (None where its name is None), made where missing, and
+        kept in ``_batch_books`` for the next batch of the same model, consumer and job. Safe to keep:
+        a book, once made, stays in its dict for the ledger's life (nothing replaces or removes one;
+        a restore makes a new ledger). The keeping is bounded: past ``_KEPT_BOOKS`` triples it
+        starts afresh."""
+        if len(self._batch_books) >= _KEPT_BOOKS:
+            self._batch_books.clear()
+        books = self._batch_books[model, consumer, job] = (
+            None if model is None else self._model(model),
+            None if consumer is None else self.consumer(consumer),
+            None if job is None else self.job(job),
+        )
+        return books
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -166,18 +182,8 @@ class Ledger:
     def routed(
         self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int, oversized: bool
     ) -> None:
-        book = self._model(model)
-        book.queued.add(-items, -tokens)
-        book.routed.add(items, tokens)
-        book.in_flight.add(items, tokens)
-        c = self.consumer(consumer)
-        c.routed.add(items, tokens)
-        c.in_flight.add(items, tokens)
-        c.batches += 1
-        c.padded_tokens += padded_tokens
-        c.oversized += oversized
-        if oversized:
-            c.oversized_padded_tokens += padded_tokens
+        """A batch went out: the model's and consumer's books (:meth:`batch_routed`, no job's)."""
+        self.batch_routed(model, consumer, None, items, tokens, padded_tokens, oversized)
 
     def finished(
         self,
@@ -189,22 +195,101 @@ class Ledger:
         failed_tokens: int,
         cached_tokens: int | None = None,
     ) -> None:
-        """A batch came back: some items completed, the rest failed. ``cached_tokens``: how many of the
-        completed items' prompt tokens the engine served from its prefix cache (the rest it computed);
-        None from a caller that does not count them (every prompt computed, ``prompts_counted`` kept)."""
-        book = self._model(model)
-        c = self.consumer(consumer)
-        items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
-        book.in_flight.add(-items, -tokens)
-        c.in_flight.add(-items, -tokens)
-        book.completed.add(ok_items, ok_tokens)
-        c.completed.add(ok_items, ok_tokens)
-        book.failed.add(failed_items, failed_tokens)
-        c.failed.add(failed_items, failed_tokens)
+        """A batch came back: the model's and consumer's books (:meth:`batch_finished`, no job's)."""
+        self.batch_finished(
+            model, consumer, None, ok_items, ok_tokens, failed_items, failed_tokens, cached_tokens
+        )
+
+    def batch_routed(
+        self,
+        model: str | None,
+        consumer: str | None,
+        job: str | None,
+        items: int,
+        tokens: int,
+        padded_tokens: int,
+        oversized: bool,
+    ) -> None:
+        """A batch of ``items`` items, ``tokens`` real tokens and ``padded_tokens`` padded went out:
+        ``queued`` to ``routed`` and ``in_flight`` in the model's and the job's books, ``routed`` and
+        ``in_flight`` in the consumer's; the batch and its padding counted for the consumer and the
+        job. A name that is None has no book written (:meth:`routed` writes no job's, a batch that
+        mixes jobs is booked item by item: :meth:`job_routed`).
+
+        The one formula of a routed batch, in one call: the scheduler pays it once per batch (issue
+        25, part 3: the books come from one lookup, the tallies are written inline; docs/benchmarks.md)."""
+        try:
+            m, c, j = self._batch_books[model, consumer, job]
+        except KeyError:
+            m, c, j = self._books(model, consumer, job)
+        for book in (m, j):
+            if book is not None:
+                t = book.queued
+                t.items -= items
+                t.tokens -= tokens
+                t = book.routed
+                t.items += items
+                t.tokens += tokens
+                t = book.in_flight
+                t.items += items
+                t.tokens += tokens
+        if c is not None:
+            t = c.routed
+            t.items += items
+            t.tokens += tokens
+            t = c.in_flight
+            t.items += items
+            t.tokens += tokens
+            c.batches += 1
+            c.padded_tokens += padded_tokens
+            if oversized:
+                c.oversized += 1
+                c.oversized_padded_tokens += padded_tokens
+        if j is not None:
+            j.batches += 1
+            j.padded_tokens += padded_tokens
+
+    def batch_finished(
+        self,
+        model: str | None,
+        consumer: str | None,
+        job: str | None,
+        ok_items: int,
+        ok_tokens: int,
+        failed_items: int,
+        failed_tokens: int,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """A batch came back, some items completed and the rest failed: ``in_flight`` to
+        ``completed`` and ``failed``, the completed prompts split into cached and computed
+        (``prompt_split``), in the model's, consumer's and job's books (a name that is None: no book,
+        as for :meth:`batch_routed`). ``cached_tokens``: how many of the completed items' prompt
+        tokens the engine served from its prefix cache (the rest it computed); None from a caller
+        that does not count them (every prompt computed, ``prompts_counted`` kept).
+
+        The one formula of a finished batch, one call per batch as :meth:`batch_routed`."""
+        try:
+            books = self._batch_books[model, consumer, job]
+        except KeyError:
+            books = self._books(model, consumer, job)
         if cached_tokens is not None:
             self.prompts_counted = True
-        book_prompts(book, ok_tokens, cached_tokens or 0)
-        book_prompts(c, ok_tokens, cached_tokens or 0)
+        # prompt_split(ok_tokens, 0) is (0, ok_tokens): the split is asked only of a cache report
+        cached, computed = prompt_split(ok_tokens, cached_tokens) if cached_tokens else (0, ok_tokens)
+        items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
+        for book in books:
+            if book is not None:
+                t = book.in_flight
+                t.items -= items
+                t.tokens -= tokens
+                t = book.completed
+                t.items += ok_items
+                t.tokens += ok_tokens
+                t = book.failed
+                t.items += failed_items
+                t.tokens += failed_tokens
+                book.cached_prompt_tokens += cached
+                book.prefill_tokens += computed
 
     def requeued(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """A batch came back undone (its consumer left): its items wait again and count as redelivered."""
@@ -279,12 +364,8 @@ class Ledger:
         t.tokens += tokens
 
     def job_routed(self, job: str, items: int, tokens: int, padded_tokens: int) -> None:
-        book = self.job(job)
-        book.queued.add(-items, -tokens)
-        book.routed.add(items, tokens)
-        book.in_flight.add(items, tokens)
-        book.batches += 1
-        book.padded_tokens += padded_tokens
+        """A batch of ``job`` went out: its book only (:meth:`batch_routed`)."""
+        self.batch_routed(None, None, job, items, tokens, padded_tokens, False)
 
     def job_finished(
         self,
@@ -295,13 +376,8 @@ class Ledger:
         failed_tokens: int,
         cached_tokens: int | None = None,
     ) -> None:
-        book = self.job(job)
-        book.in_flight.add(-ok_items - failed_items, -ok_tokens - failed_tokens)
-        book.completed.add(ok_items, ok_tokens)
-        book.failed.add(failed_items, failed_tokens)
-        if cached_tokens is not None:
-            self.prompts_counted = True
-        book_prompts(book, ok_tokens, cached_tokens or 0)
+        """Items of ``job`` came back: its book only (:meth:`batch_finished`)."""
+        self.batch_finished(None, None, job, ok_items, ok_tokens, failed_items, failed_tokens, cached_tokens)
 
     def job_requeued(self, job: str, items: int, tokens: int) -> None:
         book = self.job(job)
@@ -488,4 +564,8 @@ class Ledger:
             setattr(book, counter, sum(getattr(b, counter) for b in self.models.values()))
 
 
+BatchBooks = tuple[ModelBook | None, ConsumerBook | None, JobBook | None]
+"""The model's, consumer's and job's books one batch event writes (:meth:`Ledger.batch_routed`)."""
+_KEPT_BOOKS = 4096
+"""How many (model, consumer, job) triples a ledger keeps the books of before it starts afresh."""
 _JOB_BOOK_COUNTERS = (*JOB_COUNTERS, *PROMPT_COUNTERS)

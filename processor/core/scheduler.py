@@ -348,8 +348,7 @@ class Scheduler:
         self._flights.hold(state, InFlight(batch, job, real))
         self.oversized += oversized
         padded = padded_length * len(items)
-        self.ledger.routed(model, c.consumer, len(items), real, padded, oversized)
-        self.ledger.job_routed(job, len(items), real, padded)
+        self.ledger.batch_routed(model, c.consumer, job, len(items), real, padded, oversized)
         self.shares.routed(model, job, real, now_ms)
         return batch
 
@@ -502,18 +501,16 @@ class Scheduler:
         ``answered`` lists them (None: every item of the batch, all ok); ``cached`` the prompt
         tokens the engine served from its cache, by item id (None: not reported, all computed). A
         batch restored from before lanes had jobs may mix jobs: its job books are written item by item."""
-        batch = flight.batch
-        ok_items, ok_tokens, bad_items, bad_tokens = counts
-        both = answered if answered is not None else [(True, it) for it in batch.items]
-        total = None if cached is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
-        self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens, total)
-        if flight.job is not None:
-            self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens, total)
-            return
-        for ok, it in both:
-            n = it.length
-            mine = None if cached is None else cached.get(it.id, 0) if ok else 0
-            self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
+        batch, job, both = flight.batch, flight.job, answered
+        if both is None and (cached is not None or job is None):  # every item of the batch, all ok
+            both = [(True, it) for it in batch.items]
+        total = None if cached is None or both is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
+        self.ledger.batch_finished(batch.model, batch.consumer, job, *counts, total)
+        if job is None and both is not None:
+            for ok, it in both:
+                n = it.length
+                mine = None if cached is None else cached.get(it.id, 0) if ok else 0
+                self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
 
     # -- the ledger ------------------------------------------------------------------------------
 
