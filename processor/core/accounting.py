@@ -277,6 +277,7 @@ class Ledger:
         # prompt_split(ok_tokens, 0) is (0, ok_tokens): the split is asked only of a cache report
         cached, computed = prompt_split(ok_tokens, cached_tokens) if cached_tokens else (0, ok_tokens)
         items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
+        failed = failed_items or failed_tokens  # counters that would gain 0 are left as they are
         for book in books:
             if book is not None:
                 t = book.in_flight
@@ -285,11 +286,13 @@ class Ledger:
                 t = book.completed
                 t.items += ok_items
                 t.tokens += ok_tokens
-                t = book.failed
-                t.items += failed_items
-                t.tokens += failed_tokens
-                book.cached_prompt_tokens += cached
                 book.prefill_tokens += computed
+                if failed:
+                    t = book.failed
+                    t.items += failed_items
+                    t.tokens += failed_tokens
+                if cached:
+                    book.cached_prompt_tokens += cached
 
     def requeued(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """A batch came back undone (its consumer left): its items wait again and count as redelivered."""

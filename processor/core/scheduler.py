@@ -18,7 +18,7 @@ from typing import Literal
 
 from processor.core.accounting import Ledger
 from processor.core.contract import Contract, check_batch
-from processor.core.dispatch import DEADLINES, DispatchRules, DispatchSettings
+from processor.core.dispatch import DEADLINES, Choice, DispatchRules, DispatchSettings
 from processor.core.endings import Ending, JobEndings
 from processor.core.inflight import (
     Answers,
@@ -30,7 +30,6 @@ from processor.core.inflight import (
     per_job,
 )
 from processor.core.item import Batch, Item, ItemOutcome, Outcome
-from processor.core.lane import Lane
 from processor.core.lanes import LaneSettings, LaneTable, ShapeKey, ShapeLanes
 from processor.core.retries import RetryPolicy
 from processor.core.shares import Shares
@@ -283,7 +282,7 @@ class Scheduler:
                 if state.free_slots > 0:
                     choice = choose(state, now_ms)
                     if choice is not None:
-                        out.append(self._emit(state, now_ms, *choice))
+                        out.append(self._emit(state, now_ms, choice))
                         progress = True
         return out
 
@@ -298,19 +297,12 @@ class Scheduler:
         if self.endings.deadlines:
             self.expire(now_ms)
         choice = self._rules.choose(state, now_ms)
-        return None if choice is None else self._emit(state, now_ms, *choice)
+        return None if choice is None else self._emit(state, now_ms, choice)
 
-    def _emit(
-        self,
-        state: ConsumerState,
-        now_ms: int,
-        sl: ShapeLanes,
-        lane: Lane,
-        anchor: Item | None,
-        room: int | None,
-    ) -> Batch:
-        """Cut a batch from ``lane`` for ``state``'s consumer, around ``anchor`` (an overdue item) when
-        given; ``room`` caps its items (a job's quota)."""
+    def _emit(self, state: ConsumerState, now_ms: int, choice: Choice) -> Batch:
+        """Cut a batch for ``state``'s consumer where ``choice`` says: from its lane, around its anchor
+        (an overdue item) when given, its room capping the items (a job's quota)."""
+        sl, lane, anchor, room = choice
         c = state.contract
         rule = c.rule if room is None or room >= c.rule.max_items else replace(c.rule, max_items=room)
         leave = anchor is None and self._rules.leaves_longer(c, lane)
@@ -324,19 +316,20 @@ class Scheduler:
             del self._active[c.model][sl.key]
             self.shares.lanes_changed(c.model, sl.job, -1)
         model, shape, job = sl.key[0], sl.key[1], sl.job
-        oversized = len(items) == 1 and c.is_oversized(items[0].length, items[0].output_budget)
+        n = len(items)
+        oversized = n == 1 and not c.rule.fits_alone(items[0].length, items[0].output_budget)
         self._seq += 1
-        batch = Batch(
-            batch_id=f"{self.batch_prefix}-{self._seq}",
-            consumer=c.consumer,
-            model=model,
-            shape=shape,
-            lane=lane.id,
-            pad_multiple=c.pad_multiple,
-            padded_length=padded_length,
-            items=items,
-            created_ms=now_ms,
-            oversized=oversized,
+        batch = Batch(  # by position (no keyword dict to build, once per batch), in field order:
+            f"{self.batch_prefix}-{self._seq}",  # batch_id
+            c.consumer,
+            model,
+            shape,
+            lane.id,
+            c.pad_multiple,
+            padded_length,
+            items,
+            now_ms,  # created_ms
+            oversized,
         )
         check_batch(batch, c)
         if state.shape != sl.key:  # moving between jobs on one shape is no switch: same prefix cache
@@ -347,8 +340,7 @@ class Scheduler:
         state.last_shape = sl.key
         self._flights.hold(state, InFlight(batch, job, real))
         self.oversized += oversized
-        padded = padded_length * len(items)
-        self.ledger.batch_routed(model, c.consumer, job, len(items), real, padded, oversized)
+        self.ledger.batch_routed(model, c.consumer, job, n, real, padded_length * n, oversized)
         self.shares.routed(model, job, real, now_ms)
         return batch
 
