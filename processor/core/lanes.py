@@ -394,10 +394,11 @@ class LaneTable:
         for item in taken:
             item.dispatched = True
             tokens += item.length
+        n = len(taken)
         lane.tokens -= tokens
-        sl.waiting_items -= len(taken)
+        sl.waiting_items -= n
         sl.waiting_tokens -= tokens
-        self.waiting_items -= len(taken)
+        self.waiting_items -= n
         self.waiting_tokens -= tokens
         if not lane.tokens:  # empty (every item has a length of at least 1)
             del sl.ready[lane.id]

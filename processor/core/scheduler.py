@@ -497,7 +497,10 @@ class Scheduler:
         if both is None and (cached is not None or job is None):  # every item of the batch, all ok
             both = [(True, it) for it in batch.items]
         total = None if cached is None or both is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
-        self.ledger.batch_finished(batch.model, batch.consumer, job, *counts, total)
+        ok_items, ok_tokens, bad_items, bad_tokens = counts  # passed by position: no tuple call (per batch)
+        self.ledger.batch_finished(
+            batch.model, batch.consumer, job, ok_items, ok_tokens, bad_items, bad_tokens, total
+        )
         if job is None and both is not None:
             for ok, it in both:
                 n = it.length

@@ -173,12 +173,16 @@ class Shares:
 
     def routed(self, model: str, job: str, tokens: int, now_ms: int) -> None:
         """A batch of ``job`` went out with ``tokens`` real tokens."""
-        times = self.vtime.get(model)
-        if times is None:
-            times = self.vtime[model] = {}
-        p = self.policies.get(job)
-        times[job] = times.get(job, 0.0) + (tokens if p is None else tokens / p.weight)
-        self.routed_tokens[job] = self.routed_tokens.get(job, 0) + tokens
+        p = self.policies.get(job) if self.policies else None
+        cost = tokens if p is None else tokens / p.weight
+        try:  # the job has a virtual time and routed before (all but its first batch): no calls
+            self.vtime[model][job] += cost
+        except KeyError:
+            self.vtime.setdefault(model, {})[job] = 0.0 + cost  # a float, as every virtual time
+        try:
+            self.routed_tokens[job] += tokens
+        except KeyError:
+            self.routed_tokens[job] = tokens
         if p is not None and p.max_tokens_per_s is not None:
             self._quota(job, now_ms).bucket -= tokens
 
