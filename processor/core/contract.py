@@ -263,7 +263,7 @@ def check_batch(batch: Batch, contract: Contract) -> None:
         )
     if n > contract.max_items:
         raise InvariantViolation(f"batch {batch.batch_id}: {n} items > max_items {contract.max_items}")
-    if batch.padded_length != contract.padded_length(longest):
+    if batch.padded_length != round_up(longest, contract.pad_multiple):  # Contract.padded_length
         raise InvariantViolation(
             f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
             f"{contract.pad_multiple})"
