@@ -160,9 +160,29 @@ class Ledger:
     # -- events ---------------------------------------------------------------------------------
 
     def received(self, model: str, tokens: int, items: int = 1) -> None:
-        book = self._model(model)
-        book.received.add(items, tokens)
-        book.queued.add(items, tokens)
+        """Items arrived: the model's book (:meth:`batch_received`, no job's)."""
+        self.batch_received(model, None, items, tokens)
+
+    def batch_received(
+        self, model: str | None, job: str | None, items: int, tokens: int, adopted: bool = False
+    ) -> None:
+        """Items of ``model`` and ``job`` arrived (``adopted``: were adopted from the changelog, what
+        another instance, or this one before a restart, counted) and wait: ``received`` (or
+        ``adopted_queued``) and ``queued`` in the model's and the job's books (a name that is None:
+        no book, as for :meth:`batch_routed`). The one formula of arrivals, one call per model and
+        job of a submit (issue 25, part 3)."""
+        try:
+            m, _, j = self._batch_books[model, None, job]
+        except KeyError:
+            m, _, j = self._books(model, None, job)
+        for book in (m, j):
+            if book is not None:
+                t = book.adopted_queued if adopted else book.received
+                t.items += items
+                t.tokens += tokens
+                t = book.queued
+                t.items += items
+                t.tokens += tokens
 
     def duplicate(self, model: str, tokens: int, job: str = "") -> None:
         """A repeat of an item id already taken: dead-lettered instead of received."""
@@ -317,10 +337,9 @@ class Ledger:
         book.queued.add(items, tokens)
 
     def adopted_waiting(self, model: str, tokens: int, items: int = 1) -> None:
-        """Items another instance (or this one before a restart) counted now wait here."""
-        book = self._model(model)
-        book.queued.add(items, tokens)
-        book.adopted_queued.add(items, tokens)
+        """Items another instance (or this one before a restart) counted now wait here: the model's
+        book (:meth:`batch_received`, no job's)."""
+        self.batch_received(model, None, items, tokens, adopted=True)
 
     def adopted_in_flight(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """Outstanding items of a batch another instance routed; they finish here."""
@@ -358,13 +377,8 @@ class Ledger:
     # -- per-job events (the scheduler calls one beside each model event above) ------------------
 
     def job_received(self, job: str, items: int, tokens: int, adopted: bool = False) -> None:
-        book = self.jobs.get(job) or self.job(job)  # once per item: the lookup inlined
-        t = book.adopted_queued if adopted else book.received
-        t.items += items
-        t.tokens += tokens
-        t = book.queued
-        t.items += items
-        t.tokens += tokens
+        """Items of ``job`` arrived: its book only (:meth:`batch_received`)."""
+        self.batch_received(None, job, items, tokens, adopted)
 
     def job_routed(self, job: str, items: int, tokens: int, padded_tokens: int) -> None:
         """A batch of ``job`` went out: its book only (:meth:`batch_routed`)."""

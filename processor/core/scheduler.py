@@ -237,11 +237,7 @@ class Scheduler:
                 self.shares.lanes_changed(model, job, 1)
         ledger = self.ledger
         for (model, job), (n, tokens) in added.items() if count is not None else ():
-            if count == "adopted":
-                ledger.adopted_waiting(model, tokens, n)
-            else:
-                ledger.received(model, tokens, n)
-            ledger.job_received(job, n, tokens, adopted=count == "adopted")
+            ledger.batch_received(model, job, n, tokens, count == "adopted")
         ended = self.endings.ended
         if ended:
             for job in {job for _model, job in added if job in ended}:
