@@ -225,7 +225,8 @@ class Scheduler:
         added: dict[tuple[str, str], list[int]] = {}  # (model, job) -> [items, tokens]
         placed = self._order.placed
         for sl, had_items, had_tokens in self.table.place_many(items, times):
-            placed(sl, had_items == 0)
+            if not had_items or not sl.order_dirty:  # else noted already: SwitchOrder.placed returns
+                placed(sl, had_items == 0)
             model, job = sl.key[0], sl.job
             tally = added.get((model, job))
             if tally is None:
