@@ -243,8 +243,9 @@ class DispatchRules:
     def _eligible_lane(self, sl: ShapeLanes, contract: Contract, peers: list[ConsumerState]) -> Lane | None:
         if len(peers) == 1:
             return next(iter(sl.ready.values()), None)
-        for lane in sl.ready.values():
-            if self._may_take(lane, contract, peers):
+        by_length = self.by_length
+        for lane in sl.ready.values():  # _may_take's first test first: the common answer, no call
+            if _fits(contract, lane, by_length) or self._may_take(lane, contract, peers):
                 return lane
         return None
 
