@@ -67,6 +67,7 @@ from processor.core.books import (
     ROUTED,
     STAGE_COUNTERS,
     STAGES,
+    BatchBooks,
     ConsumerBook,
     Equation,
     JobBook,
@@ -150,7 +151,7 @@ class Ledger:
         starts afresh."""
         if len(self._batch_books) >= _KEPT_BOOKS:
             self._batch_books.clear()
-        books = self._batch_books[model, consumer, job] = (
+        books = self._batch_books[model, consumer, job] = BatchBooks(
             None if model is None else self._model(model),
             None if consumer is None else self.consumer(consumer),
             None if job is None else self.job(job),
@@ -172,17 +173,15 @@ class Ledger:
         no book, as for :meth:`batch_routed`). The one formula of arrivals, one call per model and
         job of a submit (issue 25, part 3)."""
         try:
-            m, _, j = self._batch_books[model, None, job]
+            books = self._batch_books[model, None, job]
         except KeyError:
-            m, _, j = self._books(model, None, job)
-        for book in (m, j):
-            if book is not None:
-                t = book.adopted_queued if adopted else book.received
-                t.items += items
-                t.tokens += tokens
-                t = book.queued
-                t.items += items
-                t.tokens += tokens
+            books = self._books(model, None, job)
+        for t in books.adopted_queued if adopted else books.received:
+            t.items += items
+            t.tokens += tokens
+        for t in books.queued:
+            t.items += items
+            t.tokens += tokens
 
     def duplicate(self, model: str, tokens: int, job: str = "") -> None:
         """A repeat of an item id already taken: dead-lettered instead of received."""
@@ -237,34 +236,28 @@ class Ledger:
         mixes jobs is booked item by item: :meth:`job_routed`).
 
         The one formula of a routed batch, in one call: the scheduler pays it once per batch (issue
-        25, part 3: the books come from one lookup, the tallies are written inline; docs/benchmarks.md)."""
+        25, part 3: the books' tallies come from one lookup, :class:`BatchBooks`; docs/benchmarks.md)."""
         try:
-            m, c, j = self._batch_books[model, consumer, job]
+            books = self._batch_books[model, consumer, job]
         except KeyError:
-            m, c, j = self._books(model, consumer, job)
-        for book in (m, j):
-            if book is not None:
-                t = book.queued
-                t.items -= items
-                t.tokens -= tokens
-                t = book.routed
-                t.items += items
-                t.tokens += tokens
-                t = book.in_flight
-                t.items += items
-                t.tokens += tokens
+            books = self._books(model, consumer, job)
+        for t in books.queued:
+            t.items -= items
+            t.tokens -= tokens
+        for t in books.routed:
+            t.items += items
+            t.tokens += tokens
+        for t in books.in_flight:
+            t.items += items
+            t.tokens += tokens
+        c = books.consumer
         if c is not None:
-            t = c.routed
-            t.items += items
-            t.tokens += tokens
-            t = c.in_flight
-            t.items += items
-            t.tokens += tokens
             c.batches += 1
             c.padded_tokens += padded_tokens
             if oversized:
                 c.oversized += 1
                 c.oversized_padded_tokens += padded_tokens
+        j = books.job
         if j is not None:
             j.batches += 1
             j.padded_tokens += padded_tokens
@@ -287,7 +280,8 @@ class Ledger:
         tokens the engine served from its prefix cache (the rest it computed); None from a caller
         that does not count them (every prompt computed, ``prompts_counted`` kept).
 
-        The one formula of a finished batch, one call per batch as :meth:`batch_routed`."""
+        The one formula of a finished batch, one call per batch as :meth:`batch_routed`; counters
+        that would gain 0 (no failure, nothing cached) are left as they are."""
         try:
             books = self._batch_books[model, consumer, job]
         except KeyError:
@@ -297,22 +291,20 @@ class Ledger:
         # prompt_split(ok_tokens, 0) is (0, ok_tokens): the split is asked only of a cache report
         cached, computed = prompt_split(ok_tokens, cached_tokens) if cached_tokens else (0, ok_tokens)
         items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
-        failed = failed_items or failed_tokens  # counters that would gain 0 are left as they are
-        for book in books:
-            if book is not None:
-                t = book.in_flight
-                t.items -= items
-                t.tokens -= tokens
-                t = book.completed
-                t.items += ok_items
-                t.tokens += ok_tokens
-                book.prefill_tokens += computed
-                if failed:
-                    t = book.failed
-                    t.items += failed_items
-                    t.tokens += failed_tokens
-                if cached:
-                    book.cached_prompt_tokens += cached
+        for t in books.in_flight:
+            t.items -= items
+            t.tokens -= tokens
+        for t in books.completed:
+            t.items += ok_items
+            t.tokens += ok_tokens
+        if failed_items or failed_tokens:
+            for t in books.failed:
+                t.items += failed_items
+                t.tokens += failed_tokens
+        for book in books.books:
+            book.prefill_tokens += computed
+            if cached:
+                book.cached_prompt_tokens += cached
 
     def requeued(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """A batch came back undone (its consumer left): its items wait again and count as redelivered."""
@@ -581,8 +573,6 @@ class Ledger:
             setattr(book, counter, sum(getattr(b, counter) for b in self.models.values()))
 
 
-BatchBooks = tuple[ModelBook | None, ConsumerBook | None, JobBook | None]
-"""The model's, consumer's and job's books one batch event writes (:meth:`Ledger.batch_routed`)."""
 _KEPT_BOOKS = 4096
 """How many (model, consumer, job) triples a ledger keeps the books of before it starts afresh."""
 _JOB_BOOK_COUNTERS = (*JOB_COUNTERS, *PROMPT_COUNTERS)
