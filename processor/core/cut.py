@@ -45,12 +45,12 @@ def cut_by_length(
     """Take a batch from the longest length at or below the sweep down (or from ``anchor``'s, the
     anchor first; or, ``leave_longer``, from no higher than the longest length whose oldest item fits
     alone); a batch that started at the sweep moves it to the batch's shortest item."""
-    fits = rule.fits
-    output_tokens = rule.output_tokens if rule.counts_output else None
+    output_tokens = rule.output_tokens if rule.counts_output else None  # rule.fits: asked then only
     lengths = items.lengths
     buckets = items.buckets
     if anchor is not None:
         items.remove(anchor)
+        first = anchor
         taken = [anchor]
         top = bisect_right(lengths, anchor.length)  # the lengths below it, its own included
         moves_sweep = False
@@ -62,7 +62,7 @@ def cut_by_length(
         elif leave_longer:  # memory mode: the oldest item of each length down, until one fits
             while top > 1:
                 first = buckets[lengths[top - 1]][0]
-                if fits(1, first.length, _output(output_tokens, first)):
+                if rule.fits(1, first.length, _output(output_tokens, first)):
                     break
                 top -= 1
         moves_sweep = top == swept
@@ -70,11 +70,10 @@ def cut_by_length(
         first = bucket.pop(0) if type(bucket) is list else cast(deque[Item], bucket).popleft()
         items.n -= 1
         taken = [first]
-    first = taken[0]
     longest = first.length
     outputs = 0 if output_tokens is None else output_tokens(first.output_budget)
     k = top  # lengths[k:top] are the lengths the cut empties
-    if longest <= rule.longest_alone if output_tokens is None else fits(1, longest, outputs):
+    if longest <= rule.longest_alone if output_tokens is None else rule.fits(1, longest, outputs):
         pm = rule.pad_multiple
         padded = -(-longest // pm) * pm or pm  # round_up, inlined (once per batch)
         ratio = settings.cut_ratio * longest
@@ -100,7 +99,7 @@ def cut_by_length(
                     take = 0
                     for item in bucket:
                         candidate_outputs = outputs + output_tokens(item.output_budget)
-                        if not fits(n + take + 1, longest, candidate_outputs):
+                        if not rule.fits(n + take + 1, longest, candidate_outputs):
                             break
                         outputs = candidate_outputs
                         take += 1
@@ -116,13 +115,16 @@ def cut_by_length(
                     break  # cut before the first item that does not fit
             del buckets[length]
             k -= 1
-        items.n -= n - 1
+        if n > 1:
+            items.n -= n - 1
     else:
         padded = rule.padded_length(longest)
         if anchor is None and not buckets[lengths[top - 1]]:
             k = top - 1  # the oversized first item was its length's last
             del buckets[lengths[k]]
-    if k < top:
+    if k == top - 1:  # the common case: the batch emptied one length
+        del lengths[k]
+    elif k < top:
         del lengths[k:top]
     if moves_sweep:
         items.sweep = taken[-1].length  # the shortest taken: what is left of its length goes next
