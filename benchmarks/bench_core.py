@@ -4,6 +4,7 @@
     python benchmarks/bench_core.py --smoke     # 20,000 items, for CI
     python benchmarks/bench_core.py --items N
     python benchmarks/bench_core.py --per-call --items 50000   # one-item submit, streaming per batch
+    python benchmarks/bench_core.py --per-call --calls --items 20000   # the same, in calls made
 
 Three measurements on the same deterministic synthetic trace (64 Zipf shapes, log-normal lengths of
 16..32,000 tokens, two consumers shaped like the simulator's default 16 GB and 32 GB cards):
@@ -20,7 +21,10 @@ microseconds per ``Scheduler.submit`` of one item (a fresh scheduler, every item
 batch of the streaming path (1,000 items submitted one at a time, untimed, then dispatch + complete
 until nothing waits; CPU seconds of those calls over the batches they made). It uses only
 ``Scheduler.submit``, ``dispatch``, ``complete`` and ``tick``, so the same file runs unchanged in an
-older tree (the first generation's, 96c9a12) for a side-by-side.
+older tree (the first generation's, 96c9a12) for a side-by-side. ``--calls`` counts, instead of
+CPU time, the Python-level calls those spans make (cProfile's count: Python functions and built-ins;
+the profiler's own ``disable`` adds one per span, about one per 700 batches): a figure that does not
+move with the machine's load, which the CPU times do.
 
 Rates are ``time.process_time()`` CPU seconds of this process, so other load on the machine inflates
 them less than wall time would. Item objects are built before each timed phase and not counted;
@@ -30,8 +34,10 @@ them less than wall time would. Item objects are built before each timed phase a
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import platform
+import pstats
 import sys
 import time
 import tracemalloc
@@ -92,30 +98,63 @@ def drain(sched: Scheduler, now_ms: int) -> tuple[int, int]:
             sched.tick(now_ms)
 
 
-def per_call(records: Sequence[TraceRecord]) -> tuple[float, float, int]:
-    """(CPU us per one-item ``submit``, CPU us per streaming batch dispatched and completed, batches)."""
+class CpuMeter:
+    """CPU microseconds of the spans between ``start`` and ``stop``, summed."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.process_time()
+
+    def stop(self) -> None:
+        self.total += (time.process_time() - self._t0) * 1e6
+
+
+class CallMeter:
+    """Python-level calls made in the spans between ``start`` and ``stop`` (cProfile's count)."""
+
+    def __init__(self) -> None:
+        self.profile = cProfile.Profile()
+
+    def start(self) -> None:
+        self.profile.enable()
+
+    def stop(self) -> None:
+        self.profile.disable()
+
+    @property
+    def total(self) -> float:
+        return float(pstats.Stats(self.profile).total_calls)  # type: ignore[attr-defined]
+
+
+def per_call(records: Sequence[TraceRecord], meter: type[CpuMeter | CallMeter]) -> tuple[float, float, int]:
+    """(``meter``'s figure per one-item ``submit``, per streaming batch dispatched and completed;
+    batches): CPU microseconds, or calls made."""
     items = make_items(records)
     sched = new_scheduler()
     submit = sched.submit
-    t0 = time.process_time()
+    submits = meter()
+    submits.start()
     for it in items:
         submit(it, 0)
-    submit_us = (time.process_time() - t0) / len(items) * 1e6
+    submits.stop()
     items = make_items(records)
     sched = new_scheduler()
-    drain_s = 0.0
+    drains = meter()
     now = batches = 0
     for start in range(0, len(items), CHUNK):
         for it in items[start : start + CHUNK]:
             it.arrival_ms = now
             sched.submit(it, now)
-        t0 = time.process_time()
+        drains.start()
         now, b = drain(sched, now)
-        drain_s += time.process_time() - t0
+        drains.stop()
         batches += b
         now += 1
     verify(sched, len(items))
-    return submit_us, drain_s / batches * 1e6, batches
+    return submits.total / len(items), drains.total / batches, batches
 
 
 def verify(sched: Scheduler, n: int) -> None:
@@ -209,21 +248,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="20,000 items: a quick run for CI")
     p.add_argument("--seed", type=int, default=1, help="trace seed (default: 1)")
     p.add_argument("--per-call", action="store_true", help="only one-item submit and streaming per batch")
+    p.add_argument("--calls", action="store_true", help="with --per-call: Python calls made, not CPU time")
     args = p.parse_args(argv)
     n = 20_000 if args.smoke else args.items
     if n < 1:
         p.error(f"--items must be >= 1, got {n}")
+    if args.calls and not args.per_call:
+        p.error("--calls counts the --per-call figures: add --per-call")
 
     t = time.perf_counter()
     records = synthetic_records(n, seed=args.seed, shapes=64, min_len=16, max_len=32_000, rate_per_s=None)
     gen_s = time.perf_counter() - t
     tokens = sum(r.length for r in records)
     if args.per_call:
-        submit_us, batch_us, batches = per_call(records)
+        unit = "calls" if args.calls else "us"
+        submit_cost, batch_cost, batches = per_call(records, CallMeter if args.calls else CpuMeter)
         print(
-            f"submit one item: {submit_us:.2f} us; streaming dispatch + complete: {batch_us:.2f} us per batch"
+            f"submit one item: {submit_cost:.2f} {unit}; streaming dispatch + complete: {batch_cost:.2f} "
+            f"{unit} per batch"
         )
-        print(f"({n:,} items, {batches:,} streaming batches, CPU time)")
+        print(f"({n:,} items, {batches:,} streaming batches, {'Python calls' if args.calls else 'CPU time'})")
         return 0
 
     backlog, backlog_batches = bench_backlog(records)

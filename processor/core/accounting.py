@@ -67,6 +67,7 @@ from processor.core.books import (
     ROUTED,
     STAGE_COUNTERS,
     STAGES,
+    BatchBooks,
     ConsumerBook,
     Equation,
     JobBook,
@@ -74,7 +75,6 @@ from processor.core.books import (
     ModelBook,
     Tally,
     balance,
-    book_prompts,
     cached_prompt_share,
     check_prompts,
     is_stage,
@@ -122,6 +122,8 @@ class Ledger:
         self.prompts_counted = False
         """A caller passed cached counts (or the checkpoint resumed from had them): the snapshot
         carries the prompt counters."""
+        self._batch_books: dict[tuple[str | None, str | None, str | None], BatchBooks] = {}
+        """A batch event's books by (model, consumer, job): :meth:`_books`."""
 
     def _model(self, model: str) -> ModelBook:
         book = self.models.get(model)
@@ -141,12 +143,45 @@ class Ledger:
             book = self.jobs[job] = JobBook.empty()
         return book
 
+    def _books(self, model: str | None, consumer: str | None, job: str | None) -> BatchBooks:
+        """The books a batch's event writes (None where its name is None), made where missing, and
+        kept in ``_batch_books`` for the next batch of the same model, consumer and job. Safe to keep:
+        a book, once made, stays in its dict for the ledger's life (nothing replaces or removes one;
+        a restore makes a new ledger). The keeping is bounded: past ``_KEPT_BOOKS`` triples it
+        starts afresh."""
+        if len(self._batch_books) >= _KEPT_BOOKS:
+            self._batch_books.clear()
+        books = self._batch_books[model, consumer, job] = BatchBooks(
+            None if model is None else self._model(model),
+            None if consumer is None else self.consumer(consumer),
+            None if job is None else self.job(job),
+        )
+        return books
+
     # -- events ---------------------------------------------------------------------------------
 
     def received(self, model: str, tokens: int, items: int = 1) -> None:
-        book = self._model(model)
-        book.received.add(items, tokens)
-        book.queued.add(items, tokens)
+        """Items arrived: the model's book (:meth:`batch_received`, no job's)."""
+        self.batch_received(model, None, items, tokens)
+
+    def batch_received(
+        self, model: str | None, job: str | None, items: int, tokens: int, adopted: bool = False
+    ) -> None:
+        """Items of ``model`` and ``job`` arrived (``adopted``: were adopted from the changelog, what
+        another instance, or this one before a restart, counted) and wait: ``received`` (or
+        ``adopted_queued``) and ``queued`` in the model's and the job's books (a name that is None:
+        no book, as for :meth:`batch_routed`). The one formula of arrivals, one call per model and
+        job of a submit (issue 25, part 3)."""
+        try:
+            books = self._batch_books[model, None, job]
+        except KeyError:
+            books = self._books(model, None, job)
+        for t in books.adopted_queued if adopted else books.received:
+            t.items += items
+            t.tokens += tokens
+        for t in books.queued:
+            t.items += items
+            t.tokens += tokens
 
     def duplicate(self, model: str, tokens: int, job: str = "") -> None:
         """A repeat of an item id already taken: dead-lettered instead of received."""
@@ -166,18 +201,8 @@ class Ledger:
     def routed(
         self, model: str, consumer: str, items: int, tokens: int, padded_tokens: int, oversized: bool
     ) -> None:
-        book = self._model(model)
-        book.queued.add(-items, -tokens)
-        book.routed.add(items, tokens)
-        book.in_flight.add(items, tokens)
-        c = self.consumer(consumer)
-        c.routed.add(items, tokens)
-        c.in_flight.add(items, tokens)
-        c.batches += 1
-        c.padded_tokens += padded_tokens
-        c.oversized += oversized
-        if oversized:
-            c.oversized_padded_tokens += padded_tokens
+        """A batch went out: the model's and consumer's books (:meth:`batch_routed`, no job's)."""
+        self.batch_routed(model, consumer, None, items, tokens, padded_tokens, oversized)
 
     def finished(
         self,
@@ -189,22 +214,97 @@ class Ledger:
         failed_tokens: int,
         cached_tokens: int | None = None,
     ) -> None:
-        """A batch came back: some items completed, the rest failed. ``cached_tokens``: how many of the
-        completed items' prompt tokens the engine served from its prefix cache (the rest it computed);
-        None from a caller that does not count them (every prompt computed, ``prompts_counted`` kept)."""
-        book = self._model(model)
-        c = self.consumer(consumer)
-        items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
-        book.in_flight.add(-items, -tokens)
-        c.in_flight.add(-items, -tokens)
-        book.completed.add(ok_items, ok_tokens)
-        c.completed.add(ok_items, ok_tokens)
-        book.failed.add(failed_items, failed_tokens)
-        c.failed.add(failed_items, failed_tokens)
+        """A batch came back: the model's and consumer's books (:meth:`batch_finished`, no job's)."""
+        self.batch_finished(
+            model, consumer, None, ok_items, ok_tokens, failed_items, failed_tokens, cached_tokens
+        )
+
+    def batch_routed(
+        self,
+        model: str | None,
+        consumer: str | None,
+        job: str | None,
+        items: int,
+        tokens: int,
+        padded_tokens: int,
+        oversized: bool,
+    ) -> None:
+        """A batch of ``items`` items, ``tokens`` real tokens and ``padded_tokens`` padded went out:
+        ``queued`` to ``routed`` and ``in_flight`` in the model's and the job's books, ``routed`` and
+        ``in_flight`` in the consumer's; the batch and its padding counted for the consumer and the
+        job. A name that is None has no book written (:meth:`routed` writes no job's, a batch that
+        mixes jobs is booked item by item: :meth:`job_routed`).
+
+        The one formula of a routed batch, in one call: the scheduler pays it once per batch (issue
+        25, part 3: the books' tallies come from one lookup, :class:`BatchBooks`; docs/benchmarks.md)."""
+        try:
+            books = self._batch_books[model, consumer, job]
+        except KeyError:
+            books = self._books(model, consumer, job)
+        for t in books.queued:
+            t.items -= items
+            t.tokens -= tokens
+        for t in books.routed:
+            t.items += items
+            t.tokens += tokens
+        for t in books.in_flight:
+            t.items += items
+            t.tokens += tokens
+        c = books.consumer
+        if c is not None:
+            c.batches += 1
+            c.padded_tokens += padded_tokens
+            if oversized:
+                c.oversized += 1
+                c.oversized_padded_tokens += padded_tokens
+        j = books.job
+        if j is not None:
+            j.batches += 1
+            j.padded_tokens += padded_tokens
+
+    def batch_finished(
+        self,
+        model: str | None,
+        consumer: str | None,
+        job: str | None,
+        ok_items: int,
+        ok_tokens: int,
+        failed_items: int,
+        failed_tokens: int,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """A batch came back, some items completed and the rest failed: ``in_flight`` to
+        ``completed`` and ``failed``, the completed prompts split into cached and computed
+        (``prompt_split``), in the model's, consumer's and job's books (a name that is None: no book,
+        as for :meth:`batch_routed`). ``cached_tokens``: how many of the completed items' prompt
+        tokens the engine served from its prefix cache (the rest it computed); None from a caller
+        that does not count them (every prompt computed, ``prompts_counted`` kept).
+
+        The one formula of a finished batch, one call per batch as :meth:`batch_routed`; counters
+        that would gain 0 (no failure, nothing cached) are left as they are."""
+        try:
+            books = self._batch_books[model, consumer, job]
+        except KeyError:
+            books = self._books(model, consumer, job)
         if cached_tokens is not None:
             self.prompts_counted = True
-        book_prompts(book, ok_tokens, cached_tokens or 0)
-        book_prompts(c, ok_tokens, cached_tokens or 0)
+        # prompt_split(ok_tokens, 0) is (0, ok_tokens): the split is asked only of a cache report
+        cached, computed = prompt_split(ok_tokens, cached_tokens) if cached_tokens else (0, ok_tokens)
+        items, tokens = ok_items + failed_items, ok_tokens + failed_tokens
+        for t in books.in_flight:
+            t.items -= items
+            t.tokens -= tokens
+        for t in books.completed:
+            t.items += ok_items
+            t.tokens += ok_tokens
+        if failed_items or failed_tokens:
+            for t in books.failed:
+                t.items += failed_items
+                t.tokens += failed_tokens
+        for book in books.books:
+            book.prefill_tokens += computed
+            if cached:
+                book.cached_prompt_tokens += cached
 
     def requeued(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """A batch came back undone (its consumer left): its items wait again and count as redelivered."""
@@ -229,10 +329,9 @@ class Ledger:
         book.queued.add(items, tokens)
 
     def adopted_waiting(self, model: str, tokens: int, items: int = 1) -> None:
-        """Items another instance (or this one before a restart) counted now wait here."""
-        book = self._model(model)
-        book.queued.add(items, tokens)
-        book.adopted_queued.add(items, tokens)
+        """Items another instance (or this one before a restart) counted now wait here: the model's
+        book (:meth:`batch_received`, no job's)."""
+        self.batch_received(model, None, items, tokens, adopted=True)
 
     def adopted_in_flight(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """Outstanding items of a batch another instance routed; they finish here."""
@@ -270,21 +369,12 @@ class Ledger:
     # -- per-job events (the scheduler calls one beside each model event above) ------------------
 
     def job_received(self, job: str, items: int, tokens: int, adopted: bool = False) -> None:
-        book = self.jobs.get(job) or self.job(job)  # once per item: the lookup inlined
-        t = book.adopted_queued if adopted else book.received
-        t.items += items
-        t.tokens += tokens
-        t = book.queued
-        t.items += items
-        t.tokens += tokens
+        """Items of ``job`` arrived: its book only (:meth:`batch_received`)."""
+        self.batch_received(None, job, items, tokens, adopted)
 
     def job_routed(self, job: str, items: int, tokens: int, padded_tokens: int) -> None:
-        book = self.job(job)
-        book.queued.add(-items, -tokens)
-        book.routed.add(items, tokens)
-        book.in_flight.add(items, tokens)
-        book.batches += 1
-        book.padded_tokens += padded_tokens
+        """A batch of ``job`` went out: its book only (:meth:`batch_routed`)."""
+        self.batch_routed(None, None, job, items, tokens, padded_tokens, False)
 
     def job_finished(
         self,
@@ -295,13 +385,8 @@ class Ledger:
         failed_tokens: int,
         cached_tokens: int | None = None,
     ) -> None:
-        book = self.job(job)
-        book.in_flight.add(-ok_items - failed_items, -ok_tokens - failed_tokens)
-        book.completed.add(ok_items, ok_tokens)
-        book.failed.add(failed_items, failed_tokens)
-        if cached_tokens is not None:
-            self.prompts_counted = True
-        book_prompts(book, ok_tokens, cached_tokens or 0)
+        """Items of ``job`` came back: its book only (:meth:`batch_finished`)."""
+        self.batch_finished(None, None, job, ok_items, ok_tokens, failed_items, failed_tokens, cached_tokens)
 
     def job_requeued(self, job: str, items: int, tokens: int) -> None:
         book = self.job(job)
@@ -488,4 +573,6 @@ class Ledger:
             setattr(book, counter, sum(getattr(b, counter) for b in self.models.values()))
 
 
+_KEPT_BOOKS = 4096
+"""How many (model, consumer, job) triples a ledger keeps the books of before it starts afresh."""
 _JOB_BOOK_COUNTERS = (*JOB_COUNTERS, *PROMPT_COUNTERS)

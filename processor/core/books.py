@@ -109,6 +109,45 @@ class JobBook(ModelBook):
         return cls(t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t(), t())
 
 
+class BatchBooks:
+    """The books one batch event of a (model, consumer, job) writes (None: its name was None, no
+    book), with their tallies gathered stage by stage: ``routed`` holds the model's, consumer's and
+    job's ``routed``, ``queued`` the model's and job's ``queued`` (a consumer has no such stage).
+    The ledger keeps one per triple (``Ledger.batch_routed``), so an event moves each stage's
+    tallies in a loop over ``Tally`` objects, with no lookup per book and no call.
+
+    Safe to keep only because a book and its tallies, once made, stay the same objects for the
+    ledger's life: every writer (``move_tally``, ``restore_counter``) writes into them."""
+
+    __slots__ = (
+        "adopted_queued",
+        "books",
+        "completed",
+        "consumer",
+        "failed",
+        "in_flight",
+        "job",
+        "queued",
+        "received",
+        "routed",
+    )
+
+    def __init__(self, model: ModelBook | None, consumer: ConsumerBook | None, job: JobBook | None) -> None:
+        self.consumer = consumer
+        self.job = job
+        waiting = [b for b in (model, job) if b is not None]  # the books with RECEIVED's stages
+        self.books: tuple[ModelBook | ConsumerBook, ...] = tuple(
+            b for b in (model, consumer, job) if b is not None
+        )
+        self.received = tuple(b.received for b in waiting)
+        self.adopted_queued = tuple(b.adopted_queued for b in waiting)
+        self.queued = tuple(b.queued for b in waiting)
+        self.routed = tuple(b.routed for b in self.books)
+        self.in_flight = tuple(b.in_flight for b in self.books)
+        self.completed = tuple(b.completed for b in self.books)
+        self.failed = tuple(b.failed for b in self.books)
+
+
 HANDOVER = ("adopted_queued", "adopted_in_flight", "released_queued", "released_in_flight")
 ENDINGS = ("cancelled", "expired")
 """How a waiting item leaves the lanes without being routed (its job was cancelled, or its deadline

@@ -244,7 +244,8 @@ class InvariantViolation(RuntimeError):
 def check_batch(batch: Batch, contract: Contract) -> None:
     """Fail-stop check of a batch at the point of emission."""
     items = batch.items
-    if not items:
+    n = len(items)
+    if not n:
         raise InvariantViolation(f"batch {batch.batch_id}: empty")
     model, shape, lane = batch.model, batch.shape, batch.lane
     longest = 0
@@ -260,20 +261,18 @@ def check_batch(batch: Batch, contract: Contract) -> None:
         raise InvariantViolation(
             f"batch {batch.batch_id}: model {batch.model!r} sent to a {contract.model!r} consumer"
         )
-    if len(items) > contract.max_items:
-        raise InvariantViolation(
-            f"batch {batch.batch_id}: {len(items)} items > max_items {contract.max_items}"
-        )
-    if batch.padded_length != contract.padded_length(longest):
+    if n > contract.max_items:
+        raise InvariantViolation(f"batch {batch.batch_id}: {n} items > max_items {contract.max_items}")
+    if batch.padded_length != round_up(longest, contract.pad_multiple):  # Contract.padded_length
         raise InvariantViolation(
             f"batch {batch.batch_id}: padded length {batch.padded_length} != round_up({longest}, "
             f"{contract.pad_multiple})"
         )
     rule = contract.rule
     outputs = sum(rule.output_tokens(it.output_budget) for it in items) if rule.counts_output else 0
-    if len(items) > 1 and not rule.fits(len(items), longest, outputs):
+    if n > 1 and not rule.fits(n, longest, outputs):
         raise InvariantViolation(
-            f"batch {batch.batch_id}: {rule.load(len(items), longest, outputs)} {rule.load_unit} > "
+            f"batch {batch.batch_id}: {rule.load(n, longest, outputs)} {rule.load_unit} > "
             f"{rule.limit_name} {rule.limit}"
         )
 

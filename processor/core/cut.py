@@ -3,7 +3,8 @@ table's :meth:`~processor.core.lanes.LaneTable.take_batch` runs; it keeps the ru
 
 Apart from lane storage (core/lanes.py: where an item waits) because it is the other idea: given a
 lane and a consumer's batching rule, which items leave in one batch. Both cuts return the items in
-batch order and the batch's longest length; the running totals are the table's to update.
+batch order and the batch's padded length (its longest item's, rounded up to the rule's
+``pad_multiple``); the running totals are the table's to update.
 
 - ``cut="length"`` (:func:`cut_by_length`): from the lane's *sweep* down, while the items fit the rule
   and each pads by at most ``cut_tokens`` (and ``cut_ratio`` of its length) to the batch's longest, so
@@ -44,12 +45,12 @@ def cut_by_length(
     """Take a batch from the longest length at or below the sweep down (or from ``anchor``'s, the
     anchor first; or, ``leave_longer``, from no higher than the longest length whose oldest item fits
     alone); a batch that started at the sweep moves it to the batch's shortest item."""
-    fits = rule.fits
-    output_tokens = rule.output_tokens if rule.counts_output else None
+    output_tokens = rule.output_tokens if rule.counts_output else None  # rule.fits: asked then only
     lengths = items.lengths
     buckets = items.buckets
     if anchor is not None:
         items.remove(anchor)
+        first = anchor
         taken = [anchor]
         top = bisect_right(lengths, anchor.length)  # the lengths below it, its own included
         moves_sweep = False
@@ -61,7 +62,7 @@ def cut_by_length(
         elif leave_longer:  # memory mode: the oldest item of each length down, until one fits
             while top > 1:
                 first = buckets[lengths[top - 1]][0]
-                if fits(1, first.length, _output(output_tokens, first)):
+                if rule.fits(1, first.length, _output(output_tokens, first)):
                     break
                 top -= 1
         moves_sweep = top == swept
@@ -69,55 +70,65 @@ def cut_by_length(
         first = bucket.pop(0) if type(bucket) is list else cast(deque[Item], bucket).popleft()
         items.n -= 1
         taken = [first]
-    first = taken[0]
     longest = first.length
-    outputs = _output(output_tokens, first)
-    emptied = 0  # lengths lengths[top - emptied : top] that the cut empties
-    if longest <= rule.longest_alone if output_tokens is None else fits(1, longest, outputs):
+    outputs = 0 if output_tokens is None else output_tokens(first.output_budget)
+    k = top  # lengths[k:top] are the lengths the cut empties
+    if longest <= rule.longest_alone if output_tokens is None else rule.fits(1, longest, outputs):
         pm = rule.pad_multiple
-        padded = -(-longest // pm) * pm
-        floor = padded - min(settings.cut_tokens, settings.cut_ratio * longest)
-        # outputs uncounted, the batch's size is known before it is cut: its longest item is first
-        cap = rule.capacity(longest) if output_tokens is None else rule.max_items
+        padded = -(-longest // pm) * pm or pm  # round_up, inlined (once per batch)
+        ratio = settings.cut_ratio * longest
+        cut_tokens = settings.cut_tokens
+        floor = padded - (ratio if ratio < cut_tokens else cut_tokens)  # min(cut_tokens, ratio)
+        # outputs uncounted, the batch's size is known before it is cut (its longest item is first):
+        # rule.capacity(longest), asked only once a second item may join (most streaming batches
+        # hold one)
+        cap = -1
         n = 1
-        k = top
         while k > 0:
             length = lengths[k - 1]
             if -(-length // pm) * pm < floor:
                 break
             bucket = buckets[length]
-            if output_tokens is None:
-                take = min(len(bucket), cap - n)
-            else:
-                take = 0
-                for item in bucket:
-                    candidate_outputs = outputs + output_tokens(item.output_budget)
-                    if not fits(n + take + 1, longest, candidate_outputs):
-                        break
-                    outputs = candidate_outputs
-                    take += 1
-            if take:
-                if type(bucket) is list:
-                    taken += bucket[:take]
-                    del bucket[:take]
+            if bucket:  # the first item's length may be empty already: nothing to take there
+                if output_tokens is None:
+                    if cap < 0:
+                        cap = rule.capacity(longest)
+                    room = cap - n
+                    take = room if room < len(bucket) else len(bucket)  # min(len(bucket), room)
                 else:
-                    popleft = cast(deque[Item], bucket).popleft
-                    taken += [popleft() for _ in range(take)]
-                n += take
-            if bucket:
-                break  # cut before the first item that does not fit
-            emptied += 1
-            k -= 1
-        items.n -= n - 1
-    elif anchor is None and not buckets[lengths[top - 1]]:
-        emptied = 1  # the oversized first item was its length's last
-    if emptied:
-        for length in lengths[top - emptied : top]:
+                    take = 0
+                    for item in bucket:
+                        candidate_outputs = outputs + output_tokens(item.output_budget)
+                        if not rule.fits(n + take + 1, longest, candidate_outputs):
+                            break
+                        outputs = candidate_outputs
+                        take += 1
+                if take:
+                    if type(bucket) is list:
+                        taken += bucket[:take]
+                        del bucket[:take]
+                    else:
+                        popleft = cast(deque[Item], bucket).popleft
+                        taken += [popleft() for _ in range(take)]
+                    n += take
+                if bucket:
+                    break  # cut before the first item that does not fit
             del buckets[length]
-        del lengths[top - emptied : top]
+            k -= 1
+        if n > 1:
+            items.n -= n - 1
+    else:
+        padded = rule.padded_length(longest)
+        if anchor is None and not buckets[lengths[top - 1]]:
+            k = top - 1  # the oversized first item was its length's last
+            del buckets[lengths[k]]
+    if k == top - 1:  # the common case: the batch emptied one length
+        del lengths[k]
+    elif k < top:
+        del lengths[k:top]
     if moves_sweep:
         items.sweep = taken[-1].length  # the shortest taken: what is left of its length goes next
-    return taken, longest
+    return taken, padded
 
 
 def cut_in_arrival_order(queue: deque[Item], rule: BatchRule, anchor: Item | None) -> tuple[list[Item], int]:
@@ -146,7 +157,7 @@ def cut_in_arrival_order(queue: deque[Item], rule: BatchRule, anchor: Item | Non
         longest = head.length
     if skip:
         queue.rotate(skip)
-    return taken, longest
+    return taken, rule.padded_length(longest)
 
 
 def _output(output_tokens: Callable[[int | None], int] | None, item: Item) -> int:

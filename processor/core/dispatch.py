@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from processor.core.contract import Contract
 from processor.core.inflight import ConsumerState
 from processor.core.item import Item
-from processor.core.lane import Lane
+from processor.core.lane import ByLength, Lane
 from processor.core.lanes import ShapeKey, ShapeLanes, key_job, shape_key
 from processor.core.shares import Gate, Shares
 from processor.core.switch_order import INELIGIBLE, Ineligible, SwitchOrder
@@ -89,12 +89,15 @@ or None, and the most items it may hold (a job's quota) or None."""
 
 def _fits(contract: Contract, lane: Lane, by_length: bool) -> bool:
     """Whether ``contract`` holds the lane's longest item alone (its longest waiting one when the lane
-    is cut by length, else its representative length), counting the head item's output budget: the
+    is cut by length, else its representative length: the longest the lane ever held, since in
+    arrival order any waiting item may be the longest), counting the head item's output budget: the
     head is what would otherwise go out oversized."""
     rule = contract.rule
+    items = lane.items
+    longest = items.lengths[-1] if by_length and type(items) is ByLength else lane.rep
     if rule.longest_alone >= 0:  # outputs uncounted: fitting alone is a comparison of lengths
-        return lane.longest(by_length) <= rule.longest_alone
-    return rule.fits_alone(lane.longest(by_length), lane.head().output_budget if lane.tokens else 0)
+        return longest <= rule.longest_alone
+    return rule.fits_alone(longest, lane.head().output_budget if lane.tokens else 0)
 
 
 def _threshold(contract: Contract) -> int | None:
@@ -145,7 +148,8 @@ class DispatchRules:
         if not active:
             return None
         peers = self._by_model[model]
-        gate = self.shares.gate(model, now_ms)
+        shares = self.shares  # Shares.gate's own test first, without a call: None is the common case
+        gate = shares.gate(model, now_ms) if shares.quota_count or model in shares.contended else None
         choice: tuple[ShapeLanes, Lane] | None = None
         if state.shape is not None:
             sl = active.get(state.shape)
@@ -239,8 +243,9 @@ class DispatchRules:
     def _eligible_lane(self, sl: ShapeLanes, contract: Contract, peers: list[ConsumerState]) -> Lane | None:
         if len(peers) == 1:
             return next(iter(sl.ready.values()), None)
-        for lane in sl.ready.values():
-            if self._may_take(lane, contract, peers):
+        by_length = self.by_length
+        for lane in sl.ready.values():  # _may_take's first test first: the common answer, no call
+            if _fits(contract, lane, by_length) or self._may_take(lane, contract, peers):
                 return lane
         return None
 

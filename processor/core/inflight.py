@@ -97,7 +97,8 @@ class ConsumerState:
 
     @property
     def free_slots(self) -> int:
-        return self.slot_limit - len(self.in_flight)
+        """``slot_limit`` less what it holds (the limit written out: asked per consumer and round)."""
+        return (self.contract.max_inflight if self.slots is None else self.slots) - len(self.in_flight)
 
 
 class InFlightTable:

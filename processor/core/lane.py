@@ -102,12 +102,6 @@ class Lane:
         """Cut by length: the shortest waiting item."""
         return cast(ByLength, self.items).shortest()
 
-    def longest(self, by_length: bool) -> int:
-        """The longest waiting item's length cut by length; else the representative (the longest
-        the lane ever held: in arrival order any waiting item may be the longest)."""
-        items = self.items
-        return items.lengths[-1] if by_length and type(items) is ByLength else self.rep
-
     def in_cut_order(self) -> list[Item]:
         """The waiting items in the order batches take them (without an anchor)."""
         items = self.items

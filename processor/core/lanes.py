@@ -387,22 +387,23 @@ class LaneTable:
         """
         items = lane.items  # a ByLength exactly when the table cuts by length (no cast: a call per batch)
         if isinstance(items, ByLength):
-            taken, longest = cut_by_length(items, rule, self.settings, anchor, leave_longer)
+            taken, padded_length = cut_by_length(items, rule, self.settings, anchor, leave_longer)
         else:
-            taken, longest = cut_in_arrival_order(items, rule, anchor)
+            taken, padded_length = cut_in_arrival_order(items, rule, anchor)
         tokens = 0
         for item in taken:
             item.dispatched = True
             tokens += item.length
+        n = len(taken)
         lane.tokens -= tokens
-        sl.waiting_items -= len(taken)
+        sl.waiting_items -= n
         sl.waiting_tokens -= tokens
-        self.waiting_items -= len(taken)
+        self.waiting_items -= n
         self.waiting_tokens -= tokens
         if not lane.tokens:  # empty (every item has a length of at least 1)
             del sl.ready[lane.id]
             self._quiet[(sl.key, lane.id)] = now_ms
-        return taken, rule.padded_length(longest)
+        return taken, padded_length
 
     def withdraw(self, sl: ShapeLanes, now_ms: int) -> list[Item]:
         """Take every waiting item out of ``sl``'s lanes, undispatched (its job ended: cancelled or

@@ -18,7 +18,7 @@ from typing import Literal
 
 from processor.core.accounting import Ledger
 from processor.core.contract import Contract, check_batch
-from processor.core.dispatch import DEADLINES, DispatchRules, DispatchSettings
+from processor.core.dispatch import DEADLINES, Choice, DispatchRules, DispatchSettings
 from processor.core.endings import Ending, JobEndings
 from processor.core.inflight import (
     Answers,
@@ -30,7 +30,6 @@ from processor.core.inflight import (
     per_job,
 )
 from processor.core.item import Batch, Item, ItemOutcome, Outcome
-from processor.core.lane import Lane
 from processor.core.lanes import LaneSettings, LaneTable, ShapeKey, ShapeLanes
 from processor.core.retries import RetryPolicy
 from processor.core.shares import Shares
@@ -226,7 +225,8 @@ class Scheduler:
         added: dict[tuple[str, str], list[int]] = {}  # (model, job) -> [items, tokens]
         placed = self._order.placed
         for sl, had_items, had_tokens in self.table.place_many(items, times):
-            placed(sl, had_items == 0)
+            if not had_items or not sl.order_dirty:  # else noted already: SwitchOrder.placed returns
+                placed(sl, had_items == 0)
             model, job = sl.key[0], sl.job
             tally = added.get((model, job))
             if tally is None:
@@ -238,11 +238,7 @@ class Scheduler:
                 self.shares.lanes_changed(model, job, 1)
         ledger = self.ledger
         for (model, job), (n, tokens) in added.items() if count is not None else ():
-            if count == "adopted":
-                ledger.adopted_waiting(model, tokens, n)
-            else:
-                ledger.received(model, tokens, n)
-            ledger.job_received(job, n, tokens, adopted=count == "adopted")
+            ledger.batch_received(model, job, n, tokens, count == "adopted")
         ended = self.endings.ended
         if ended:
             for job in {job for _model, job in added if job in ended}:
@@ -283,7 +279,7 @@ class Scheduler:
                 if state.free_slots > 0:
                     choice = choose(state, now_ms)
                     if choice is not None:
-                        out.append(self._emit(state, now_ms, *choice))
+                        out.append(self._emit(state, now_ms, choice))
                         progress = True
         return out
 
@@ -298,19 +294,12 @@ class Scheduler:
         if self.endings.deadlines:
             self.expire(now_ms)
         choice = self._rules.choose(state, now_ms)
-        return None if choice is None else self._emit(state, now_ms, *choice)
+        return None if choice is None else self._emit(state, now_ms, choice)
 
-    def _emit(
-        self,
-        state: ConsumerState,
-        now_ms: int,
-        sl: ShapeLanes,
-        lane: Lane,
-        anchor: Item | None,
-        room: int | None,
-    ) -> Batch:
-        """Cut a batch from ``lane`` for ``state``'s consumer, around ``anchor`` (an overdue item) when
-        given; ``room`` caps its items (a job's quota)."""
+    def _emit(self, state: ConsumerState, now_ms: int, choice: Choice) -> Batch:
+        """Cut a batch for ``state``'s consumer where ``choice`` says: from its lane, around its anchor
+        (an overdue item) when given, its room capping the items (a job's quota)."""
+        sl, lane, anchor, room = choice
         c = state.contract
         rule = c.rule if room is None or room >= c.rule.max_items else replace(c.rule, max_items=room)
         leave = anchor is None and self._rules.leaves_longer(c, lane)
@@ -324,19 +313,20 @@ class Scheduler:
             del self._active[c.model][sl.key]
             self.shares.lanes_changed(c.model, sl.job, -1)
         model, shape, job = sl.key[0], sl.key[1], sl.job
-        oversized = len(items) == 1 and c.is_oversized(items[0].length, items[0].output_budget)
+        n = len(items)
+        oversized = n == 1 and not c.rule.fits_alone(items[0].length, items[0].output_budget)
         self._seq += 1
-        batch = Batch(
-            batch_id=f"{self.batch_prefix}-{self._seq}",
-            consumer=c.consumer,
-            model=model,
-            shape=shape,
-            lane=lane.id,
-            pad_multiple=c.pad_multiple,
-            padded_length=padded_length,
-            items=items,
-            created_ms=now_ms,
-            oversized=oversized,
+        batch = Batch(  # by position (no keyword dict to build, once per batch), in field order:
+            f"{self.batch_prefix}-{self._seq}",  # batch_id
+            c.consumer,
+            model,
+            shape,
+            lane.id,
+            c.pad_multiple,
+            padded_length,
+            items,
+            now_ms,  # created_ms
+            oversized,
         )
         check_batch(batch, c)
         if state.shape != sl.key:  # moving between jobs on one shape is no switch: same prefix cache
@@ -347,9 +337,7 @@ class Scheduler:
         state.last_shape = sl.key
         self._flights.hold(state, InFlight(batch, job, real))
         self.oversized += oversized
-        padded = padded_length * len(items)
-        self.ledger.routed(model, c.consumer, len(items), real, padded, oversized)
-        self.ledger.job_routed(job, len(items), real, padded)
+        self.ledger.batch_routed(model, c.consumer, job, n, real, padded_length * n, oversized)
         self.shares.routed(model, job, real, now_ms)
         return batch
 
@@ -502,18 +490,19 @@ class Scheduler:
         ``answered`` lists them (None: every item of the batch, all ok); ``cached`` the prompt
         tokens the engine served from its cache, by item id (None: not reported, all computed). A
         batch restored from before lanes had jobs may mix jobs: its job books are written item by item."""
-        batch = flight.batch
-        ok_items, ok_tokens, bad_items, bad_tokens = counts
-        both = answered if answered is not None else [(True, it) for it in batch.items]
-        total = None if cached is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
-        self.ledger.finished(batch.model, batch.consumer, ok_items, ok_tokens, bad_items, bad_tokens, total)
-        if flight.job is not None:
-            self.ledger.job_finished(flight.job, ok_items, ok_tokens, bad_items, bad_tokens, total)
-            return
-        for ok, it in both:
-            n = it.length
-            mine = None if cached is None else cached.get(it.id, 0) if ok else 0
-            self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
+        batch, job, both = flight.batch, flight.job, answered
+        if both is None and (cached is not None or job is None):  # every item of the batch, all ok
+            both = [(True, it) for it in batch.items]
+        total = None if cached is None or both is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
+        ok_items, ok_tokens, bad_items, bad_tokens = counts  # passed by position: no tuple call (per batch)
+        self.ledger.batch_finished(
+            batch.model, batch.consumer, job, ok_items, ok_tokens, bad_items, bad_tokens, total
+        )
+        if job is None and both is not None:
+            for ok, it in both:
+                n = it.length
+                mine = None if cached is None else cached.get(it.id, 0) if ok else 0
+                self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
 
     # -- the ledger ------------------------------------------------------------------------------
 

@@ -120,6 +120,8 @@ class Shares:
         self.quotas: dict[str, JobQuota] = {}
         self.vtime: dict[str, dict[str, float]] = {}  # model -> job -> virtual time
         self._active: dict[str, dict[str, int]] = {}  # model -> job -> active (model, shape, job) lanes
+        self.contended: set[str] = set()
+        """Models with two jobs or more waiting: with no quota set, only these need a :class:`Gate`."""
         self.quota_count = 0  # policies with a quota: while 0 and one job waits, the gate is skipped
         self._tracked: set[str] = {DEFAULT_JOB}
         self.routed_tokens: dict[str, int] = {}  # per job, net of requeues: what max_tokens counts
@@ -164,15 +166,23 @@ class Shares:
             active[job] = n
         else:
             active.pop(job, None)
+        if len(active) > 1:
+            self.contended.add(model)
+        else:
+            self.contended.discard(model)
 
     def routed(self, model: str, job: str, tokens: int, now_ms: int) -> None:
         """A batch of ``job`` went out with ``tokens`` real tokens."""
-        times = self.vtime.get(model)
-        if times is None:
-            times = self.vtime[model] = {}
-        p = self.policies.get(job)
-        times[job] = times.get(job, 0.0) + (tokens if p is None else tokens / p.weight)
-        self.routed_tokens[job] = self.routed_tokens.get(job, 0) + tokens
+        p = self.policies.get(job) if self.policies else None
+        cost = tokens if p is None else tokens / p.weight
+        try:  # the job has a virtual time and routed before (all but its first batch): no calls
+            self.vtime[model][job] += cost
+        except KeyError:
+            self.vtime.setdefault(model, {})[job] = 0.0 + cost  # a float, as every virtual time
+        try:
+            self.routed_tokens[job] += tokens
+        except KeyError:
+            self.routed_tokens[job] = tokens
         if p is not None and p.max_tokens_per_s is not None:
             self._quota(job, now_ms).bucket -= tokens
 
@@ -188,14 +198,14 @@ class Shares:
     def reset_waiting(self) -> None:
         """Every waiting item left (its partitions were handed over): nothing is active any more."""
         self._active.clear()
+        self.contended.clear()
 
     # -- questions --------------------------------------------------------------------------------
 
     def gate(self, model: str, now_ms: int) -> Gate | None:
         """The model's share state for one dispatch decision; None when there is nothing to decide
         (at most one job waits and no job has a quota), which is the whole cost of shares then."""
-        active = self._active.get(model)
-        if not self.quota_count and (active is None or len(active) < 2):
+        if not self.quota_count and model not in self.contended:
             return None
         return Gate(self, model, now_ms)
 

@@ -109,7 +109,8 @@ class SwitchOrder:
     def taken_from(self, sl: ShapeLanes) -> None:
         """A batch left ``sl``; when nothing waits there any more the shape leaves the order."""
         if sl.waiting_items:
-            self._note(self._models[sl.key[0]][sl.job], sl)
+            if not sl.order_dirty:  # else noted already (:meth:`_note`), asked here without a call
+                self._note(self._models[sl.key[0]][sl.job], sl)
             return
         sl.order_seq = 0
         sl.order_version = 0

@@ -215,3 +215,61 @@ def test_each_equation_reports_its_gap_and_is_zero_while_it_holds() -> None:
     assert tally(RECEIVED.gap(ledger.models["alpha"])) == (-1, -25)
     assert tally(ROUTED.gap(ledger.models["beta"])) == (0, -7)
     assert (RECEIVED.name, ROUTED.name) == ("received", "routed")
+
+
+def events(ledger: Ledger, one_call: bool) -> None:
+    """The same arrivals, batches and answers, written through the one-call batch events or through
+    the per-book entry points (the model's and consumer's, then the job's)."""
+    if one_call:
+        ledger.batch_received("alpha", "j1", 3, 600)
+        ledger.batch_received("alpha", "j2", 1, 50, adopted=True)
+        ledger.batch_routed("alpha", "card-1", "j1", 2, 400, 512, False)
+        ledger.batch_routed("alpha", "card-2", "j2", 1, 50, 4096, True)
+        ledger.batch_finished("alpha", "card-1", "j1", 1, 150, 1, 250, cached_tokens=100)
+        ledger.batch_finished("alpha", "card-2", "j2", 1, 50, 0, 0)
+        return
+    ledger.received("alpha", 600, 3)
+    ledger.job_received("j1", 3, 600)
+    ledger.adopted_waiting("alpha", 50, 1)
+    ledger.job_received("j2", 1, 50, adopted=True)
+    ledger.routed("alpha", "card-1", 2, 400, 512, False)
+    ledger.job_routed("j1", 2, 400, 512)
+    ledger.routed("alpha", "card-2", 1, 50, 4096, True)
+    ledger.job_routed("j2", 1, 50, 4096)
+    ledger.finished("alpha", "card-1", 1, 150, 1, 250, cached_tokens=100)
+    ledger.job_finished("j1", 1, 150, 1, 250, cached_tokens=100)
+    ledger.finished("alpha", "card-2", 1, 50, 0, 0)
+    ledger.job_finished("j2", 1, 50, 0, 0)
+
+
+def test_a_batch_event_in_one_call_books_what_the_per_book_calls_book() -> None:
+    one, per_book = Ledger(), Ledger()
+    events(one, one_call=True)
+    events(per_book, one_call=False)
+    one.check_holdings((1, 200), (0, 0))
+    assert one.snapshot() == per_book.snapshot()
+    assert tally(one.jobs["j1"].failed) == (1, 250) and one.consumers["card-2"].oversized == 1
+    assert one.consumers["card-1"].cached_prompt_tokens == 100 and one.jobs["j1"].prefill_tokens == 50
+
+
+def test_the_books_kept_per_batch_stay_those_of_the_ledger_after_a_release_and_past_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The books a batch event keeps per (model, consumer, job) are the ledger's own objects: a
+    release moves counts within them, and a ledger past the bound on kept triples starts afresh and
+    still writes the same books."""
+    monkeypatch.setattr("processor.core.accounting._KEPT_BOOKS", 2)
+    ledger = Ledger()
+    ledger.batch_received("alpha", "j1", 2, 200)
+    ledger.batch_routed("alpha", "card-1", "j1", 1, 100, 104, False)
+    ledger.release_all()
+    ledger.batch_received("alpha", "j1", 1, 30)
+    for consumer in ("card-1", "card-2", "card-3"):  # past the bound: the kept books start afresh
+        ledger.batch_routed("alpha", consumer, "j1", 0, 0, 0, False)
+    ledger.batch_routed("alpha", "card-1", "j1", 1, 30, 32, False)
+    ledger.batch_finished("alpha", "card-1", "j1", 1, 30, 0, 0)
+    ledger.check_holdings((0, 0), (0, 0))
+    book = ledger.models["alpha"]
+    assert tally(book.released_queued) == (1, 100) and tally(book.released_in_flight) == (1, 100)
+    assert tally(book.completed) == (1, 30) and tally(ledger.jobs["j1"].completed) == (1, 30)
+    assert ledger.consumers["card-1"].batches == 3 and ledger.jobs["j1"].batches == 5

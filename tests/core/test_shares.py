@@ -390,3 +390,21 @@ def test_a_restored_batch_that_mixes_jobs_is_counted_item_by_item() -> None:
     sched.check()
     assert sched.ledger.job("b").completed.items == 3
     assert sched.ledger.job("a").failed.tokens == 12
+
+
+def test_a_gate_is_made_only_while_two_jobs_of_the_model_wait_or_a_quota_is_set() -> None:
+    """``Shares.gate`` is None, the whole cost of shares, while at most one job of the model waits
+    and no job has a quota (``Shares.contended`` follows the jobs with waiting lanes)."""
+    shares = Shares()
+    shares.lanes_changed(MODEL, "a", 1)
+    assert shares.gate(MODEL, 0) is None and MODEL not in shares.contended
+    shares.lanes_changed(MODEL, "b", 1)
+    shares.lanes_changed("other", "c", 1)
+    assert shares.gate(MODEL, 0) is not None and shares.gate("other", 0) is None
+    shares.lanes_changed(MODEL, "a", -1)
+    assert shares.gate(MODEL, 0) is None
+    shares.lanes_changed(MODEL, "a", 1)
+    shares.reset_waiting()
+    assert shares.gate(MODEL, 0) is None and not shares.contended
+    shares.set_policy("c", JobPolicy(max_tokens=1_000))
+    assert shares.gate("other", 0) is not None
