@@ -32,6 +32,7 @@ import pytest
 from processor.apps.consumer import ConsumerApp
 from processor.apps.producer import TokenProducer
 from processor.core.contract import Contract
+from processor.core.retries import DEFAULT_MAX_ATTEMPTS
 from processor.engines.base import make_engine
 from processor.kafka.reader import read_topic
 from processor.local.llm.build import build_server
@@ -179,7 +180,9 @@ def test_a_killed_server_fails_its_batches_and_the_consumer_carries_on_when_it_i
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """The consumer is a real ``tokenfabric consumer --engine openai`` process; the server is SIGKILLed
-    between two waves of items and started again on its port before a third."""
+    between two waves of items and started again on its port before a third. The second wave's
+    failures are retriable (a refused connection), so each of its items is tried max_attempts times
+    in all while the server is down, and ends failed on the last."""
     name = "pytest-llm-killed"
     server = serve(name, slots=2)
     rig = running(kafka_bootstrap, "gpu-k")
@@ -220,16 +223,25 @@ def test_a_killed_server_fails_its_batches_and_the_consumer_carries_on_when_it_i
     assert not rig.errors, rig.errors
     assert codes["consumer"] == 0, (tmp_path / "consumer.log").read_text()[-2000:]
 
+    # A refused connection is retriable: the processor sends each item of the second wave again,
+    # up to the default max_attempts, while the server stays down; the last attempt is the row's.
     done = completions(rig.conf, rig.topics)
-    assert Counter(c.item_id for c in done) == Counter({p.item_id: 1 for w in waves for p in w})
-    by_id = {c.item_id: c for c in done}
-    assert {by_id[p.item_id].status for p in waves[0] + waves[2]} == {"ok"}
-    for p in waves[1]:
-        failed = by_id[p.item_id]
-        assert failed.status == "failed" and failed.output == b"" and failed.cached_tokens == 0
+    attempts: dict[str, list[int]] = {}
+    for done_item in done:
+        attempts.setdefault(done_item.item_id, []).append(done_item.attempt)
+    expected = {p.item_id: [1] for p in waves[0] + waves[2]}
+    expected |= {p.item_id: list(range(1, DEFAULT_MAX_ATTEMPTS + 1)) for p in waves[1]}
+    assert {item_id: sorted(seen) for item_id, seen in attempts.items()} == expected
+    last = {c.item_id: c for c in done if c.attempt == max(attempts[c.item_id])}
+    assert {last[p.item_id].status for p in waves[0] + waves[2]} == {"ok"}
+    second_wave = {p.item_id for p in waves[1]}
+    for failed in (c for c in done if c.item_id in second_wave):
+        assert failed.status == "failed" and failed.retriable, failed
+        assert failed.output == b"" and failed.cached_tokens == 0
         reason = failed.reason or ""
         assert f"{server.url}/v1/completions" in reason and "ConnectionRefusedError" in reason, reason
         assert "gave up after 2 attempt(s)" in reason, reason
     audited = audit(rig.conf, rig.topics, rig.processor.settings.group_id)
     assert audited.clean, "\n".join(audited.lines())
     assert (audited.completed_items, audited.failed_items, audited.lost_items) == (16, 8, 0)
+    assert audited.retried_items == 8 * (DEFAULT_MAX_ATTEMPTS - 1)
