@@ -27,7 +27,7 @@ from processor.core.shares import JobPolicy
 from processor.kafka.factory import ConsumerClient
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
-from processor.state.commit import Committer
+from processor.state.committer import Committer
 from processor.wire.completions import encode_completion_batches
 from processor.wire.errors import DecodeError
 from processor.wire.job_share import JobShareRecord, decode_job_share_record

@@ -54,7 +54,8 @@ from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
-from processor.state.commit import AtLeastOnceCommitter, Committer, TransactionalCommitter
+from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
+from processor.state.committer import Committer
 from processor.state.credits import CreditBook
 from processor.state.handover import HandoverContext, PartitionHandover, Restored
 from processor.state.ingest import IngestItem
@@ -82,9 +83,8 @@ class ProcessorService:
 
     Its collaborators are passed in or built from what is passed in: the Kafka clients come from
     ``clients`` (a :class:`~processor.kafka.factory.ClientFactory`: the real one by default, the
-    in-memory stand-in in tests), the delivery mode is the committer (``settings.exactly_once`` picks
-    it once, here), and the rebalance callbacks are a :class:`PartitionHandover` working on an
-    explicit :class:`HandoverContext`.
+    in-memory stand-in in tests), the delivery mode is the committer (``settings.exactly_once``
+    picks it once, here), the rebalance callbacks a :class:`PartitionHandover` on a HandoverContext.
 
     Read-only views for metrics and health (safe to read from another thread, values may be a step
     old): ``core`` (the scheduler, its ``ledger`` and lane ``table``), ``counters``, ``lag`` (ingest
@@ -263,7 +263,7 @@ class ProcessorService:
 
     def _assign_control(self) -> None:
         """Contracts from the beginning (compacted: the latest announcement per consumer), results
-        from where the committer says (processor.state.commit.Committer.results_assignment)."""
+        from where the committer says (processor.state.committer.Committer.results_assignment)."""
         assignment = [
             TopicPartition(self.topics.contracts, p, OFFSET_BEGINNING)
             for p in self._partitions(self.topics.contracts)

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -29,6 +29,7 @@ from processor.kafka.factory import ConsumerClient, ProducerClient
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 from processor.state import changelog
+from processor.state.committer import Deliver, Placement, TakeOver
 from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
 from processor.state.offsets import DeadMark, OffsetTracker
@@ -36,100 +37,6 @@ from processor.state.results import ResultsCursor
 from processor.state.seen import SeenBook
 
 log = logging.getLogger("tokenfabric.processor")
-
-Deliver = Callable[[Any, Any], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a new batch's changelog record goes and what it records besides its items."""
-
-    partition: int
-    slot: int
-    results_from: tuple[tuple[int, int], ...]
-
-
-TakeOver = Callable[["TransactionalCommitter", list[int]], None]
-"""Restores the lane state of some partitions through a committer that logs it (the handover's)."""
-
-
-class Committer(Protocol):
-    """One delivery mode: how progress becomes durable, and everything else that differs between
-    the modes, asked by the service and the handover instead of branching on the mode."""
-
-    producer: ProducerClient
-    undelivered: KafkaError | None
-    watchdog: CallWatchdog | None
-    batches_delivered: int
-    """Batches known to have reached their topic: at their delivery report (at-least-once) or when
-    their transaction commits (exactly-once)."""
-
-    def on_start(self, resume: Callable[[], None]) -> None:
-        """Before the group assigns partitions: call ``resume`` (load the ledger checkpoint, read
-        results from the topic's end) when lane state moves with partitions, as in exactly-once."""
-        ...
-
-    def results_assignment(
-        self, topic: str, partitions: list[int], cursor: ResultsCursor
-    ) -> list[TopicPartition]:
-        """Where the results reader starts: the cursor's positions, or the group's committed ones."""
-        ...
-
-    def slot_share(self, credits: CreditBook, max_inflight: int) -> int | None:
-        """This instance's share of a consumer's in-flight slots (None: all of them)."""
-        ...
-
-    def place(
-        self, batch: Batch, credits: CreditBook, max_inflight: int, cursor: ResultsCursor
-    ) -> Placement | None:
-        """Take a slot for a new batch and say where its changelog record goes (None: no changelog)."""
-        ...
-
-    def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
-        """After the forced commit of a revocation: what letting go of ``partitions`` means here."""
-        ...
-
-    def assigned(self, partitions: list[int], take_over: TakeOver) -> None:
-        """An assignment: restore the partitions' lane state through ``take_over``, or nothing."""
-        ...
-
-    def transaction_age_s(self) -> float:
-        """How long the open transaction has been open (0 without transactions)."""
-        ...
-
-    def check_delivered(self) -> None: ...
-
-    def produce(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        on_delivery: Deliver | None = None,
-        partition: int | None = None,
-    ) -> None: ...
-    def start(self) -> None: ...
-    def item_seen(self, item: IngestItem) -> None: ...
-    def first_seen(self, partition: int, item_id: str) -> bool: ...
-    def dead_letter(self, partition: int, offset: int) -> Deliver: ...
-    def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver: ...
-    def batch_finished(self, batch_id: str) -> None: ...
-    def batch_progress(self, batch_id: str) -> None: ...
-    def requeued(self, batch_id: str, items: Iterable[Item]) -> None: ...
-    def retried(self, items: Sequence[Item]) -> None:
-        """Items that failed retriably went back to the lanes (``Scheduler.take_retried``; often
-        none): exactly-once records them waiting again, in the transaction that checkpoints the
-        ledger counting them ``retried``; at-least-once keeps them in memory only."""
-        ...
-
-    def withdrawn(self, items: Iterable[Item]) -> Deliver:
-        """Waiting items of a job that ended left the lanes, answered by the message this returns the
-        delivery callback of: their waiting-set records go in the same transaction (exactly-once),
-        or their ingest offsets may pass once it is delivered (at-least-once)."""
-        ...
-
-    def due(self, now_ms: int) -> bool: ...
-    def commit(self, snapshot: Callable[[], bytes]) -> float: ...
-    def remembered_ids(self) -> int: ...
 
 
 class _Base:
@@ -206,9 +113,14 @@ class _Base:
 
 
 class AtLeastOnceCommitter(_Base):
+    """No transactions, no changelog. Invariant: an ingest offset is committed only past items with
+    their last answer (their batch finished without sending them back, or an ending was delivered)
+    or a delivered dead letter: a retried or put-back item is read again if the process dies first."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.offsets = OffsetTracker()
+        self._out: dict[str, list[tuple[Item, int]]] = {}  # batch in flight: (item, its attempt then)
 
     def start(self) -> None:
         return None
@@ -260,25 +172,28 @@ class AtLeastOnceCommitter(_Base):
         return delivered
 
     def batch_emitted(self, batch: Batch, placement: Placement | None = None) -> Deliver:
-        items = batch.items
+        self._out[batch.batch_id] = [(item, item.attempt) for item in batch.items]
 
         def delivered(err: Any, msg: Any) -> None:
             self._failed(err, msg)
             if err is None:
                 self.batches_delivered += 1
-                for item in items:
-                    item.safe = True  # type: ignore[attr-defined]
 
         return delivered
 
     def batch_finished(self, batch_id: str) -> None:
-        return None
+        """The batch's items are safe, except those a retriable failure sent back (their attempt
+        moved on): they become safe when a later batch that carries them finishes."""
+        for item, attempt in self._out.pop(batch_id, ()):
+            if item.attempt == attempt:
+                item.safe = True  # type: ignore[attr-defined]
 
     def batch_progress(self, batch_id: str) -> None:
         return None
 
     def requeued(self, batch_id: str, items: Iterable[Item]) -> None:
-        return None
+        """Put back in the lanes (its consumer retired): not safe until a later batch finishes."""
+        self._out.pop(batch_id, None)
 
     def retried(self, items: Sequence[Item]) -> None:
         return None

@@ -7,7 +7,7 @@ lets go of everything (the ledger moves it to ``released``); an assignment resto
 assigned partitions from the changelog (adopting it into the ledger), re-holds the consumer slots
 their batches hold, and rewinds the results reader to where those batches' completions can first
 appear. What differs between the delivery modes is the committer's to say
-(:meth:`~processor.state.commit.Committer.revoked`, :meth:`~processor.state.commit.Committer.assigned`):
+(:meth:`~processor.state.committer.Committer.revoked`, :meth:`~processor.state.committer.Committer.assigned`):
 this component never asks which mode it runs in.
 
 :class:`PartitionHandover` is the one part of the processor that runs inside librdkafka's rebalance
@@ -31,7 +31,8 @@ from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
 from processor.state.changelog import ChangelogState
-from processor.state.commit import Committer, TransactionalCommitter
+from processor.state.commit import TransactionalCommitter
+from processor.state.committer import Committer
 from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
 from processor.state.restore import OnWaiting, RestoredState

@@ -16,7 +16,7 @@ class IngestItem(Item):
     home: int = -1
     """The changelog partition of its "waiting" record (processor/state/changelog.py)."""
     safe: bool = False
-    """At-least-once: in a delivered batch."""
+    """At-least-once: has its last answer (processor/state/commit.py, ``AtLeastOnceCommitter``)."""
     logged: bool = False
     """Exactly-once: has a committed "waiting" changelog record."""
 

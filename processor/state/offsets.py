@@ -1,9 +1,10 @@
 """Which ingest offsets may be committed: only those below the oldest message not yet safe.
 
 A message is *safe* once what it carried lives somewhere other than this process's memory: its item
-was emitted in a batch the broker acknowledged, or it was dead-lettered and that was acknowledged.
-Items still waiting in lanes are not safe, so the committed offset never passes them: after a crash
-they are read again. (Items *after* the oldest unsafe one that were already dispatched are read again
+has its last answer (a batch carrying it finished without sending it back, or the processor's own
+ending was acknowledged), or it was dead-lettered and that was acknowledged. Items waiting in lanes
+or in flight are not safe, so the committed offset never passes them: after a crash they are read
+again. (Items *after* the oldest unsafe one that were already dispatched are read again
 too: at-least-once. docs/reliability.md says how replays are deduplicated.)
 
 Pure bookkeeping, no Kafka import: the service feeds it partitions and offsets.

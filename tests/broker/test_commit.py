@@ -3,7 +3,7 @@
 Exactly-once: what a step produced (batches, changelog records, the checkpoint) and the ingest offsets
 become visible to ``read_committed`` readers together, when the transaction commits; a transaction a
 crash left open shows nothing, and the replacement that fences it leaves the zombie unable to commit.
-At-least-once: an ingest offset is committed only once the batch carrying its item was delivered.
+At-least-once: an ingest offset is committed only once the batch carrying its item was answered.
 
 The committers are driven the way ProcessorService drives them, with the same client settings
 (processor/kafka/clients.py), but without the service: each test decides what was consumed, emitted
@@ -25,7 +25,8 @@ from processor.kafka.exits import DeliveryFailed
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.state import changelog
-from processor.state.commit import AtLeastOnceCommitter, Placement, TransactionalCommitter
+from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
+from processor.state.committer import Placement
 from processor.state.ingest import IngestItem
 from processor.wire.heads import decode_item_head
 from processor.wire.items import decode_batch, encode_batch, encode_token_item
@@ -241,7 +242,7 @@ def test_a_committed_transaction_shows_its_batches_changelog_and_offsets_and_an_
     assert sorted(raw) == ["batch-1", "batch-2"]
 
 
-def test_at_least_once_commits_an_offset_only_after_the_batch_holding_its_item_is_delivered(
+def test_at_least_once_commits_an_offset_only_after_the_batch_holding_its_item_is_answered(
     kafka_bootstrap: str, topics: tuple[dict[str, str], TopicNames], clients: list[Clients]
 ) -> None:
     conf, names = topics
@@ -261,11 +262,14 @@ def test_at_least_once_commits_an_offset_only_after_the_batch_holding_its_item_i
     committer.commit(lambda: SNAPSHOT)  # nothing delivered yet: the first item is not safe
     assert committed_offsets(conf, names.ingest, group) == {0: 0}
 
-    assert c.producer.flush(30) == 0  # delivery reports: a0 and a1 are safe, a2 still waits
+    assert c.producer.flush(30) == 0  # delivered, not yet answered: still read again after a crash
+    committer.commit(lambda: SNAPSHOT)
+    assert committed_offsets(conf, names.ingest, group) == {0: 0}
+    committer.batch_finished("batch-1")  # answered: a0 and a1 are safe, a2 still waits
     committer.commit(lambda: SNAPSHOT)
     assert committed_offsets(conf, names.ingest, group) == {0: 2}
 
-    items[2].safe = items[3].safe = True  # as if dispatched and delivered
+    items[2].safe = items[3].safe = True  # as if dispatched, delivered and answered
     committer.commit(lambda: SNAPSHOT)
     assert committed_offsets(conf, names.ingest, group) == {0: 4}  # the dead letter is not yet acknowledged
     dead(None, None)

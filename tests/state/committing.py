@@ -13,7 +13,8 @@ from processor.kafka.clients import batch_producer_settings, control_settings, i
 from processor.kafka.factory import ConsumerClient, ProducerClient
 from processor.kafka.memory import MemoryKafka
 from processor.kafka.topics import TopicNames, topic_specs
-from processor.state.commit import AtLeastOnceCommitter, Placement, TransactionalCommitter
+from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
+from processor.state.committer import Placement
 from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
 from processor.state.results import ResultsCursor

@@ -21,7 +21,8 @@ from processor.kafka.exits import (
 )
 from processor.kafka.memory import error
 from processor.state import changelog
-from processor.state.commit import AtLeastOnceCommitter, Placement, TransactionalCommitter
+from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
+from processor.state.committer import Placement
 from tests.state.committing import CONSUMER, CONTRACT, TXN_TIMEOUT_MS, Rig, rig
 
 
@@ -360,7 +361,7 @@ def test_at_least_once_uses_no_transaction_and_no_placement() -> None:
     assert r.credits.held(CONSUMER) == 0
 
 
-def test_at_least_once_commits_an_offset_only_past_items_in_delivered_batches() -> None:
+def test_at_least_once_commits_an_offset_only_past_items_whose_batches_finished() -> None:
     r, c = alo()
     r.produce_items(0, ["a", "b", "c"])
     r.consume()
@@ -370,9 +371,48 @@ def test_at_least_once_commits_an_offset_only_past_items_in_delivered_batches() 
     assert r.committed_offsets() == {0: 0}
     r.producer.poll(0)
     assert c.batches_delivered == 2
+    r.commit()  # delivered, not answered: a crash now must read them again
+    assert r.committed_offsets() == {0: 0}
+    first = min(batches, key=lambda b: min(it.offset for it in b.items))  # type: ignore[attr-defined]
+    c.batch_finished(first.batch_id)
+    r.commit()
+    assert r.committed_offsets() == {0: max(it.offset for it in first.items) + 1}  # type: ignore[attr-defined]
+    for batch in batches:
+        c.batch_finished(batch.batch_id)
     r.commit()
     assert r.committed_offsets() == {0: 3}
-    assert r.visible(r.topics.accounting) == [(b"p0", b"checkpoint")] * 2  # one per commit
+    assert r.visible(r.topics.accounting) == [(b"p0", b"checkpoint")] * 4  # one per commit
+
+
+def test_at_least_once_holds_the_offset_of_a_retried_item_until_its_later_batch_finishes() -> None:
+    r, c = alo()
+    r.produce_items(0, ["a"])
+    (item,) = r.consume()
+    (first,) = r.dispatch()
+    r.producer.poll(0)
+    item.attempt += 1  # what a retriable failure does (core.retries.RetryPolicy.split) ...
+    item.dispatched = False
+    c.retried([item])
+    c.batch_finished(first.batch_id)  # ... before the failed batch finishes
+    r.commit()
+    assert r.committed_offsets() == {0: 0} and not item.safe  # in memory only: read again after a crash
+    r.core.submit(item, 0)
+    (second,) = r.dispatch()
+    c.batch_finished(second.batch_id)
+    r.commit()
+    assert r.committed_offsets() == {0: 1} and item.safe
+
+
+def test_at_least_once_holds_the_offset_of_a_put_back_batch_until_it_runs_again() -> None:
+    r, c = alo()
+    r.produce_items(0, ["a"])
+    (item,) = r.consume()
+    (batch,) = r.dispatch()
+    r.producer.poll(0)
+    c.requeued(batch.batch_id, batch.items)  # its consumer retired
+    c.batch_finished(batch.batch_id)  # a late answer of the put-back batch is not this item's last
+    r.commit()
+    assert r.committed_offsets() == {0: 0} and not item.safe
 
 
 def test_at_least_once_holds_the_offset_at_an_item_whose_batch_failed_to_deliver() -> None:
@@ -401,11 +441,12 @@ def test_at_least_once_a_dead_letter_is_safe_once_delivered() -> None:
 
 
 def test_at_least_once_an_ingest_commit_that_fails_is_retried_at_the_next_commit() -> None:
-    r, _c = alo()
+    r, c = alo()
     r.produce_items(0, ["a"])
     r.consume()
-    r.dispatch()
+    (batch,) = r.dispatch()
     r.producer.poll(0)
+    c.batch_finished(batch.batch_id)
     r.mk.fail_next("commit", error(KafkaError.REBALANCE_IN_PROGRESS, retriable=True))
     r.commit()  # logged, not raised
     assert r.committed_offsets() == {}
@@ -418,7 +459,8 @@ def test_at_least_once_a_revocation_forgets_only_the_revoked_partitions_offsets(
     r.produce_items(0, ["a"])
     r.produce_items(1, ["b"])
     r.consume()
-    r.dispatch()
+    for batch in r.dispatch():
+        c.batch_finished(batch.batch_id)
     r.producer.poll(0)
     let_go: list[bool] = []
     c.revoked([1], lambda: let_go.append(True))
