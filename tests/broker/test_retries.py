@@ -11,6 +11,9 @@ each batch telling the consumer the attempt (``Batch.attempts``) and each comple
 Second test: the processor is a real subprocess, SIGKILLed while a retried row waits in its lanes
 (its attempt recorded in the changelog); the next one restores it on its second attempt, and every
 row ends with one final answer, the audit clean.
+
+Third test: the same kill in at-least-once mode, where no changelog keeps the retried row: its
+ingest offset was not committed past, so the next processor reads it again and nothing is lost.
 """
 
 from __future__ import annotations
@@ -208,3 +211,47 @@ def test_a_processor_killed_while_a_retried_row_waits_restores_it_on_its_next_at
     report = audit(rig.conf, rig.topics, rig.group)
     assert report.clean, "\n".join(report.lines())
     assert (report.retried_items, report.completed_items, report.lost_items) == (1, len(ids), 0)
+
+
+def test_at_least_once_a_processor_killed_while_a_retried_row_waits_reads_it_again(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """At-least-once keeps no changelog: a retried row waits in the processor's memory only, so its
+    ingest offset must not be committed past until a later attempt answers it. r0 fails retriably at
+    once and waits behind the other rows when the processor is SIGKILLed; the next one reads r0 again
+    from ingest and it completes. Rows in flight at the kill may run twice (at-least-once), but none
+    is lost: every row ends ok, and the audit finds nothing lost."""
+    card = Contract("small", "default", budget_tokens=4096, max_items=1, pad_multiple=8, max_inflight=1)
+    ids = [f"r{n}" for n in range(2, 42)]  # no r1 (the engine's refusal) in this one
+    ids.insert(0, "r0")
+    engine = FlakyEngine({"r0"}, batch_s=0.15)
+    with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
+        consumer = Threads()
+        consumer.start(ConsumerApp(rig.conf, rig.topics, card, engine, poll_timeout_s=0.05).run, "small")
+        try:
+            with TokenProducer(rig.conf, rig.topics) as producer:
+                for item_id in ids:
+                    producer.send(item_id, "default", synthetic_tokens(item_id, 24), shape=7, job_id=JOB)
+            rig.spawn_processor("processor-0", extra=("--at-least-once",))
+            wait_for(lambda: "r0" in completions(rig.conf, rig.topics.results), 60, "r0's failure answered")
+            time.sleep(1.0)  # the processor reads it, sends r0 back, commits offsets (every 200 ms)
+            rig.pipeline.procs["processor-0"].send_signal(signal.SIGKILL)
+            rig.pipeline.procs["processor-0"].wait(10)
+            assert engine.runs["r0"] == 1  # still waiting: not dispatched again before the kill
+            rig.spawn_processor("processor-1", extra=("--at-least-once",))
+
+            def answered() -> bool:
+                done = finals(completions(rig.conf, rig.topics.results))
+                return all(any(c.status == "ok" for c in done.get(i, ())) for i in ids)
+
+            wait_for(answered, 90, "every row answered ok")
+        finally:
+            consumer.join(30)
+    assert not consumer.errors, consumer.errors
+    assert engine.runs["r0"] == 2  # read again from ingest after the kill, run again, ok
+    done = completions(rig.conf, rig.topics.results)
+    assert {c.status for i in ids for c in finals(done)[i]} == {"ok"}
+    # both say attempt 1 (no changelog kept the count) and may sit on two results partitions
+    assert sorted((c.status, c.retriable) for c in done["r0"]) == [("failed", True), ("ok", False)]
+    report = audit(rig.conf, rig.topics, rig.group)
+    assert report.lost_items == 0, "\n".join(report.lines())
