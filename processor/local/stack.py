@@ -179,8 +179,19 @@ def _spawn(stack: Stack, state_dir: Path, name: str, args: Sequence[str]) -> Non
             env=child_env(stack.bootstrap),
             start_new_session=True,
         )
+    _await_exec(proc.pid, argv)
     stack.processes.append(StackProcess(name, proc.pid, argv, str(log)))
     stack.save(state_dir)
+
+
+def _await_exec(pid: int, argv: list[str], timeout_s: float = 5.0) -> None:
+    """Wait until ``pid`` shows ``argv`` as its command line. Popen can return while the child is
+    still inside exec, and its /proc cmdline reads empty for that moment (measured here: 3 spawns in
+    200), which :meth:`StackProcess.alive` would take for a process that already exited. A child that
+    really dies at once never shows it: this gives up after ``timeout_s`` and ``alive`` says so."""
+    deadline = time.monotonic() + timeout_s
+    while process_argv(pid) != argv and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _wait_announced(
