@@ -34,6 +34,7 @@ from processor.engines.base import Engine, ItemResult
 from processor.engines.sim import SimEngine
 from processor.jobs.collect import provisional
 from processor.kafka.reader import read_topic
+from processor.kafka.topics import TopicNames
 from processor.ops.audit import audit
 from processor.ops.status import gather
 from processor.sim.cardmodel import CardSpec
@@ -163,22 +164,33 @@ def live_attempt_records(conf: dict[str, str], topic: str) -> int:
     return sum(live.values())
 
 
+#: The kill tests' card: one item per batch, one slot, so a retried row waits behind all the others.
+SMALL = Contract("small", "default", budget_tokens=4096, max_items=1, pad_multiple=8, max_inflight=1)
+
+
+def r0_first(rows: int) -> list[str]:
+    """r0 (failed once by the engine), then r2 .. r{rows-1}: no r1, the engine's refusal."""
+    return ["r0", *(f"r{n}" for n in range(2, rows))]
+
+
+def send_rows(conf: dict[str, str], topics: TopicNames, ids: list[str]) -> None:
+    with TokenProducer(conf, topics) as producer:
+        for item_id in ids:
+            producer.send(item_id, "default", synthetic_tokens(item_id, 24), shape=7, job_id=JOB)
+
+
 def test_a_processor_killed_while_a_retried_row_waits_restores_it_on_its_next_attempt(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """One item per batch, one slot, 100 ms a batch: r0 fails retriably at once and waits behind
     the other rows, its attempt in the changelog, when the processor is killed."""
-    card = Contract("small", "default", budget_tokens=4096, max_items=1, pad_multiple=8, max_inflight=1)
-    ids = [f"r{n}" for n in range(2, 32)]  # no r1 (the engine's refusal) in this one
-    ids.insert(0, "r0")
+    ids = r0_first(32)
     engine = FlakyEngine({"r0"}, batch_s=0.1)
     with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
         consumer = Threads()
-        consumer.start(ConsumerApp(rig.conf, rig.topics, card, engine, poll_timeout_s=0.05).run, "small")
+        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, poll_timeout_s=0.05).run, "small")
         try:
-            with TokenProducer(rig.conf, rig.topics) as producer:
-                for item_id in ids:
-                    producer.send(item_id, "default", synthetic_tokens(item_id, 24), shape=7, job_id=JOB)
+            send_rows(rig.conf, rig.topics, ids)
             rig.spawn_processor("processor-0")
             changelog = rig.topics.changelog
             wait_for(lambda: live_attempt_records(rig.conf, changelog) == 1, 60, "r0 waiting, logged")
@@ -221,17 +233,13 @@ def test_at_least_once_a_processor_killed_while_a_retried_row_waits_reads_it_aga
     once and waits behind the other rows when the processor is SIGKILLed; the next one reads r0 again
     from ingest and it completes. Rows in flight at the kill may run twice (at-least-once), but none
     is lost: every row ends ok, and the audit finds nothing lost."""
-    card = Contract("small", "default", budget_tokens=4096, max_items=1, pad_multiple=8, max_inflight=1)
-    ids = [f"r{n}" for n in range(2, 42)]  # no r1 (the engine's refusal) in this one
-    ids.insert(0, "r0")
+    ids = r0_first(42)
     engine = FlakyEngine({"r0"}, batch_s=0.15)
     with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
         consumer = Threads()
-        consumer.start(ConsumerApp(rig.conf, rig.topics, card, engine, poll_timeout_s=0.05).run, "small")
+        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, poll_timeout_s=0.05).run, "small")
         try:
-            with TokenProducer(rig.conf, rig.topics) as producer:
-                for item_id in ids:
-                    producer.send(item_id, "default", synthetic_tokens(item_id, 24), shape=7, job_id=JOB)
+            send_rows(rig.conf, rig.topics, ids)
             rig.spawn_processor("processor-0", extra=("--at-least-once",))
             wait_for(lambda: "r0" in completions(rig.conf, rig.topics.results), 60, "r0's failure answered")
             time.sleep(1.0)  # the processor reads it, sends r0 back, commits offsets (every 200 ms)
