@@ -97,6 +97,12 @@ class ConsumerSettings:
     """One results message per batch, or one per item (docs/consumers.md)."""
     max_completion_bytes: int = MAX_COMPLETION_BYTES
     """Past this size a batch's completions are split over several messages."""
+    exactly_once: bool = True
+    """A batch's completions and its offset in one transaction (processor.apps.consumer_delivery);
+    False (``--at-least-once``) flushes the completions, then commits the offset."""
+    poll_timeout_s: float = 0.5
+    """How long one poll of the batch topic may block when nothing arrives (also how soon a set
+    ``stop`` is noticed)."""
 
     def __post_init__(self) -> None:
         if self.completions not in COMPLETION_FORMS:
@@ -107,6 +113,8 @@ class ConsumerSettings:
             raise ValueError(f"max_completion_bytes must be >= 1, got {self.max_completion_bytes}")
         if self.max_batches is not None and self.max_batches < 1:
             raise ValueError(f"--max-batches must be >= 1, got {self.max_batches}")
+        if not self.poll_timeout_s >= 0:
+            raise ValueError(f"poll_timeout_s must be >= 0, got {self.poll_timeout_s}")
         check_idle_exit(self.idle_exit_s)
 
 

@@ -149,8 +149,7 @@ def _contract(args: argparse.Namespace) -> Contract:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from processor.apps.consumer import ConsumerApp, ConsumerAppError, retire
-    from processor.apps.settings import ConsumerSettings
+    from processor.apps.consumer import ConsumerApp, ConsumerAppError, ConsumerHooks, ConsumerSettings, retire
     from processor.core.contract import CONSUMER_ID
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
@@ -171,7 +170,12 @@ def run(args: argparse.Namespace) -> int:
         missing = [f"--{n}" for n in required if getattr(args, n) is None]
         if missing:
             raise ValueError(f"{' and '.join(missing)} required to run a consumer")
-        ConsumerSettings(args.max_batches, args.idle_exit_s, args.completions)  # refuses what cannot work
+        settings = ConsumerSettings(  # refuses what cannot work
+            max_batches=args.max_batches,
+            idle_exit_s=args.idle_exit_s,
+            completions=args.completions,
+            exactly_once=not args.at_least_once,
+        )
         contract = _contract(args)
         http = http_settings(args, CONSUMER_PORT)
         watchdog = watchdog_from(args)
@@ -193,12 +197,9 @@ def run(args: argparse.Namespace) -> int:
         topics,
         contract,
         engine,
-        max_batches=args.max_batches,
-        idle_exit_s=args.idle_exit_s,
-        **metrics.hooks(),
-        exactly_once=not args.at_least_once,
+        settings,
+        hooks=ConsumerHooks(**metrics.hooks()),
         watchdog=watchdog,
-        completions=args.completions,
     )
     metrics.watch(app)
     try:

@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Message
 
-from processor.apps.consumer import ConsumerApp
+from processor.apps.consumer import ConsumerApp, ConsumerSettings
 from processor.core.signature import shape_signature
 from processor.engines.base import Engine, ItemResult
 from processor.engines.sim import SimEngine
@@ -56,11 +56,10 @@ def test_the_consumer_app_writes_a_batchs_completions_in_its_form(
     At 120 bytes a CompletionBatch holds two of these items, so the batch goes out in three."""
     names = TopicNames("unit")
     engine = SimEngine(CardSpec(), time_scale=0.0)
-    app = ConsumerApp(
-        {}, names, card_contract("card-a"), engine, completions=completions, max_completion_bytes=max_bytes
-    )
+    settings = ConsumerSettings(completions=completions, max_completion_bytes=max_bytes)
+    app = ConsumerApp({}, names, card_contract("card-a"), engine, settings)
     kept = KeptProducer()
-    app._producer = cast(Any, kept)
+    app.output.producer = cast(Any, kept)
     records = [token_record(f"item-{n}", 8 + n, shape_signature(["s"])) for n in range(5)]
     batch = encode_batch(outgoing_batch("b-1", "card-a", records, padded_length=16))
     app.handle(cast(Message, BatchMessage(batch)))
@@ -82,7 +81,9 @@ def test_the_consumer_app_writes_a_batchs_completions_in_its_form(
 def test_the_consumer_app_refuses_an_unknown_completions_form() -> None:
     engine = SimEngine(CardSpec(), time_scale=0.0)
     with pytest.raises(ValueError, match="completions must be one of batch, item, got 'each'"):
-        ConsumerApp({}, TopicNames("unit"), card_contract(), engine, completions=cast(Any, "each"))
+        ConsumerApp(
+            {}, TopicNames("unit"), card_contract(), engine, ConsumerSettings(completions=cast(Any, "each"))
+        )
 
 
 class _ReportingEngine(Engine):
@@ -107,7 +108,7 @@ def test_the_consumer_app_writes_each_items_cached_tokens_held_to_its_prompt() -
     follows it for old readers; the app's stats count the cached tokens of ok items."""
     app = ConsumerApp({}, TopicNames("unit"), card_contract("card-a"), _ReportingEngine([0, 5, 99, -3, 7], 4))
     kept = KeptProducer()
-    app._producer = cast(Any, kept)
+    app.output.producer = cast(Any, kept)
     records = [token_record(f"item-{n}", 10, shape_signature(["s"])) for n in range(5)]
     app.handle(
         cast(Message, BatchMessage(encode_batch(outgoing_batch("b-1", "card-a", records, padded_length=16))))

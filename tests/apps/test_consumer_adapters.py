@@ -128,7 +128,7 @@ class _Recording(Engine):
 
 def _handle(app: ConsumerApp, batch: Batch) -> tuple[KeptProducer, list[Any]]:
     kept = KeptProducer()
-    app._producer = cast(Any, kept)
+    app.output.producer = cast(Any, kept)
     app.handle(cast(Message, BatchMessage(encode_batch(batch))))
     return kept, [c for _topic, _key, value in kept.sent for c in decode_completions(value)]
 

@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from processor.apps.consumer import ConsumerApp, ConsumerAppError, retire
+from processor.apps.consumer import ConsumerApp, ConsumerAppError, ConsumerSettings, retire
 from processor.engines.base import Engine, ItemResult, make_engine
 from processor.kafka.memory import error
 from processor.wire.completions import decode_completions
-from processor.wire.records import BatchRecord
+from processor.wire.records import BatchRecord, CompletionForm
 from tests.apps.service_rig import CARD, MODEL, Pipeline, contract
 
 
@@ -22,16 +22,14 @@ def p() -> Pipeline:
     return Pipeline(consumers=())  # the consumer app creates its own batch topic
 
 
-def app(p: Pipeline, **kwargs: object) -> ConsumerApp:
+def app(p: Pipeline) -> ConsumerApp:
     return ConsumerApp(
         {},
         p.topics,
         contract(),
         make_engine("sim", {}),
-        idle_exit_s=0.05,
-        poll_timeout_s=0,
+        ConsumerSettings(idle_exit_s=0.05, poll_timeout_s=0),
         clients=p.mk.clients(),
-        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -103,11 +101,14 @@ class _CachingEngine(Engine):
 
 
 @pytest.mark.parametrize("form", ["batch", "item"])
-def test_the_ledger_counts_the_prompt_tokens_the_consumers_report_cached(p: Pipeline, form: str) -> None:
+def test_the_ledger_counts_the_prompt_tokens_the_consumers_report_cached(
+    p: Pipeline, form: CompletionForm
+) -> None:
     svc = p.started()
     caching = ConsumerApp(
-        {}, p.topics, contract(), _CachingEngine(), idle_exit_s=0.05, poll_timeout_s=0,
-        clients=p.mk.clients(), completions=form,
+        {}, p.topics, contract(), _CachingEngine(),
+        ConsumerSettings(idle_exit_s=0.05, poll_timeout_s=0, completions=form),
+        clients=p.mk.clients(),
     )  # fmt: skip
     caching.run()
     p.produce([f"i{n}" for n in range(5)])

@@ -88,7 +88,9 @@ def test_the_consumer_app_refuses_bad_settings_as_its_cli_does(capsys: pytest.Ca
     from tests.apps.helpers import card_contract
 
     with pytest.raises(ValueError, match=re.escape("--max-batches must be >= 1, got 0")):
-        ConsumerApp({}, TopicNames(), card_contract(), make_engine("sim", {}), max_batches=0)
+        ConsumerApp(
+            {}, TopicNames(), card_contract(), make_engine("sim", {}), ConsumerSettings(max_batches=0)
+        )
     code, _out, err = run_cli(
         capsys,
         "consumer",

@@ -19,11 +19,11 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from processor.apps.consumer import ConsumerApp
+from processor.apps.consumer import ConsumerApp, ConsumerHooks, ConsumerSettings
 from processor.apps.producer import TokenProducer, synthetic_tokens
 from processor.apps.service import ProcessorService
 from processor.apps.settings import ProcessorSettings
@@ -86,16 +86,25 @@ def produce_paced(
 # -- services in threads ----------------------------------------------------------------------------
 
 
+#: A test's consumer app polls often, so it sees the test's stop at once.
+QUICK = ConsumerSettings(poll_timeout_s=0.05)
+
+
 def instant_app(conf: dict[str, str], topics: TopicNames, contract: Contract, **options: Any) -> ConsumerApp:
-    """A consumer app whose simulated engine answers at once."""
+    """A consumer app whose simulated engine answers at once; ``options`` are ``ConsumerHooks`` and
+    ``ConsumerSettings`` fields."""
+    hooks = {name: options.pop(name) for name in HOOKS if name in options}
     return ConsumerApp(
         conf,
         topics,
         contract,
         SimEngine(CardSpec(tokens_per_s=1e9, overhead_ms=0), 0.0),
-        poll_timeout_s=0.05,
-        **options,
+        replace(QUICK, **options),
+        hooks=ConsumerHooks(**hooks),
     )
+
+
+HOOKS = [f.name for f in fields(ConsumerHooks)]
 
 
 class Threads:

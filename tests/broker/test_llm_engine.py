@@ -43,7 +43,7 @@ from processor.ops.audit import audit
 from processor.ops.status import gather, report
 from processor.wire.completions import decode_completions
 from processor.wire.records import CompletionRecord, tokens_from_ids
-from tests.broker.rig import InProcess, in_process, new_topics, wait_for
+from tests.broker.rig import QUICK, InProcess, in_process, new_topics, wait_for
 from tests.local.test_llm_server import llm_home  # noqa: F401 (the module's fixture: a temporary home)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.llm]
@@ -130,7 +130,7 @@ def test_each_item_gets_its_own_choice_and_shared_prefixes_come_from_the_cache(
 ) -> None:
     rig = running(kafka_bootstrap, "gpu-llm")
     engine = make_engine("openai", {"url": llm.url, "timeout_s": "30", "concurrency": "4"})
-    rig.apps.append(ConsumerApp(rig.conf, rig.topics, contract("gpu-llm"), engine, poll_timeout_s=0.05))
+    rig.apps.append(ConsumerApp(rig.conf, rig.topics, contract("gpu-llm"), engine, QUICK))
     items = prompts("a", shapes=3, per_shape=8, seed=31)
     rig.start()
     try:

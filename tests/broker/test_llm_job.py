@@ -30,7 +30,7 @@ from processor.local.llm.build import build_server
 from processor.local.llm.model import ensure_model
 from processor.local.llm.server import ServerInfo, ServerSettings, start_server, stop_server
 from processor.ops.audit import audit
-from tests.broker.rig import new_topics, running_in_process
+from tests.broker.rig import QUICK, new_topics, running_in_process
 from tests.local.test_llm_server import llm_home  # noqa: F401 (the module's fixture: a temporary home)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.llm]
@@ -83,7 +83,7 @@ def test_a_job_whose_rows_carry_their_own_settings_gets_each_row_its_own_answer(
         {"url": llm.url, "server": "llamacpp", "requests": "settings", "timeout_s": "60", "concurrency": "4"},
     )
     with running_in_process(kafka_bootstrap, [], topics=topics, commit_interval_ms=200) as rig:
-        app = ConsumerApp(rig.conf, rig.topics, CARD, engine, poll_timeout_s=0.05)
+        app = ConsumerApp(rig.conf, rig.topics, CARD, engine, QUICK)
         rig.apps.append(app)
         rig.runner.start(app.run, CARD.consumer)
         kafka = ["--bootstrap", rig.conf["bootstrap.servers"], "--topic-prefix", rig.topics.prefix]

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Message
 
 from processor import cli
-from processor.apps.consumer import ConsumerApp
+from processor.apps.consumer import ConsumerApp, ConsumerHooks, ConsumerSettings
 from processor.apps.producer import shape_key, synthetic_tokens
 from processor.core.signature import shape_signature
 from processor.engines.base import Engine, ItemResult
@@ -216,9 +216,7 @@ def test_consumer_app_answers_every_item_then_commits(
         names,
         contract,
         engine,
-        max_batches=7,
-        poll_timeout_s=0.2,
-        completions=completions,
+        ConsumerSettings(max_batches=7, poll_timeout_s=0.2, completions=completions),
     )
     assert app.ensure_topic() is True  # creates the batch topic ...
     assert app.ensure_topic() is False  # ... once
@@ -332,8 +330,8 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
         names,
         contract,
         SimEngine(CardSpec(), time_scale=0.0),
-        poll_timeout_s=0.2,
-        on_batch=on_batch,
+        ConsumerSettings(poll_timeout_s=0.2),
+        hooks=ConsumerHooks(on_batch=on_batch),
     )
     thread = threading.Thread(target=app.run, args=(stop,), daemon=True)
     thread.start()
@@ -350,8 +348,7 @@ def test_consumer_app_stops_on_event_then_resumes_after_its_commit(
         names,
         contract,
         SimEngine(CardSpec(), time_scale=0.0),
-        poll_timeout_s=0.2,
-        idle_exit_s=3.0,
+        ConsumerSettings(poll_timeout_s=0.2, idle_exit_s=3.0),
     )
     stats = again.run()  # resumes after "first": runs "second" only, then idles out
     assert (stats.batches, stats.ok) == (1, 1)

@@ -42,7 +42,7 @@ from processor.state.changelog import ATTEMPT
 from processor.wire.completions import decode_completions
 from processor.wire.items import decode_batch
 from processor.wire.records import BatchRecord, CompletionRecord
-from tests.broker.rig import Threads, in_process, running_rig, wait_for
+from tests.broker.rig import QUICK, Threads, in_process, running_rig, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -106,7 +106,7 @@ def test_rows_failed_retriably_complete_on_a_later_attempt_and_the_audit_is_clea
     rig = in_process(kafka_bootstrap, [], letter="r", instance="retries", commit_interval_ms=300)
     flaky = {f"r{n}" for n in range(0, ROWS, 2)}
     engine = FlakyEngine(flaky, frozenset({"r3"}))
-    rig.apps.append(ConsumerApp(rig.conf, rig.topics, CARD, engine, poll_timeout_s=0.05))
+    rig.apps.append(ConsumerApp(rig.conf, rig.topics, CARD, engine, QUICK))
     ids = [f"r{n}" for n in range(ROWS)]
     rig.start()
     try:
@@ -188,7 +188,7 @@ def test_a_processor_killed_while_a_retried_row_waits_restores_it_on_its_next_at
     engine = FlakyEngine({"r0"}, batch_s=0.1)
     with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
         consumer = Threads()
-        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, poll_timeout_s=0.05).run, "small")
+        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, QUICK).run, "small")
         try:
             send_rows(rig.conf, rig.topics, ids)
             rig.spawn_processor("processor-0")
@@ -237,7 +237,7 @@ def test_at_least_once_a_processor_killed_while_a_retried_row_waits_reads_it_aga
     engine = FlakyEngine({"r0"}, batch_s=0.15)
     with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
         consumer = Threads()
-        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, poll_timeout_s=0.05).run, "small")
+        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, QUICK).run, "small")
         try:
             send_rows(rig.conf, rig.topics, ids)
             rig.spawn_processor("processor-0", extra=("--at-least-once",))

@@ -33,7 +33,7 @@ from processor.jobs.datasets import read_output
 from processor.jobs.model import job_of, row_of
 from processor.jobs.topic import JobWriter, read_job_shares, read_jobs
 from processor.wire.records import BatchRecord
-from tests.broker.rig import InProcess, new_topics, review_job, running_in_process
+from tests.broker.rig import QUICK, InProcess, new_topics, review_job, running_in_process
 from tests.jobs.openai_batch import validate_files
 
 pytestmark = pytest.mark.kafka
@@ -67,7 +67,7 @@ def rig(kafka_bootstrap: str) -> Iterator[InProcess]:
     with running_in_process(
         kafka_bootstrap, [], topics=topics, instance="retry-itest", commit_interval_ms=200
     ) as rig:
-        app = ConsumerApp(rig.conf, rig.topics, CARD, FirstAttemptFails(), poll_timeout_s=0.05)
+        app = ConsumerApp(rig.conf, rig.topics, CARD, FirstAttemptFails(), QUICK)
         rig.apps.append(app)
         rig.runner.start(app.run, CARD.consumer)
         yield rig

@@ -23,7 +23,7 @@ from processor.jobs.topic import JobWriter, read_job_shares
 from processor.kafka.reader import read_topic
 from processor.sim.cardmodel import CardSpec
 from processor.wire.items import decode_batch
-from tests.broker.rig import in_process, wait_for
+from tests.broker.rig import QUICK, in_process, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -35,7 +35,7 @@ def test_a_weighted_small_job_behind_a_backlog_is_served_first_and_counted_per_j
 ) -> None:
     rig = in_process(kafka_bootstrap, (), letter="s", instance="shares", commit_interval_ms=300)
     engine = SimEngine(CardSpec(tokens_per_s=150_000, overhead_ms=1), 0.0)
-    rig.apps.append(ConsumerApp(rig.conf, rig.topics, CARD, engine, poll_timeout_s=0.05))
+    rig.apps.append(ConsumerApp(rig.conf, rig.topics, CARD, engine, QUICK))
     writer = JobWriter(rig.conf, rig.topics)
     writer.write_share("small", JobPolicy(weight=4), int(time.time() * 1000))
     sent: dict[str, int] = {"big": 0, "small": 0}

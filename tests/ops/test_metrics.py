@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from processor import __version__
-from processor.apps.consumer import ConsumerApp
+from processor.apps.consumer import ConsumerApp, ConsumerHooks
 from processor.core.contract import Contract
 from processor.core.item import Item, ItemOutcome
 from processor.ops.consumer_metrics import ConsumerMetrics
@@ -151,7 +151,7 @@ def test_consumer_app_metrics_read_the_apps_stats() -> None:
         TopicNames(),
         contract,
         SimEngine(CardSpec(), 0.0),
-        on_engine=metrics.engine_ran,
+        hooks=ConsumerHooks(on_engine=metrics.engine_ran),
     )
     metrics.watch(app)
     app.stats.ok, app.stats.rejected, app.stats.batches = 5, 2, 3
