@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.cli.serve import Serving
 
 if TYPE_CHECKING:
     from processor.jobs.collect import Collection, JobCollector
@@ -200,14 +200,8 @@ def _newer(a: Path, b: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from confluent_kafka import KafkaException
-
-    from processor.jobs.collect import CollectError
     from processor.jobs.datasets import need_pyarrow
-    from processor.jobs.topic import JobsTopicError
     from processor.kafka.config import ConfigError
-    from processor.kafka.pipelines import NoSuchPipeline, check_pipeline
-    from processor.kafka.reach import wait_for_cluster
 
     try:
         for name in ("poll_s", "jobs_refresh_s", "progress_every_s"):
@@ -222,20 +216,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     setup_logging(args.log_level, args.log_format)
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with Serving(PROG, log) as serving:
+        return _collect(serving, conf, topics, out_dir, args)
+
+
+def _collect(
+    serving: Serving, conf: dict[str, str], topics: TopicNames, out_dir: Path, args: argparse.Namespace
+) -> int:
+    """Wait for the cluster, then collect until stopped; the exit status (the service is closed
+    however it ends)."""
+    from confluent_kafka import KafkaException
+
+    from processor.jobs.collect import CollectError
+    from processor.jobs.topic import JobsTopicError
+    from processor.kafka.pipelines import NoSuchPipeline, check_pipeline
+
     service: CollectorService | None = None
     try:
-        if not wait_for_cluster(conf, stop, log):  # said once, retried until the cluster answers
-            log.info("stopped before Kafka answered")
+        if not serving.cluster_answered(conf):  # said once, retried until the cluster answers
             return 0
         try:
             check_pipeline(conf, topics)
         except NoSuchPipeline as exc:  # a typo in --topic-prefix: collect nothing under it
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            serving.error(exc)
             return 2
         service = CollectorService(conf, topics, out_dir, args.format, progress_every_s=args.progress_every_s)
-        serve(service, stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
+        serve(service, serving.stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
         open_jobs = sorted(service.collection.collectors)
         log.info(
             "stopped: %d jobs complete, open: %s (their journals resume)",
@@ -243,11 +249,9 @@ def run(args: argparse.Namespace) -> int:
             ", ".join(open_jobs) or "none",
         )
     except (CollectError, JobsTopicError, KafkaException) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        serving.error(exc)
         return 1 if isinstance(exc, KafkaException) else 2  # the broker, or this job's state
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if service is not None:
             service.close()
     return 0

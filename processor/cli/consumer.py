@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
@@ -28,6 +27,7 @@ from processor.cli.options import (
     kafka_settings,
     watchdog_from,
 )
+from processor.cli.serve import Serving, printed_exit
 from processor.core.contract import BATCHING_MODES, Contract
 from processor.core.serving import SEPARATOR, serving_key
 from processor.engines.base import ENGINES
@@ -154,9 +154,8 @@ def run(args: argparse.Namespace) -> int:
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure
-    from processor.kafka.reach import wait_for_cluster
     from processor.ops.consumer_metrics import ConsumerMetrics
-    from processor.ops.health import ServingHealth, start_http
+    from processor.ops.health import ServingHealth
 
     try:
         if not CONSUMER_ID.match(args.id):
@@ -190,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     setup_logging("DEBUG" if args.verbose else args.log_level, args.log_format)
-    logging.getLogger("tokenfabric.consumer").info("kafka client settings: %s", describe(conf))
+    log = logging.getLogger("tokenfabric.consumer")
+    log.info("kafka client settings: %s", describe(conf))
     metrics = ConsumerMetrics(contract.consumer)
     app = ConsumerApp(
         metrics.kafka_conf(conf) if http is not None else conf,
@@ -202,36 +202,18 @@ def run(args: argparse.Namespace) -> int:
         watchdog=watchdog,
     )
     metrics.watch(app)
-    try:
-        server = start_http(http, metrics.registry, ServingHealth())
-    except OSError as exc:
-        engine.close()
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    install_stop_handlers(stop)
-    try:
-        if not wait_for_cluster(conf, stop, logging.getLogger("tokenfabric.consumer")):
-            print(f"{PROG}: stopped before Kafka answered", file=sys.stderr)
-            return 0
-        stats = app.run(stop)
-    except (KafkaException, ConsumerAppError, TransientFailure, Superseded) as exc:
-        return _failed(exc)
-    except KeyboardInterrupt:
-        print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
-        return 130
-    finally:
-        if server is not None:
-            server.close()
+    with Serving(PROG, log, install_stop_handlers, said_on_stderr=True) as serving:
+        if not serving.serve_http(http, metrics.registry, ServingHealth()):
+            engine.close()
+            return 2
+        try:
+            if not serving.cluster_answered(conf):
+                return 0
+            stats = app.run(serving.stop)
+        except (KafkaException, ConsumerAppError, TransientFailure, Superseded) as exc:
+            return printed_exit(PROG, exc)
+        except KeyboardInterrupt:
+            print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
+            return 130
     print(f"consumer {args.id}: {stats.summary()}")
     return 0
-
-
-def _failed(exc: BaseException) -> int:
-    """One line on stderr, and the exit code that says whether a restart recovers (processor.kafka.exits)."""
-    from processor.kafka.exits import EXIT_TEMPFAIL, exit_code
-
-    code = exit_code(exc)
-    hint = f" (exit {EXIT_TEMPFAIL}: a restart recovers)" if code == EXIT_TEMPFAIL else ""
-    print(f"{PROG}: error: {exc}{hint}", file=sys.stderr)
-    return code

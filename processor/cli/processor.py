@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
+from typing import TYPE_CHECKING
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
@@ -31,9 +30,15 @@ from processor.cli.options import (
     lanes_from,
     watchdog_from,
 )
+from processor.cli.serve import Serving, logged_exit
 from processor.core.shares import ShareSettings
 from processor.kafka.topics import RETENTION_MS
 from processor.ops.health import PROCESSOR_PORT, add_http_arguments, http_settings
+
+if TYPE_CHECKING:
+    from processor.apps.settings import ProcessorSettings
+
+PROG = "tokenfabric processor"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -118,81 +123,37 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.apps.service import ProcessorService
-    from processor.apps.settings import ProcessorSettings
     from processor.kafka.config import ConfigError, describe
-    from processor.kafka.exits import (
-        EXIT_SUPERSEDED,
-        EXIT_TEMPFAIL,
-        EXIT_USAGE,
-        Superseded,
-        TransientFailure,
-        WrongSettings,
-        exit_code,
-    )
-    from processor.kafka.reach import wait_for_cluster
-    from processor.ops.health import ProcessorHealth, start_http
+    from processor.kafka.exits import Superseded, TransientFailure, WrongSettings
+    from processor.ops.health import ProcessorHealth
     from processor.ops.kafka_stats import KafkaStats
     from processor.ops.metrics import processor_registry
 
     setup_logging(args.log_level, args.log_format)
     try:
-        lanes, dispatch = lanes_from(args)
-        settings = ProcessorSettings(
-            instance=args.instance,
-            group_id=args.group,
-            lanes=lanes,
-            dispatch=dispatch,
-            shares=ShareSettings(slack_tokens=args.share_slack_tokens, max_jobs=args.max_jobs),
-            commit_interval_ms=args.commit_interval_ms,
-            exactly_once=not args.at_least_once,
-            max_waiting_tokens=args.max_waiting_tokens,
-            session_timeout_ms=args.session_timeout_ms,
-            transaction_timeout_ms=args.transaction_timeout_ms,
-            dedupe_window_ms=args.dedupe_window_ms,
-            dedupe_max_ids=args.dedupe_max_ids,
-        )
+        settings = _settings(args)
         http = http_settings(args, PROCESSOR_PORT)
         watchdog = watchdog_from(args)
         conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
     except (ConfigError, ValueError) as exc:
-        print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     log = logging.getLogger("tokenfabric.processor")
     log.info("kafka client settings: %s", describe(conf))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    if not wait_for_cluster(conf, stop, log):  # no broker yet: said once, retried until one answers
-        log.info("stopped before Kafka answered")
-        return 0
-    kafka_stats = KafkaStats()  # librdkafka's statistics for /metrics, reported only when it is served
-    service = ProcessorService(kafka_stats.attach(conf) if http is not None else conf, topics, settings)
-    service.watchdog = watchdog
-    server = None
-    if http is not None:
-        health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)
+    with Serving(PROG, log) as serving:
+        if not serving.cluster_answered(conf):  # no broker yet: said once, retried until one answers
+            return 0
+        kafka_stats = KafkaStats()  # librdkafka's statistics for /metrics, reported only when it is served
+        service = ProcessorService(kafka_stats.attach(conf) if http is not None else conf, topics, settings)
+        service.watchdog = watchdog
+        if http is not None:
+            health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)
+            if not serving.serve_http(http, processor_registry(service, extra=[kafka_stats]), health):
+                return 2
         try:
-            server = start_http(http, processor_registry(service, extra=[kafka_stats]), health)
-        except OSError as exc:
-            print(f"tokenfabric processor: error: {exc}", file=sys.stderr)
-            return 2
-    try:
-        service.run(stop)
-    except (KafkaException, TransientFailure, Superseded, WrongSettings) as exc:
-        code = exit_code(exc)
-        if code == EXIT_USAGE:
-            log.error("%s (exit %d)", exc, code)
-            return code
-        if code == EXIT_SUPERSEDED:
-            log.error("%s", exc)
-            return code
-        if code != EXIT_TEMPFAIL:
-            raise
-        log.error("%s: exiting with %d, a restart recovers from the last commit", exc, code)
-        return code
-    finally:
-        if server is not None:
-            server.close()
+            service.run(serving.stop)
+        except (KafkaException, TransientFailure, Superseded, WrongSettings) as exc:
+            return logged_exit(log, exc)
     c = service.counters
     log.info(
         "stopped: consumed %d, dead-lettered %d, batches %d, completions %d",
@@ -202,3 +163,24 @@ def run(args: argparse.Namespace) -> int:
         c.completions,
     )
     return 0
+
+
+def _settings(args: argparse.Namespace) -> ProcessorSettings:
+    """The processor's settings from its flags; raises ValueError naming the flag."""
+    from processor.apps.settings import ProcessorSettings
+
+    lanes, dispatch = lanes_from(args)
+    return ProcessorSettings(
+        instance=args.instance,
+        group_id=args.group,
+        lanes=lanes,
+        dispatch=dispatch,
+        shares=ShareSettings(slack_tokens=args.share_slack_tokens, max_jobs=args.max_jobs),
+        commit_interval_ms=args.commit_interval_ms,
+        exactly_once=not args.at_least_once,
+        max_waiting_tokens=args.max_waiting_tokens,
+        session_timeout_ms=args.session_timeout_ms,
+        transaction_timeout_ms=args.transaction_timeout_ms,
+        dedupe_window_ms=args.dedupe_window_ms,
+        dedupe_max_ids=args.dedupe_max_ids,
+    )
