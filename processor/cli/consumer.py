@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
@@ -33,6 +34,9 @@ from processor.core.serving import SEPARATOR, serving_key
 from processor.engines.base import ENGINES
 from processor.ops.health import CONSUMER_PORT, add_http_arguments, http_settings
 from processor.wire.records import COMPLETION_FORMS
+
+if TYPE_CHECKING:
+    from processor.apps.settings import ConsumerSettings
 
 PROG = "tokenfabric consumer"
 
@@ -146,10 +150,26 @@ def _contract(args: argparse.Namespace) -> Contract:
     )
 
 
+def _settings(args: argparse.Namespace) -> ConsumerSettings:
+    """The app's settings from the flags; ValueError naming a flag that is missing or cannot work."""
+    from processor.apps.settings import ConsumerSettings
+
+    required = ("model", "budget", "items") if args.batching == "tokens" else ("model", "items")
+    missing = [f"--{n}" for n in required if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} required to run a consumer")
+    return ConsumerSettings(
+        max_batches=args.max_batches,
+        idle_exit_s=args.idle_exit_s,
+        completions=args.completions,
+        exactly_once=not args.at_least_once,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from processor.apps.consumer import ConsumerApp, ConsumerAppError, ConsumerHooks, ConsumerSettings, retire
+    from processor.apps.consumer import ConsumerApp, ConsumerAppError, ConsumerHooks, retire
     from processor.core.contract import CONSUMER_ID
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
@@ -165,16 +185,7 @@ def run(args: argparse.Namespace) -> int:
             retire(conf, topics, args.id)
             print(f"retired consumer {args.id}: tombstone on {topics.contracts}")
             return 0
-        required = ("model", "budget", "items") if args.batching == "tokens" else ("model", "items")
-        missing = [f"--{n}" for n in required if getattr(args, n) is None]
-        if missing:
-            raise ValueError(f"{' and '.join(missing)} required to run a consumer")
-        settings = ConsumerSettings(  # refuses what cannot work
-            max_batches=args.max_batches,
-            idle_exit_s=args.idle_exit_s,
-            completions=args.completions,
-            exactly_once=not args.at_least_once,
-        )
+        settings = _settings(args)
         contract = _contract(args)
         http = http_settings(args, CONSUMER_PORT)
         watchdog = watchdog_from(args)
