@@ -99,7 +99,7 @@ class ConsumerMetrics:
                 observe(max(0, completed_ms - item.produced_ms) / 1000)
 
     def hooks(self) -> dict[str, Any]:
-        """The app's ``on_engine`` and ``on_completed`` arguments."""
+        """The app's ``on_engine`` and ``on_completed`` hooks: ``ConsumerHooks(**metrics.hooks())``."""
         return {"on_engine": self.engine_ran, "on_completed": self.completed}
 
     def kafka_conf(self, conf: Mapping[str, str]) -> dict[str, Any]:
