@@ -52,7 +52,7 @@ from processor.kafka.clients import (
     static_member_present,
 )
 from processor.kafka.exits import MissingTopics, ended_by, taking_over
-from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
+from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
@@ -138,19 +138,20 @@ class ProcessorService:
         self.control: ConsumerClient = clients.consumer(
             control_settings(self.conf, f"{s.group_id}-control-{s.instance}")
         )
-        self.mode = self._delivery_mode(s)
+        self.producer, self.mode = self._delivery_mode(s)
         self.control_plane = ControlPlane(self._control_context())
         self.intake = Intake(self.core, self.mode, topics, self.counters, s.dedupe_window_ms)
         self.handover = PartitionHandover(self._handover_context())
 
-    def _delivery_mode(self, s: ProcessorSettings) -> DeliveryMode:
-        """The delivery mode, chosen once: everything else asks its roles what the mode means."""
+    def _delivery_mode(self, s: ProcessorSettings) -> tuple[ProducerClient, DeliveryMode]:
+        """The delivery mode and its batch producer, chosen once: everything else asks the mode's
+        roles what the mode means."""
         if not s.exactly_once:
-            self.producer = self.clients.producer(batch_producer_settings(self.conf))
-            clients = CommitClients(self.producer, self.ingest, self.control)
-            return at_least_once(clients, self.topics, s.instance, s.commit_interval_ms)
+            producer = self.clients.producer(batch_producer_settings(self.conf))
+            clients = CommitClients(producer, self.ingest, self.control)
+            return producer, at_least_once(clients, self.topics, s.instance, s.commit_interval_ms)
         producer_settings = batch_producer_settings(self.conf, self.identity, s.transaction_timeout_ms)
-        self.producer = self.clients.producer(producer_settings)
+        producer = self.clients.producer(producer_settings)
         options = ExactlyOnceOptions(
             is_in_flight=self.core.is_in_flight,
             done_items=self.core.done_items,
@@ -158,8 +159,8 @@ class ProcessorService:
             dedupe_window_ms=s.dedupe_window_ms,
             dedupe_max_ids=s.dedupe_max_ids,
         )
-        clients = CommitClients(self.producer, self.ingest, self.control)
-        return exactly_once(clients, self.topics, s.instance, s.commit_interval_ms, options)
+        clients = CommitClients(producer, self.ingest, self.control)
+        return producer, exactly_once(clients, self.topics, s.instance, s.commit_interval_ms, options)
 
     def _control_context(self) -> ControlContext:
         return ControlContext(
