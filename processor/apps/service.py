@@ -408,7 +408,7 @@ class ProcessorService:
         except LedgerImbalance as exc:
             self.ledger_error = str(exc)
             raise
-        self.control_plane.answer_ended(now)  # the ledger checkpointed below counts them: answers go with it
+        self.control_plane.answer_ended(self.now_ms())  # the checkpoint below counts them: answers go with it
         with guarded(self.watchdog, "the transaction commit"):
             seconds = durability.commit(self._snapshot_bytes)
         self.counters.batches_delivered = durability.batches_delivered
