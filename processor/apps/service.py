@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from confluent_kafka import TopicPartition
 
+from processor.apps.backpressure import Backpressure
 from processor.apps.checkpoint import checkpoint_record, share_counters
 from processor.apps.control import ControlContext, ControlPlane
 from processor.apps.intake import Intake
@@ -124,7 +125,6 @@ class ProcessorService:
         self._checkpoint_seq = 0
         self._last_tick = -1 << 62
         self.unserved_watch = UnservedWatch()
-        self.ingest_paused = False
         self.credits = CreditBook(0)
         self.results = ResultsCursor()
         self.watchdog: CallWatchdog | None = None
@@ -141,6 +141,7 @@ class ProcessorService:
         self.producer, self.mode = self._delivery_mode(s)
         self.control_plane = ControlPlane(self._control_context())
         self.intake = Intake(self.core, self.mode, topics, self.counters, s.dedupe_window_ms)
+        self.backpressure = Backpressure(self.ingest, s.max_waiting_tokens, self.core, self.counters)
         self.handover = PartitionHandover(self._handover_context())
 
     def _delivery_mode(self, s: ProcessorSettings) -> tuple[ProducerClient, DeliveryMode]:
@@ -221,6 +222,11 @@ class ProcessorService:
     def owned(self) -> frozenset[int]:
         """The ingest partitions whose lane state this instance holds (exactly-once)."""
         return self.handover.owned
+
+    @property
+    def ingest_paused(self) -> bool:
+        """Whether backpressure holds ingest paused now."""
+        return self.backpressure.paused
 
     @property
     def restoring_since_s(self) -> float | None:
@@ -349,7 +355,7 @@ class ProcessorService:
             self.core.tick(now)
             self._last_tick = now
             self._say_unserved(now)
-        self._backpressure()
+        self.backpressure.update()
         self._commit()
         self.last_step_s = self._clock()
         return len(msgs)
@@ -363,23 +369,6 @@ class ProcessorService:
                 items,
                 tokens,
             )
-
-    def _backpressure(self) -> None:
-        """Pause ingest at the cap, resume once 10% of it has drained (hysteresis: no flapping)."""
-        cap = self.settings.max_waiting_tokens
-        if not cap:
-            return
-        waiting = self.core.view.waiting().tokens
-        assignment = self.ingest.assignment()
-        if not self.ingest_paused and waiting >= cap and assignment:
-            self.ingest.pause(assignment)
-            self.ingest_paused = True
-            self.counters.backpressure_pauses += 1
-            log.warning("backpressure: %d tokens waiting >= cap %d; ingest paused", waiting, cap)
-        elif self.ingest_paused and waiting <= cap * 0.9:
-            self.ingest.resume(assignment)
-            self.ingest_paused = False
-            log.info("backpressure: %d tokens waiting; ingest resumed", waiting)
 
     def _send_batch(self, batch: Batch) -> None:
         contract = self.core.view.contract(batch.consumer)
