@@ -1,6 +1,6 @@
 """The processor's checkpoint record: the ledger plus the gauges ``status`` shows beside it.
 
-Written with every commit (processor/state/commit.py), so what ``status`` and a restart read always
+Written with every commit (processor/state/durability.py), so what ``status`` and a restart read always
 matches the committed state. Kept apart from the service loop: it only reads the core.
 """
 

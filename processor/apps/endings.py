@@ -4,7 +4,7 @@ completions it writes for the items of a job that ended, and the wait for the re
 The core withdraws the waiting items of a cancelled or expired job (processor/core/endings.py); the
 processor answers each with a completion of that status on the results topic, in the transaction
 that also drops the items from the changelog's waiting sets and checkpoints the ledger that counts
-them (``Committer.withdrawn``), so a crash either keeps the items waiting and unanswered (the
+them (``LaneLog.withdrawn``), so a crash either keeps the items waiting and unanswered (the
 restarted processor withdraws and answers them again) or has done all three. Their
 ``CompletionBatch`` has ``batch_id`` "" and ``consumer`` "": no batch held them, and the processor,
 which reads the results topic, passes over its own answers by that empty ``batch_id``.
@@ -27,7 +27,8 @@ from processor.core.shares import JobPolicy
 from processor.kafka.factory import ConsumerClient
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
-from processor.state.committer import Committer
+from processor.state.durability import Durability
+from processor.state.lane_log import LaneLog
 from processor.wire.completions import encode_completion_batches
 from processor.wire.errors import DecodeError
 from processor.wire.job_share import JobShareRecord, decode_job_share_record
@@ -75,16 +76,18 @@ def apply_job_share_message(core: Scheduler, msg: Any, now_ms: int, topic: str) 
     log.info("job %r: share %s%s", rec.job, rec.policy, f" ({ended})" if ended else "")
 
 
-def answer_ended(core: Scheduler, committer: Committer, topics: TopicNames, now_ms: int) -> int:
+def answer_ended(
+    core: Scheduler, durability: Durability, lanes: LaneLog, topics: TopicNames, now_ms: int
+) -> int:
     """Answer every item the core withdrew since the last call with a completion of its job's
-    ending, through ``committer`` (which drops them from the changelog's waiting sets in the same
-    transaction); returns how many."""
+    ending, told to the lane log ``lanes`` (which drops them from the changelog's waiting sets in
+    the same transaction); returns how many."""
     ended = core.take_ended()
     results = topics.results
     for key, values, items in ended_messages(ended, now_ms, MAX_COMPLETION_BYTES):
         for value in values[:-1]:
-            committer.produce(results, value, key)
-        committer.produce(results, values[-1], key, committer.withdrawn(items))
+            durability.produce(results, value, key)
+        durability.produce(results, values[-1], key, lanes.withdrawn(items))
     return len(ended)
 
 

@@ -28,7 +28,7 @@ class ProcessorSettings:
     group_id: str = ""
     """The ingest consumer group; empty means the pipeline's (``TopicNames.processor_group``)."""
     exactly_once: bool = True
-    """Transactions, changelog and restore (see processor/state/commit.py); False is at-least-once."""
+    """Transactions, changelog and restore (see processor/state/modes.py); False is at-least-once."""
     consume_batch: int = 5000
     """Most ingest messages taken per ``consume`` call."""
     poll_timeout_ms: int = 20

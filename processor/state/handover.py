@@ -6,9 +6,10 @@ handover"). The rebalance protocol is eager: a revocation commits and then, in e
 lets go of everything (the ledger moves it to ``released``); an assignment restores exactly the
 assigned partitions from the changelog (adopting it into the ledger), re-holds the consumer slots
 their batches hold, and rewinds the results reader to where those batches' completions can first
-appear. What differs between the delivery modes is the committer's to say
-(:meth:`~processor.state.committer.Committer.revoked`, :meth:`~processor.state.committer.Committer.assigned`):
-this component never asks which mode it runs in.
+appear. What differs between the delivery modes is the ownership role's to say
+(:meth:`~processor.state.ownership.Ownership.revoked`, :meth:`~processor.state.ownership.Ownership.assigned`):
+this component never asks which mode it runs in, and adopts restored state through the
+:class:`~processor.state.ownership.Restorable` lane log the ownership hands it.
 
 :class:`PartitionHandover` is the one part of the processor that runs inside librdkafka's rebalance
 callbacks rather than the loop. It works only on what its :class:`HandoverContext` gives it, like
@@ -31,10 +32,9 @@ from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
 from processor.state.changelog import ChangelogState
-from processor.state.commit import TransactionalCommitter
-from processor.state.committer import Committer
 from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
+from processor.state.ownership import Ownership, Restorable
 from processor.state.restore import OnWaiting, RestoredState
 from processor.state.results import ResultsCursor
 from processor.wire.records import LedgerSnapshotRecord
@@ -63,7 +63,8 @@ class HandoverContext:
     """Everything the rebalance callbacks work on, passed in by the service that owns them."""
 
     core: Scheduler
-    committer: Committer
+    ownership: Ownership
+    """What a revocation and an assignment mean in the delivery mode (processor/state/ownership.py)."""
     credits: CreditBook
     results: ResultsCursor
     restore: Restorer
@@ -109,15 +110,15 @@ class PartitionHandover:
 
     def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Make everything consumed so far durable while the partitions are still ours, then let the
-        committer say what a revocation means in its mode (exactly-once: let go of all lane state, as
+        ownership say what a revocation means in its mode (exactly-once: let go of all lane state, as
         the eager protocol revokes every partition and ``on_assign`` restores what comes back)."""
         if self.closing:
             return
         self.ctx.commit()
-        self.ctx.committer.revoked(sorted(tp.partition for tp in partitions), self._let_go)
+        self.ctx.ownership.revoked(sorted(tp.partition for tp in partitions), self._let_go)
 
     def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        self.ctx.committer.assigned(sorted(tp.partition for tp in partitions), self._take_over)
+        self.ctx.ownership.assigned(sorted(tp.partition for tp in partitions), self._take_over)
 
     def _let_go(self) -> None:
         """After the commit in ``on_revoke``: forget everything; the next owner restores it."""
@@ -126,7 +127,7 @@ class PartitionHandover:
         self.owned = frozenset()
         self.ctx.credits.reassign(self.owned)
 
-    def _take_over(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
+    def _take_over(self, lanes: Restorable, partitions: list[int]) -> None:
         """Restore the lanes and in-flight batches of ``partitions``, now this instance's."""
         self.restoring_since_s = self.ctx.clock()
         # Restore builds millions of objects and no reference cycles: a collection in the middle
@@ -134,14 +135,14 @@ class PartitionHandover:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            self._restore_partitions(committer, partitions)
+            self._restore_partitions(lanes, partitions)
         finally:
             if collecting:
                 gc.enable()
             self.restoring_since_s = None
             self.finished_s = self.ctx.clock()
 
-    def _restore_partitions(self, committer: TransactionalCommitter, partitions: list[int]) -> None:
+    def _restore_partitions(self, lanes: Restorable, partitions: list[int]) -> None:
         ctx = self.ctx
         self.owned = frozenset(partitions)
         ctx.credits.reassign(self.owned)
@@ -159,23 +160,23 @@ class PartitionHandover:
             # whose clock runs fast) or missing (<= 0) counts as now.
             arrival = timestamp_ms if 0 < timestamp_ms < now else now
             item = IngestItem.from_head(head, arrival, *ref)
-            committer.adopt(item, home)
+            lanes.adopt(item, home)
             adopted.append(item)
 
         state = ctx.restore(partitions, contracts, waiting)
         restore_attempts(adopted, state.changelog)
         adopted.sort(key=arrival_of)  # the core's arrival order is its queue's: oldest first
         ctx.core.adopt_waiting_many(adopted, [it.arrival_ms for it in adopted])  # in one pass
-        committer.adopt_waiting(state.changelog)
+        lanes.adopt_waiting(state.changelog)
         rewind: dict[int, int] = {}
         for batch_id, entry in state.changelog.batches.items():
             batch = self._rebuilt_batch(state, batch_id, now)
-            committer.adopt_batch(batch, state.changelog.homes[batch_id], entry)
+            lanes.adopt_batch(batch, state.changelog.homes[batch_id], entry)
             done = {batch.items[i].id for i in entry.done}
             if ctx.core.adopt_in_flight(batch, now, done):
                 ctx.credits.adopt(entry.consumer, entry.slot, batch_id)
             else:
-                committer.requeued(batch_id, [it for it in batch.items if it.id not in done])
+                lanes.requeued(batch_id, [it for it in batch.items if it.id not in done])
             for p, offset in entry.results_from:
                 rewind[p] = min(offset, rewind.get(p, offset))
         if ctx.results.rewind(rewind):

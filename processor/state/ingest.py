@@ -16,7 +16,7 @@ class IngestItem(Item):
     home: int = -1
     """The changelog partition of its "waiting" record (processor/state/changelog.py)."""
     safe: bool = False
-    """At-least-once: has its last answer (processor/state/commit.py, ``AtLeastOnceCommitter``)."""
+    """At-least-once: has its last answer (processor/state/lane_log.py, ``OffsetLog``)."""
     logged: bool = False
     """Exactly-once: has a committed "waiting" changelog record."""
 

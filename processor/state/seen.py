@@ -2,8 +2,8 @@
 recognised, remembered compactly, written to the changelog and restored.
 
 Pure: no Kafka, no clock. The caller passes ``now_ms`` (wall-clock milliseconds) to every call, and
-the changelog records to write come back as values, so the committer writes them in the transaction
-that commits the offsets of the items they remember (docs/reliability.md, "Producer repeats").
+the changelog records to write come back as values, so the exactly-once lane log writes them in the
+transaction that commits the offsets of the items they remember (docs/reliability.md, "Producer repeats").
 
 Invariants:
 

@@ -372,8 +372,9 @@ def test_a_transaction_the_broker_aborted_after_a_pause_ends_with_a_restartable_
     p.announce(contract())
     p.produce(["a"])
     svc.step()
-    assert isinstance(svc.committer.transaction_age_s(), float)
-    svc.committer._began = (svc.committer._began[0] - 60, svc.committer._began[1] - 60)  # type: ignore[attr-defined]
+    durability = svc.mode.durability
+    assert isinstance(durability.transaction_age_s(), float)
+    durability._began = (durability._began[0] - 60, durability._began[1] - 60)  # type: ignore[attr-defined]
     p.mk.advance(60_000)
     p.mk.expire_transactions()
     p.clock.t += 1

@@ -1,11 +1,11 @@
-"""The committers (processor/state/commit.py) against the session broker.
+"""The delivery modes' roles (processor/state/modes.py) against the session broker.
 
 Exactly-once: what a step produced (batches, changelog records, the checkpoint) and the ingest offsets
 become visible to ``read_committed`` readers together, when the transaction commits; a transaction a
 crash left open shows nothing, and the replacement that fences it leaves the zombie unable to commit.
 At-least-once: an ingest offset is committed only once the batch carrying its item was answered.
 
-The committers are driven the way ProcessorService drives them, with the same client settings
+The roles are driven the way ProcessorService drives them, with the same client settings
 (processor/kafka/clients.py), but without the service: each test decides what was consumed, emitted
 and answered.
 """
@@ -24,10 +24,10 @@ from processor.kafka.clients import batch_producer_settings, control_settings, i
 from processor.kafka.exits import DeliveryFailed
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
-from processor.state import changelog
-from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
-from processor.state.committer import Placement
+from processor.state import changelog, modes
+from processor.state.durability import CommitClients, Transactions
 from processor.state.ingest import IngestItem
+from processor.state.placement import Placement
 from processor.wire.heads import decode_item_head
 from processor.wire.items import decode_batch, encode_batch, encode_token_item
 from processor.wire.records import new_token_item
@@ -36,7 +36,7 @@ from tests.broker.rig import new_topics
 pytestmark = pytest.mark.kafka
 
 CONSUMER = "card"
-SNAPSHOT = b"checkpoint"  # the committer writes whatever bytes the snapshot callable returns
+SNAPSHOT = b"checkpoint"  # the durability writes whatever bytes the snapshot callable returns
 
 
 @pytest.fixture
@@ -151,27 +151,19 @@ def clients() -> Iterator[list[Clients]]:
 
 def transactional(
     conf: dict[str, str], topics: TopicNames, group: str, made: list[Clients], in_flight: set[str]
-) -> TransactionalCommitter:
+) -> modes.DeliveryMode:
     c = Clients(conf, group, f"{group}-p0")
     made.append(c)
     c.ingest.assign([TopicPartition(topics.ingest, p, 0) for p in (0, 1)])
-    return TransactionalCommitter(
-        c.producer,
-        c.ingest,
-        c.control,
-        topics,
-        "p0",
-        100,
-        is_in_flight=in_flight.__contains__,
-        done_items=lambda _batch_id: [],
-        eager_ms=50,
-    )
+    options = modes.ExactlyOnceOptions(in_flight.__contains__, lambda _batch_id: [], eager_ms=50)
+    return modes.exactly_once(CommitClients(c.producer, c.ingest, c.control), topics, "p0", 100, options)
 
 
-def emit(committer: TransactionalCommitter | AtLeastOnceCommitter, topics: TopicNames, batch: Batch) -> None:
+def emit(mode: modes.DeliveryMode, topics: TopicNames, batch: Batch) -> None:
     """What the service does with a batch the core emitted: the slot's partition, then the produce."""
-    deliver = committer.batch_emitted(batch, Placement(1, 0, ((0, 0),)))
-    committer.produce(topics.batches(CONSUMER), encode_batch(batch), batch.batch_id.encode(), deliver)
+    mode.lane_log.batch_emitted(batch, Placement(1, 0, ((0, 0),)))
+    deliver = mode.durability.batch_delivery()
+    mode.durability.produce(topics.batches(CONSUMER), encode_batch(batch), batch.batch_id.encode(), deliver)
 
 
 def test_a_committed_transaction_shows_its_batches_changelog_and_offsets_and_an_open_one_nothing(
@@ -182,13 +174,15 @@ def test_a_committed_transaction_shows_its_batches_changelog_and_offsets_and_an_
     produce_items(conf, names, 0, ["a0", "a1", "a2"])
     produce_items(conf, names, 1, ["b0", "b1", "b2"])
     in_flight = {"batch-1"}
-    committer = transactional(conf, names, group, clients, in_flight)
-    committer.start()
+    mode = transactional(conf, names, group, clients, in_flight)
+    committer = mode.durability
+    assert isinstance(committer, Transactions)
+    committer.start(None)
     items = consume(committer.ingest, 6)
     for it in items:
-        committer.item_seen(it)
+        mode.lane_log.item_seen(it)
     by_id = {it.id: it for it in items}
-    emit(committer, names, batch_of("batch-1", [by_id["a0"], by_id["b0"]]))
+    emit(mode, names, batch_of("batch-1", [by_id["a0"], by_id["b0"]]))
     assert committer.commit(lambda: SNAPSHOT) >= 0
 
     (batch,) = [decode_batch(m.value()) for m in read_topic(conf, names.batches(CONSUMER))]
@@ -213,9 +207,9 @@ def test_a_committed_transaction_shows_its_batches_changelog_and_offsets_and_an_
     produce_items(conf, names, 0, ["a3", "a4"])
     later = consume(committer.ingest, 2)
     for it in later:
-        committer.item_seen(it)
+        mode.lane_log.item_seen(it)
     in_flight.add("batch-2")
-    emit(committer, names, batch_of("batch-2", later))
+    emit(mode, names, batch_of("batch-2", later))
     zombie = committer.producer
     committer.producer = DiesBeforeCommitting(zombie)  # type: ignore[assignment]
     with pytest.raises(Killed):
@@ -223,7 +217,9 @@ def test_a_committed_transaction_shows_its_batches_changelog_and_offsets_and_an_
     assert zombie.flush(30) == 0  # its batch, changelog record and checkpoint did reach the log
 
     replacement = transactional(conf, names, group, clients, set())
-    replacement.start()  # the same transactional id: aborts the open transaction and fences the old one
+    replacement.durability.start(
+        None
+    )  # the same transactional id: aborts the open transaction and fences the old one
     with pytest.raises(KafkaException):
         zombie.commit_transaction(30)
 
@@ -250,14 +246,15 @@ def test_at_least_once_commits_an_offset_only_after_the_batch_holding_its_item_i
     c = Clients(conf, group, None)
     clients.append(c)
     c.ingest.assign([TopicPartition(names.ingest, 0, 0)])
-    committer = AtLeastOnceCommitter(c.producer, c.ingest, c.control, names, "p0", 100)
+    mode = modes.at_least_once(CommitClients(c.producer, c.ingest, c.control), names, "p0", 100)
+    committer = mode.durability
     produce_items(conf, names, 0, ["a0", "a1", "a2", "a3"])
     items = consume(c.ingest, 4)
     for it in items:
-        committer.item_seen(it)
+        mode.lane_log.item_seen(it)
     batch = batch_of("batch-1", items[:2])
-    emit(committer, names, batch)
-    dead = committer.dead_letter(0, 4)  # offset 4 carried no item: dead-lettered, acknowledged below
+    emit(mode, names, batch)
+    dead = mode.lane_log.dead_letter(0, 4)  # offset 4 carried no item: dead-lettered, acknowledged below
 
     committer.commit(lambda: SNAPSHOT)  # nothing delivered yet: the first item is not safe
     assert committed_offsets(conf, names.ingest, group) == {0: 0}
@@ -265,13 +262,14 @@ def test_at_least_once_commits_an_offset_only_after_the_batch_holding_its_item_i
     assert c.producer.flush(30) == 0  # delivered, not yet answered: still read again after a crash
     committer.commit(lambda: SNAPSHOT)
     assert committed_offsets(conf, names.ingest, group) == {0: 0}
-    committer.batch_finished("batch-1")  # answered: a0 and a1 are safe, a2 still waits
+    mode.lane_log.batch_finished("batch-1")  # answered: a0 and a1 are safe, a2 still waits
     committer.commit(lambda: SNAPSHOT)
     assert committed_offsets(conf, names.ingest, group) == {0: 2}
 
     items[2].safe = items[3].safe = True  # as if dispatched, delivered and answered
     committer.commit(lambda: SNAPSHOT)
     assert committed_offsets(conf, names.ingest, group) == {0: 4}  # the dead letter is not yet acknowledged
+    assert dead is not None
     dead(None, None)
     committer.commit(lambda: SNAPSHOT)
     assert committed_offsets(conf, names.ingest, group) == {0: 5}
@@ -286,12 +284,14 @@ def test_at_least_once_keeps_the_offset_of_an_item_whose_batch_was_not_delivered
     c = Clients({**conf, "message.timeout.ms": "1500"}, group, None)
     clients.append(c)
     c.ingest.assign([TopicPartition(names.ingest, 0, 0)])
-    committer = AtLeastOnceCommitter(c.producer, c.ingest, c.control, names, "p0", 100)
+    mode = modes.at_least_once(CommitClients(c.producer, c.ingest, c.control), names, "p0", 100)
+    committer = mode.durability
     produce_items(conf, names, 0, ["a0"])
     (item,) = consume(c.ingest, 1)
-    committer.item_seen(item)
+    mode.lane_log.item_seen(item)
     batch = batch_of("batch-1", [item])
-    deliver = committer.batch_emitted(batch)
+    mode.lane_log.batch_emitted(batch, None)
+    deliver = committer.batch_delivery()
     committer.produce(
         f"{names.prefix}.batches.nobody", encode_batch(batch), b"batch-1", deliver
     )  # no such topic

@@ -1,6 +1,7 @@
-"""A committer wired as the processor service wires it, over the in-memory Kafka: the same client
-settings (processor/kafka/clients.py), a real scheduler behind ``is_in_flight`` and ``done_items``,
-and helpers to consume items, dispatch them and read back what ``read_committed`` readers see."""
+"""A delivery mode's roles wired as the processor service wires them, over the in-memory Kafka: the
+same client settings (processor/kafka/clients.py), a real scheduler behind ``is_in_flight`` and
+``done_items``, and helpers to consume items, dispatch them and read back what ``read_committed``
+readers see."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from processor.kafka.clients import batch_producer_settings, control_settings, i
 from processor.kafka.factory import ConsumerClient, ProducerClient
 from processor.kafka.memory import MemoryKafka
 from processor.kafka.topics import TopicNames, topic_specs
-from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
-from processor.state.committer import Placement
+from processor.state import modes
 from processor.state.credits import CreditBook
+from processor.state.durability import CommitClients
 from processor.state.ingest import IngestItem
+from processor.state.modes import DeliveryMode, ExactlyOnceOptions
+from processor.state.placement import Placement
 from processor.state.results import ResultsCursor
 from processor.wire.heads import decode_item_head
 from processor.wire.items import encode_token_item
@@ -47,7 +50,7 @@ class Rig:
     control: ConsumerClient
     core: Scheduler
     clock: Clock
-    committer: TransactionalCommitter | AtLeastOnceCommitter
+    mode: DeliveryMode
     credits: CreditBook = field(default_factory=lambda: CreditBook(2))
     results: ResultsCursor = field(default_factory=ResultsCursor)
 
@@ -61,12 +64,12 @@ class Rig:
         producer.flush()
 
     def consume(self, n: int = 100) -> list[IngestItem]:
-        """The next ingest messages as the service makes items of them, seen by the committer."""
+        """The next ingest messages as the service makes items of them, told to the lane log."""
         items = []
         for msg in self.ingest.consume(n, 0):
             head = decode_item_head(msg.value())
             item = IngestItem.from_head(head, 0, msg.partition(), msg.offset())
-            self.committer.item_seen(item)
+            self.mode.lane_log.item_seen(item)
             items.append(item)
         self.core.submit_many(items, [0] * len(items))
         return items
@@ -75,15 +78,16 @@ class Rig:
         """Dispatch as the service's ``_send_batch`` does: a placement, then the produce."""
         batches = self.core.dispatch(0)
         for batch in batches:
-            placement = self.committer.place(batch, self.credits, CONTRACT.max_inflight, self.results)
-            delivered = self.committer.batch_emitted(batch, placement)
-            self.committer.produce(
+            placement = self.mode.placement.place(batch, self.credits, CONTRACT.max_inflight, self.results)
+            self.mode.lane_log.batch_emitted(batch, placement)
+            delivered = self.mode.durability.batch_delivery()
+            self.mode.durability.produce(
                 self.topics.batches(CONSUMER), b"batch", batch.batch_id.encode(), delivered
             )
         return batches
 
     def commit(self) -> float:
-        return self.committer.commit(lambda: b"checkpoint")
+        return self.mode.durability.commit(lambda: b"checkpoint")
 
     def visible(self, topic: str) -> list[tuple[bytes | None, bytes | None]]:
         """(key, value) of what a read_committed reader of ``topic`` would see."""
@@ -98,7 +102,7 @@ class Rig:
 
 
 def rig(exactly_once: bool = True, dedupe_window_ms: int = 0, partitions: int = 2) -> Rig:
-    """A committer of either mode with its clients, subscribed to a fresh pipeline's ingest topic."""
+    """A delivery mode of either kind with its clients, subscribed to a fresh pipeline's ingest topic."""
     mk = MemoryKafka()
     topics = TopicNames("mem")
     mk.create_topics(topic_specs(topics, ingest_partitions=partitions, consumers=[CONSUMER]))
@@ -108,13 +112,9 @@ def rig(exactly_once: bool = True, dedupe_window_ms: int = 0, partitions: int = 
     control = clients.consumer(control_settings({}, f"{group}-control-p0"))
     core = Scheduler()
     clock = Clock()
-    args = (ingest, control, topics, "p0", 500)
-    committer: TransactionalCommitter | AtLeastOnceCommitter
     if exactly_once:
         producer = clients.producer(batch_producer_settings({}, f"{group}-p0", TXN_TIMEOUT_MS))
-        committer = TransactionalCommitter(
-            producer,
-            *args,
+        options = ExactlyOnceOptions(
             is_in_flight=core.is_in_flight,
             done_items=core.done_items,
             eager_ms=50,
@@ -123,15 +123,16 @@ def rig(exactly_once: bool = True, dedupe_window_ms: int = 0, partitions: int = 
             wall_ms=lambda: int(clock.t * 1000),
             stamp=clock.stamp,
         )
+        mode = modes.exactly_once(CommitClients(producer, ingest, control), topics, "p0", 500, options)
     else:
         producer = clients.producer(batch_producer_settings({}))
-        committer = AtLeastOnceCommitter(producer, *args)
-    out = Rig(mk, topics, producer, ingest, control, core, clock, committer, CreditBook(partitions))
+        mode = modes.at_least_once(CommitClients(producer, ingest, control), topics, "p0", 500)
+    out = Rig(mk, topics, producer, ingest, control, core, clock, mode, CreditBook(partitions))
     ingest.subscribe([topics.ingest])
     ingest.consume(0, 0)  # joins the group: every partition is this member's
     out.credits.reassign(frozenset(range(partitions)))
-    core.set_contract(CONTRACT, committer.slot_share(out.credits, CONTRACT.max_inflight))
-    committer.start()
+    core.set_contract(CONTRACT, mode.placement.slot_share(out.credits, CONTRACT.max_inflight))
+    mode.durability.start(None)
     return out
 
 

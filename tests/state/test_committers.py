@@ -1,4 +1,4 @@
-"""Both committers (processor/state/commit.py) and every failure path of a commit, without a broker.
+"""Both delivery modes' roles (processor/state/modes.py) and every failure path of a commit, without a broker.
 
 Driven the way the processor service drives them, over the in-memory Kafka (processor/kafka/memory.py)
 with the service's client settings: what becomes visible to ``read_committed`` readers and when, what
@@ -7,6 +7,8 @@ same paths run against a real broker in tests/broker/test_commit.py and tests/br
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException
@@ -21,26 +23,31 @@ from processor.kafka.exits import (
 )
 from processor.kafka.memory import error
 from processor.state import changelog
-from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
-from processor.state.committer import Placement
+from processor.state.changelog_writer import ChangelogWriter
+from processor.state.durability import PlainCommits, Transactions
+from processor.state.lane_log import OffsetLog
+from processor.state.placement import Placement
 from tests.state.committing import CONSUMER, CONTRACT, TXN_TIMEOUT_MS, Rig, rig
 
 
-def eo(**kwargs: object) -> tuple[Rig, TransactionalCommitter]:
+def eo(**kwargs: object) -> tuple[Rig, Any]:
+    """An exactly-once rig and its roles (typed ``Any``: tests read the concrete roles' state)."""
     r = rig(exactly_once=True, **kwargs)  # type: ignore[arg-type]
-    assert isinstance(r.committer, TransactionalCommitter)
-    return r, r.committer
+    assert isinstance(r.mode.durability, Transactions) and isinstance(r.mode.lane_log, ChangelogWriter)
+    return r, r.mode
 
 
-def alo() -> tuple[Rig, AtLeastOnceCommitter]:
+def alo() -> tuple[Rig, Any]:
     r = rig(exactly_once=False)
-    assert isinstance(r.committer, AtLeastOnceCommitter)
-    return r, r.committer
+    assert isinstance(r.mode.durability, PlainCommits) and isinstance(r.mode.lane_log, OffsetLog)
+    return r, r.mode
 
 
 def exit_of(r: Rig, exc: BaseException) -> int:
     """The exit code the processor would end with (processor.apps.service._ended_by)."""
-    return exit_code(ended_by(exc, "processor p0", r.committer.transaction_age_s(), TXN_TIMEOUT_MS / 1000))
+    return exit_code(
+        ended_by(exc, "processor p0", r.mode.durability.transaction_age_s(), TXN_TIMEOUT_MS / 1000)
+    )
 
 
 # -- exactly-once: what commits, together --------------------------------------------------------
@@ -48,7 +55,7 @@ def exit_of(r: Rig, exc: BaseException) -> int:
 
 def test_start_fences_older_sessions_and_opens_a_transaction() -> None:
     r, c = eo()
-    assert c.in_transaction and r.mk.calls[:0] == [] and "init_transactions" in r.mk.calls
+    assert c.durability.in_transaction and r.mk.calls[:0] == [] and "init_transactions" in r.mk.calls
     assert r.mk.calls.index("init_transactions") < r.mk.calls.index("begin_transaction")
 
 
@@ -69,11 +76,11 @@ def test_batches_count_as_delivered_when_their_transaction_commits_not_when_emit
     r.produce_items(0, ["a", "b", "c"])
     r.consume()
     batches = r.dispatch()
-    assert len(batches) == 2 and c.batches_delivered == 0
+    assert len(batches) == 2 and c.durability.batches_delivered == 0
     r.commit()
-    assert c.batches_delivered == 2
+    assert c.durability.batches_delivered == 2
     r.commit()
-    assert c.batches_delivered == 2  # counted once
+    assert c.durability.batches_delivered == 2  # counted once
 
 
 def test_a_waiting_item_is_logged_in_the_changelog_partition_of_its_ingest_partition() -> None:
@@ -101,7 +108,7 @@ def test_an_emitted_batch_leaves_the_waiting_set_and_is_logged_then_tombstoned_w
     assert state.waiting == {} and list(state.batches) == [batch.batch_id]
     for item in batch.items:
         r.core.item_done(batch.batch_id, item.id, True, 1)
-    c.batch_finished(batch.batch_id)
+    c.lane_log.batch_finished(batch.batch_id)
     r.commit()
     for p, _o, rec in r.mk.records(r.topics.changelog):
         state.apply(rec.key, rec.value, p)
@@ -116,7 +123,7 @@ def test_items_of_a_requeued_batch_are_logged_as_waiting_again() -> None:
     r.commit()
     returned = r.core.retire(CONSUMER, 5)
     assert [b.batch_id for b in returned] == [batch.batch_id]
-    c.requeued(batch.batch_id, batch.items)
+    c.lane_log.requeued(batch.batch_id, batch.items)
     r.commit()
     state = changelog.ChangelogState()
     for p, _o, rec in r.mk.records(r.topics.changelog):
@@ -126,11 +133,11 @@ def test_items_of_a_requeued_batch_are_logged_as_waiting_again() -> None:
 
 def test_due_waits_the_interval_but_commits_early_when_a_batch_waits_for_its_transaction() -> None:
     r, c = eo()
-    assert c.due(1_000) and not c.due(1_100)
+    assert c.durability.due(1_000) and not c.durability.due(1_100)
     r.produce_items(0, ["a"])
     r.consume()
     r.dispatch()
-    assert not c.due(1_049) and c.due(1_050)  # eager_ms 50 after the last commit
+    assert not c.durability.due(1_049) and c.durability.due(1_050)  # eager_ms 50 after the last commit
 
 
 def test_exactly_once_needs_a_placement_for_every_batch() -> None:
@@ -139,7 +146,7 @@ def test_exactly_once_needs_a_placement_for_every_batch() -> None:
     r.consume()
     (batch,) = r.core.dispatch(0)
     with pytest.raises(ValueError, match="needs its changelog placement"):
-        c.batch_emitted(batch, None)
+        c.lane_log.batch_emitted(batch, None)
 
 
 def test_a_placement_takes_a_slot_and_records_where_completions_can_first_appear() -> None:
@@ -148,7 +155,7 @@ def test_a_placement_takes_a_slot_and_records_where_completions_can_first_appear
     r.produce_items(0, ["a"])
     r.consume()
     (batch,) = r.core.dispatch(0)
-    placement = c.place(batch, r.credits, CONTRACT.max_inflight, r.results)
+    placement = c.placement.place(batch, r.credits, CONTRACT.max_inflight, r.results)
     assert placement == Placement(0, 0, ((0, 7), (1, 3)))
     assert r.credits.held(CONSUMER) == 1
 
@@ -156,9 +163,9 @@ def test_a_placement_takes_a_slot_and_records_where_completions_can_first_appear
 def test_slots_are_shared_by_owned_partitions_in_exactly_once_and_all_held_in_at_least_once() -> None:
     r, c = eo()
     r.credits.reassign(frozenset({0}))
-    assert c.slot_share(r.credits, 4) == 2
+    assert c.placement.slot_share(r.credits, 4) == 2
     r2, c2 = alo()
-    assert c2.slot_share(r2.credits, 4) is None
+    assert c2.placement.slot_share(r2.credits, 4) is None
 
 
 # -- exactly-once: failure paths ----------------------------------------------------------------
@@ -227,7 +234,7 @@ def test_a_fence_of_a_transaction_past_its_timeout_is_the_brokers_abort_and_a_re
     r.mk.expire_transactions()
     with pytest.raises(KafkaException) as caught:
         r.commit()
-    assert r.committer.transaction_age_s() > TXN_TIMEOUT_MS / 1000
+    assert r.mode.durability.transaction_age_s() > TXN_TIMEOUT_MS / 1000
     assert exit_of(r, caught.value) == EXIT_TEMPFAIL
     assert r.visible(r.topics.changelog) == [] and r.committed_offsets() == {}
 
@@ -235,11 +242,11 @@ def test_a_fence_of_a_transaction_past_its_timeout_is_the_brokers_abort_and_a_re
 def test_a_transaction_age_is_zero_between_transactions_and_grows_with_the_clock() -> None:
     r, c = eo()
     r.clock.t += 3
-    assert c.transaction_age_s() == 3
+    assert c.durability.transaction_age_s() == 3
     r.mk.fail_next("begin_transaction", error(KafkaError._STATE))
     with pytest.raises(KafkaException):
         r.commit()  # committed, but the next transaction could not begin
-    assert not c.in_transaction and c.transaction_age_s() == 0.0
+    assert not c.durability.in_transaction and c.durability.transaction_age_s() == 0.0
 
 
 def test_a_failed_delivery_fails_the_commit_with_its_cause_classified() -> None:
@@ -267,18 +274,18 @@ def test_a_delivery_that_timed_out_is_transient() -> None:
 
 def test_a_purged_message_is_left_for_the_commit_to_explain() -> None:
     _r, c = eo()
-    c._failed(KafkaError(KafkaError._PURGE_QUEUE), None)
-    c.check_delivered()  # the purge is an effect: no DeliveryFailed from it
+    c.durability.failed(KafkaError(KafkaError._PURGE_QUEUE), None)
+    c.durability.check_delivered()  # the purge is an effect: no DeliveryFailed from it
     _r2, c2 = alo()
-    c2._failed(KafkaError(KafkaError._PURGE_QUEUE), None)
+    c2.durability.failed(KafkaError(KafkaError._PURGE_QUEUE), None)
     with pytest.raises(DeliveryFailed):
-        c2.check_delivered()
+        c2.durability.check_delivered()
 
 
 def test_a_full_producer_queue_is_waited_out_not_raised() -> None:
     r, c = eo()
     r.mk.fail_next("produce", BufferError("Local: Queue full"), times=3)
-    c.produce(r.topics.dead_letter, b"dl", b"k")
+    c.durability.produce(r.topics.dead_letter, b"dl", b"k")
     assert r.mk.calls.count("poll") >= 3
     r.commit()
     assert r.visible(r.topics.dead_letter) == [(b"k", b"dl")]
@@ -287,17 +294,17 @@ def test_a_full_producer_queue_is_waited_out_not_raised() -> None:
 def test_a_produce_refused_after_a_failed_delivery_raises_the_delivery_failure() -> None:
     r, c = eo()
     r.mk.fail_deliveries(r.topics.dead_letter, error(KafkaError.TOPIC_AUTHORIZATION_FAILED))
-    c.produce(r.topics.dead_letter, b"dl", b"k")
+    c.durability.produce(r.topics.dead_letter, b"dl", b"k")
     r.mk.fail_next("produce", error(KafkaError._STATE, "transaction failed"))
     with pytest.raises(DeliveryFailed, match="a produce failed"):
-        c.produce(r.topics.dead_letter, b"dl2", b"k")
+        c.durability.produce(r.topics.dead_letter, b"dl2", b"k")
 
 
 def test_a_produce_refused_with_nothing_delivered_wrong_raises_the_kafka_error() -> None:
     r, c = eo()
     r.mk.fail_next("produce", error(KafkaError._STATE, "transaction failed"))
     with pytest.raises(KafkaException, match="transaction failed"):
-        c.produce(r.topics.dead_letter, b"dl", b"k")
+        c.durability.produce(r.topics.dead_letter, b"dl", b"k")
 
 
 # -- exactly-once: dedupe, handover --------------------------------------------------------------
@@ -305,8 +312,8 @@ def test_a_produce_refused_with_nothing_delivered_wrong_raises_the_kafka_error()
 
 def test_a_repeated_item_id_within_the_window_is_not_first_seen_and_the_ids_are_logged() -> None:
     r, c = eo(dedupe_window_ms=60_000)
-    assert c.first_seen(0, "x") and not c.first_seen(0, "x") and c.first_seen(1, "x")
-    assert c.remembered_ids() == 2
+    assert c.dedupe.first_seen(0, "x") and not c.dedupe.first_seen(0, "x") and c.dedupe.first_seen(1, "x")
+    assert c.dedupe.remembered_ids() == 2
     r.commit()
     state = changelog.ChangelogState()
     for p, _o, rec in r.mk.records(r.topics.changelog):
@@ -317,7 +324,7 @@ def test_a_repeated_item_id_within_the_window_is_not_first_seen_and_the_ids_are_
 
 def test_without_a_window_every_id_is_first_seen() -> None:
     _r, c = eo()
-    assert c.first_seen(0, "x") and c.first_seen(0, "x") and c.remembered_ids() == 0
+    assert c.dedupe.first_seen(0, "x") and c.dedupe.first_seen(0, "x") and c.dedupe.remembered_ids() == 0
 
 
 def test_a_revocation_lets_go_of_lane_state_and_forgets_what_was_tracked() -> None:
@@ -325,26 +332,26 @@ def test_a_revocation_lets_go_of_lane_state_and_forgets_what_was_tracked() -> No
     r.produce_items(0, ["a"])
     r.consume()
     let_go: list[bool] = []
-    c.revoked([0, 1], lambda: let_go.append(True))
-    assert let_go == [True] and c._new_items == []
+    c.ownership.revoked([0, 1], lambda: let_go.append(True))
+    assert let_go == [True] and c.lane_log._new_items == []
     r.commit()
     assert r.visible(r.topics.changelog) == []  # the item was forgotten, not logged
 
 
-def test_an_assignment_restores_through_the_exactly_once_committer() -> None:
+def test_an_assignment_restores_into_the_exactly_once_lane_log() -> None:
     _r, c = eo()
     taken: list[tuple[object, list[int]]] = []
-    c.assigned([1, 0], lambda committer, parts: taken.append((committer, parts)))
-    assert taken == [(c, [1, 0])]
+    c.ownership.assigned([1, 0], lambda lanes, parts: taken.append((lanes, parts)))
+    assert taken == [(c.lane_log, [1, 0])]
 
 
 def test_exactly_once_resumes_at_start_and_reads_results_from_its_cursor() -> None:
     r, c = eo()
     resumed: list[bool] = []
-    c.on_start(lambda: resumed.append(True))
+    c.ownership.on_start(lambda: resumed.append(True))
     r.results.start_at({0: 4})
     assert resumed == [True]
-    assigned = c.results_assignment("res", [0, 1], r.results)
+    assigned = c.ownership.results_assignment("res", [0, 1], r.results)
     assert [(tp.topic, tp.partition, tp.offset) for tp in assigned] == [("res", 0, 4)]
 
 
@@ -356,8 +363,8 @@ def test_at_least_once_uses_no_transaction_and_no_placement() -> None:
     r.produce_items(0, ["a"])
     r.consume()
     (batch,) = r.core.dispatch(0)
-    assert "init_transactions" not in r.mk.calls and c.transaction_age_s() == 0.0
-    assert c.place(batch, r.credits, CONTRACT.max_inflight, r.results) is None
+    assert "init_transactions" not in r.mk.calls and c.durability.transaction_age_s() == 0.0
+    assert c.placement.place(batch, r.credits, CONTRACT.max_inflight, r.results) is None
     assert r.credits.held(CONSUMER) == 0
 
 
@@ -370,15 +377,15 @@ def test_at_least_once_commits_an_offset_only_past_items_whose_batches_finished(
     r.commit()  # no delivery report yet: nothing is safe
     assert r.committed_offsets() == {0: 0}
     r.producer.poll(0)
-    assert c.batches_delivered == 2
+    assert c.durability.batches_delivered == 2
     r.commit()  # delivered, not answered: a crash now must read them again
     assert r.committed_offsets() == {0: 0}
     first = min(batches, key=lambda b: min(it.offset for it in b.items))  # type: ignore[attr-defined]
-    c.batch_finished(first.batch_id)
+    c.lane_log.batch_finished(first.batch_id)
     r.commit()
     assert r.committed_offsets() == {0: max(it.offset for it in first.items) + 1}  # type: ignore[attr-defined]
     for batch in batches:
-        c.batch_finished(batch.batch_id)
+        c.lane_log.batch_finished(batch.batch_id)
     r.commit()
     assert r.committed_offsets() == {0: 3}
     assert r.visible(r.topics.accounting) == [(b"p0", b"checkpoint")] * 4  # one per commit
@@ -392,13 +399,13 @@ def test_at_least_once_holds_the_offset_of_a_retried_item_until_its_later_batch_
     r.producer.poll(0)
     item.attempt += 1  # what a retriable failure does (core.retries.RetryPolicy.split) ...
     item.dispatched = False
-    c.retried([item])
-    c.batch_finished(first.batch_id)  # ... before the failed batch finishes
+    c.in_flight.retried([item])
+    c.lane_log.batch_finished(first.batch_id)  # ... before the failed batch finishes
     r.commit()
     assert r.committed_offsets() == {0: 0} and not item.safe  # in memory only: read again after a crash
     r.core.submit(item, 0)
     (second,) = r.dispatch()
-    c.batch_finished(second.batch_id)
+    c.lane_log.batch_finished(second.batch_id)
     r.commit()
     assert r.committed_offsets() == {0: 1} and item.safe
 
@@ -409,8 +416,8 @@ def test_at_least_once_holds_the_offset_of_a_put_back_batch_until_it_runs_again(
     (item,) = r.consume()
     (batch,) = r.dispatch()
     r.producer.poll(0)
-    c.requeued(batch.batch_id, batch.items)  # its consumer retired
-    c.batch_finished(batch.batch_id)  # a late answer of the put-back batch is not this item's last
+    c.lane_log.requeued(batch.batch_id, batch.items)  # its consumer retired
+    c.lane_log.batch_finished(batch.batch_id)  # a late answer of the put-back batch is not this item's last
     r.commit()
     assert r.committed_offsets() == {0: 0} and not item.safe
 
@@ -423,16 +430,18 @@ def test_at_least_once_holds_the_offset_at_an_item_whose_batch_failed_to_deliver
     r.dispatch()
     r.producer.poll(0)
     with pytest.raises(DeliveryFailed):
-        c.check_delivered()
+        c.durability.check_delivered()
     r.commit()
-    assert r.committed_offsets() == {0: 0} and c.batches_delivered == 0
+    assert r.committed_offsets() == {0: 0} and c.durability.batches_delivered == 0
 
 
 def test_at_least_once_a_dead_letter_is_safe_once_delivered() -> None:
     r, c = alo()
     r.produce_items(0, ["a"])
     (msg,) = r.ingest.consume(1, 0)
-    c.produce(r.topics.dead_letter, b"dl", None, c.dead_letter(msg.partition(), msg.offset()))
+    c.durability.produce(
+        r.topics.dead_letter, b"dl", None, c.lane_log.dead_letter(msg.partition(), msg.offset())
+    )
     r.commit()
     assert r.committed_offsets() == {0: 0}
     r.producer.poll(0)
@@ -446,7 +455,7 @@ def test_at_least_once_an_ingest_commit_that_fails_is_retried_at_the_next_commit
     r.consume()
     (batch,) = r.dispatch()
     r.producer.poll(0)
-    c.batch_finished(batch.batch_id)
+    c.lane_log.batch_finished(batch.batch_id)
     r.mk.fail_next("commit", error(KafkaError.REBALANCE_IN_PROGRESS, retriable=True))
     r.commit()  # logged, not raised
     assert r.committed_offsets() == {}
@@ -460,21 +469,21 @@ def test_at_least_once_a_revocation_forgets_only_the_revoked_partitions_offsets(
     r.produce_items(1, ["b"])
     r.consume()
     for batch in r.dispatch():
-        c.batch_finished(batch.batch_id)
+        c.lane_log.batch_finished(batch.batch_id)
     r.producer.poll(0)
     let_go: list[bool] = []
-    c.revoked([1], lambda: let_go.append(True))
+    c.ownership.revoked([1], lambda: let_go.append(True))
     assert let_go == []  # lane state stays: there is no changelog to hand it over by
-    assert c.offsets.committable() == {0: 1}
+    assert c.lane_log.offsets.committable() == {0: 1}
 
 
 def test_at_least_once_restores_nothing_and_reads_results_from_the_groups_position() -> None:
     r, c = alo()
     calls: list[object] = []
-    c.assigned([0], lambda committer, parts: calls.append(parts))
-    c.on_start(lambda: calls.append("resume"))
+    c.ownership.assigned([0], lambda lanes, parts: calls.append(parts))
+    c.ownership.on_start(lambda: calls.append("resume"))
     assert calls == []
-    assigned = c.results_assignment("res", [0, 1], r.results)
+    assigned = c.ownership.results_assignment("res", [0, 1], r.results)
     # no offset: the group's committed position (OFFSET_INVALID is "none given" to librdkafka)
     assert [(tp.topic, tp.partition, tp.offset) for tp in assigned] == [
         ("res", 0, OFFSET_INVALID),
@@ -485,7 +494,7 @@ def test_at_least_once_restores_nothing_and_reads_results_from_the_groups_positi
 def test_a_results_offset_commit_failure_never_fails_a_commit() -> None:
     r, c = alo()
     r.mk.fail_next("commit", error(KafkaError._NO_OFFSET))
-    c._commit_control()
+    c.durability._commit_control()
     r2, _c2 = eo()
     r2.mk.fail_next("commit", error(KafkaError._NO_OFFSET))
     r2.commit()

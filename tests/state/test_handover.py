@@ -20,11 +20,13 @@ from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
 from processor.kafka.topics import TopicNames
-from processor.state import changelog
-from processor.state.commit import AtLeastOnceCommitter, TransactionalCommitter
+from processor.state import changelog, modes
+from processor.state.changelog_writer import ChangelogWriter
 from processor.state.credits import CreditBook
+from processor.state.durability import CommitClients
 from processor.state.handover import HandoverContext, PartitionHandover, Restored
 from processor.state.ingest import IngestItem
+from processor.state.lane_log import OffsetLog
 from processor.state.restore import RestoredState
 from processor.state.results import ResultsCursor
 from processor.wire.heads import ItemHead, decode_item_head
@@ -108,9 +110,9 @@ def head(item_id: str, length: int) -> ItemHead:
 
 class Service:
     """The handover with a context around a real scheduler, credit book, results cursor and
-    committer; commits and results-reader assignments are counted, not made."""
+    delivery mode; commits and results-reader assignments are counted, not made."""
 
-    def __init__(self, committer_kind: str = "transactional") -> None:
+    def __init__(self, mode: str = "transactional") -> None:
         self.topics = TopicNames("handover")
         self.restored: list[Restored] = []
         self.core = Scheduler()
@@ -119,18 +121,17 @@ class Service:
         self.commits: list[bool] = []
         self.control_assignments = 0
         self.restores: list[list[int]] = []
-        args: tuple[Any, ...] = (None, None, None, self.topics, "p0", 500)
-        self.committer: TransactionalCommitter | AtLeastOnceCommitter
-        if committer_kind == "transactional":
-            self.committer = TransactionalCommitter(
-                *args, is_in_flight=self.core.is_in_flight, done_items=self.core.done_items, eager_ms=50
-            )
+        none: Any = None  # no clients: nothing here commits
+        clients = CommitClients(none, none, none)
+        if mode == "transactional":
+            options = modes.ExactlyOnceOptions(self.core.is_in_flight, self.core.done_items, eager_ms=50)
+            self.mode = modes.exactly_once(clients, self.topics, "p0", 500, options)
         else:
-            self.committer = AtLeastOnceCommitter(*args)
+            self.mode = modes.at_least_once(clients, self.topics, "p0", 500)
         self.handover = PartitionHandover(
             HandoverContext(
                 core=self.core,
-                committer=self.committer,
+                ownership=self.mode.ownership,
                 credits=self.credits,
                 results=self.results,
                 restore=lambda partitions, on_contracts, on_waiting: RESTORE(
@@ -254,9 +255,9 @@ def test_adopted_waiting_items_are_logged_where_their_records_live(restored: Cha
     }
     # the retired consumer's item is back in a lane, homed in its batch's partition, to be logged anew
     assert (waiting["gone-a"].home, waiting["gone-a"].logged) == (0, False)
-    committer = svc.committer
-    assert isinstance(committer, TransactionalCommitter)
-    assert [it.id for it in committer._new_items] == ["gone-a"] and committer._finished == ["b2"]
+    lanes = svc.mode.lane_log
+    assert isinstance(lanes, ChangelogWriter)
+    assert [it.id for it in lanes._new_items] == ["gone-a"] and lanes._finished == ["b2"]
 
 
 def test_restored_items_keep_their_first_arrival_and_are_adopted_oldest_first(restored: Changelog) -> None:
@@ -297,17 +298,17 @@ def test_a_revocation_while_closing_does_nothing(restored: Changelog) -> None:
 
 def test_at_least_once_keeps_its_lanes_and_forgets_only_the_revoked_offsets() -> None:
     svc = Service("at-least-once")
-    committer = svc.committer
-    assert isinstance(committer, AtLeastOnceCommitter)
+    lanes = svc.mode.lane_log
+    assert isinstance(lanes, OffsetLog)
     for partition, offset in ((0, 7), (1, 3)):
         item = IngestItem.from_head(head(f"i{partition}", 10), 0, partition, offset)
-        committer.item_seen(item)
+        lanes.item_seen(item)
         svc.core.submit(item, 0)
     assign(svc, [0, 1])  # at-least-once restores nothing
     assert svc.owned == frozenset() and svc.core.table.waiting_items == 2
     revoke(svc, [1])
     assert svc.commits == [True]
-    assert committer.offsets.committable() == {0: 7}  # partition 1's offsets are the next owner's
+    assert lanes.offsets.committable() == {0: 7}  # partition 1's offsets are the next owner's
     assert svc.core.table.waiting_items == 2  # the items stay: they are re-read and deduplicated
 
 

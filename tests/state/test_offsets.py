@@ -76,7 +76,7 @@ def test_a_dead_letter_is_unsafe_until_its_delivery_is_acknowledged() -> None:
     tracker.seen(0, dead)
     tracker.seen(0, Mark(41, safe=True))
     assert tracker.committable() == {0: 40}
-    dead.safe = True  # what the committer's delivery callback does
+    dead.safe = True  # what the offset log's delivery callback does
     assert tracker.committable() == {0: 42}
 
 

@@ -1,0 +1,81 @@
+"""Dedupe: whether an ingest message's item id is a producer's repeat within the window. One of the
+roles a delivery mode is made of (processor/state/modes.py).
+
+:class:`WindowDedupe` remembers the ids each owned ingest partition took (processor/state/seen.py)
+in memory now and in the changelog at the commit that also commits the message's offset, so a crash
+before it forgets both together (the restarted processor reads the message again). It needs the
+changelog, so it exists only in exactly-once mode with a window set; otherwise :class:`NoDedupe`, the
+null object: without a changelog, a re-read after a rebalance or a crash would look like a repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from processor.state.durability import ChangelogRecord
+from processor.state.seen import SeenBook
+
+
+class Dedupe(Protocol):
+    """The ids seen per ingest partition: asked per message, written and restored with the changelog."""
+
+    def first_seen(self, partition: int, item_id: str) -> bool:
+        """False for a repeat of an id the partition took within the window."""
+        ...
+
+    def remembered_ids(self) -> int:
+        """How many item ids the window holds (0: no dedupe)."""
+        ...
+
+    def changes(self) -> list[ChangelogRecord]:
+        """The changelog records of what changed since the last call (for the commit)."""
+        ...
+
+    def load(self, seen: dict[tuple[int, int, int], bytes]) -> None:
+        """The ids a restore read from the changelog (processor.state.changelog.ChangelogState.seen)."""
+        ...
+
+    def clear(self) -> None:
+        """Forget everything (the partitions were handed over)."""
+        ...
+
+
+class WindowDedupe:
+    def __init__(self, window_ms: int, max_ids: int, wall_ms: Callable[[], int]) -> None:
+        self.seen = SeenBook(window_ms, max_ids)
+        self._wall_ms = wall_ms
+
+    def first_seen(self, partition: int, item_id: str) -> bool:
+        return self.seen.first(partition, item_id, self._wall_ms())
+
+    def remembered_ids(self) -> int:
+        return len(self.seen)
+
+    def changes(self) -> list[ChangelogRecord]:
+        return self.seen.flush(self._wall_ms())
+
+    def load(self, seen: dict[tuple[int, int, int], bytes]) -> None:
+        self.seen.load(seen)
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+class NoDedupe:
+    """Every id is a first: nothing is remembered, written or restored."""
+
+    def first_seen(self, partition: int, item_id: str) -> bool:
+        return True
+
+    def remembered_ids(self) -> int:
+        return 0
+
+    def changes(self) -> list[ChangelogRecord]:
+        return []
+
+    def load(self, seen: dict[tuple[int, int, int], bytes]) -> None:
+        return None
+
+    def clear(self) -> None:
+        return None
