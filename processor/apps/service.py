@@ -36,7 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 from processor.apps.checkpoint import checkpoint_record, share_counters
 from processor.apps.deadletters import dead_letter_of
 from processor.apps.endings import SharesCatchUp, answer_ended, apply_job_share_message
-from processor.apps.observe import ServiceCounters, ServiceObserver, UnservedWatch
+from processor.apps.observe import ServiceCounters, ServiceObserver, ServiceStatus, UnservedWatch
 from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
@@ -87,10 +87,11 @@ class ProcessorService:
     picks it once, here), the rebalance callbacks a :class:`PartitionHandover` on a HandoverContext.
 
     Read-only views for metrics and health (safe to read from another thread, values may be a step
-    old): ``core`` (the scheduler, its ``ledger`` and lane ``table``), ``counters``, ``lag`` (ingest
-    messages not yet consumed, per partition), ``last_step_s`` (monotonic time the loop last completed
-    a step), ``last_broker_ok_s`` (last time the broker answered), ``ledger_error`` (why the last
-    ledger check failed, or None), ``restoring_since_s`` and ``owned`` (the handover's).
+    old): ``core`` (the scheduler: read its ``view``), ``status`` (ingest partitions owned and their
+    lag, taken each step), ``counters``, ``lag`` (ingest messages not yet consumed, per partition),
+    ``last_step_s`` (monotonic time the loop last completed a step), ``last_broker_ok_s`` (last time
+    the broker answered), ``ledger_error`` (why the last ledger check failed, or None),
+    ``restoring_since_s`` and ``owned`` (the handover's).
     """
 
     def __init__(
@@ -122,6 +123,7 @@ class ProcessorService:
         self.counters = ServiceCounters()
         self.observer = ServiceObserver()
         self.lag: dict[int, int] = {}
+        self.status = ServiceStatus()  # what metrics read (ServiceStatus): taken each step
         self.last_step_s = clock()
         self.last_broker_ok_s = clock()
         self.ledger_error: str | None = None
@@ -368,8 +370,19 @@ class ProcessorService:
             self._say_unserved(now)
         self._backpressure()
         self._commit()
+        self.status = ServiceStatus.of(self._owned_now(), self.lag)
         self.last_step_s = self._clock()
         return len(msgs)
+
+    def _owned_now(self) -> frozenset[int]:
+        """The ingest partitions owned now (for :attr:`status`, on this thread): the handover's
+        (exactly-once: lane state restored), else the assignment; a closed consumer owns nothing."""
+        if self.settings.exactly_once:
+            return self.owned
+        try:
+            return frozenset(tp.partition for tp in self.ingest.assignment())
+        except RuntimeError:  # "Consumer closed": the service is stopping
+            return frozenset()
 
     def _say_unserved(self, now: int) -> None:
         """One WARNING per model whose items wait with no contract for it (``UnservedWatch``)."""
@@ -592,7 +605,7 @@ class ProcessorService:
             "ingest_partitions": self.credits.partitions,
             "replayed_completions": self.counters.replayed_completions,
             "remembered_ids": self.committer.remembered_ids(),
-            **share_counters(self.core.shares, self.now_ms()),
+            **share_counters(self.core.view, self.now_ms()),
         }
         return checkpoint_record(
             self.core, self.settings.instance, self._checkpoint_seq, extra, self._last_completion_ms
