@@ -537,7 +537,7 @@ class ProcessorService:
             counters.missed(len(items) - applied, batch_id, self.settings.instance, replay)
         if not applied:
             return
-        hit = self._cache_hit.setdefault(batch_id, items[0][2])  # the batch's first answer says
+        hit = self._cache_hit.setdefault(batch_id, items[0].cache_hit)  # the batch's first answer says
         if finished:
             self.core.cache_reported(head.consumer, hit)
             del self._cache_hit[batch_id]
