@@ -5,7 +5,10 @@ What goes where: waiting items sit in the lane table (core/lanes.py, cut into ba
 which lane a consumer's next batch comes from is core/dispatch.py (its docstring states the rules);
 what consumers hold until they answer is core/inflight.py, which failures go back is core/retries.py;
 the counts are the ledger's (core/accounting.py), and the scheduler is its only writer. Read-only
-figures for observers are :class:`~processor.core.view.SchedulerView` (``Scheduler.view``).
+figures for observers are :class:`~processor.core.view.SchedulerView` (``Scheduler.view``): the
+scheduler's state is private. Two parts of it live beside it, as mixins: taking back restored work
+and letting it go in a partition handover (core/adoption.py), and withdrawing the items of jobs
+that end (core/endings.py).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from dataclasses import replace
 from typing import Literal
 
 from processor.core.accounting import Ledger
+from processor.core.adoption import HandoverAdoption
 from processor.core.contract import Contract, check_batch
 from processor.core.dispatch import DEADLINES, Choice, DispatchRules, DispatchSettings
-from processor.core.endings import Ending, JobEndings
+from processor.core.endings import EndingJobs, JobEndings
 from processor.core.inflight import (
     Answers,
     ConsumerState,
@@ -39,7 +43,7 @@ from processor.core.view import SchedulerView
 __all__ = ["DEADLINES", "DispatchSettings", "Scheduler"]  # the settings live in core/dispatch.py
 
 
-class Scheduler:
+class Scheduler(HandoverAdoption, EndingJobs):
     """The scheduling core: lanes, contracts, dispatch and the ledger, driven by ``now_ms``.
 
     Owned by one thread. Adapters call ``submit`` for each decoded item, ``dispatch`` when slots may
@@ -129,84 +133,6 @@ class Scheduler:
             if item.length < 1:
                 raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
         self._enqueue_many(items, times, "received")
-
-    def adopt_waiting(self, item: Item, now_ms: int) -> None:
-        """Take in an item restored from the changelog (counted as adopted, not received)."""
-        self.adopt_waiting_many((item,), (now_ms,))
-
-    def adopt_waiting_many(self, items: Sequence[Item], times: Sequence[int]) -> None:
-        """:meth:`adopt_waiting` for each item in turn, in one pass (a restore takes millions)."""
-        self._enqueue_many(items, times, "adopted")
-
-    def adopt_in_flight(self, batch: Batch, now_ms: int, done: Collection[str] = ()) -> bool:
-        """Re-register a batch restored from the changelog; ``done`` names items already answered
-        (counted where they were answered), the rest are adopted as in flight.
-
-        The batch's items are marked dispatched in the batch's lane here (as :meth:`dispatch` leaves
-        the items it emits), so a caller hands over items as it rebuilt them; items already marked so
-        stay as they are.
-
-        Returns False if its consumer has no contract any more: the outstanding items then go back to
-        their lanes, counted as redelivered.
-        """
-        track = self._shares.track
-        lane = batch.lane
-        for it in batch.items:
-            it.job = track(it.job)
-            it.dispatched = True
-            it.lane = lane
-        jobs = {it.job for it in batch.items}
-        flight = InFlight(batch, jobs.pop() if len(jobs) == 1 else None)
-        if done:
-            flight.pending = {it.id: it for it in batch.items if it.id not in done}
-        outstanding = flight.outstanding()
-        self._ledger.adopted_in_flight(
-            batch.model, batch.consumer, len(outstanding), sum(it.length for it in outstanding)
-        )
-        for job, (n, tokens) in per_job(outstanding).items():
-            self._ledger.job_adopted_in_flight(job, n, tokens)
-        state = self._consumers.get(batch.consumer)
-        if state is None:
-            self._flights.hold(ConsumerState(Contract(batch.consumer, batch.model, 1, 1)), flight)
-            self.requeue(batch.batch_id, now_ms)
-            return False
-        self._flights.hold(state, flight)
-        return True
-
-    def release_slots(self) -> None:
-        """Every known consumer holds no slots here until :meth:`set_contract` gives it a share again.
-
-        After this instance hands its ingest partitions over, the in-flight slots of each consumer
-        belong to whichever instances own partitions now (processor/state/credits.py deals them out);
-        dispatching on a stale share would send a consumer more batches than its ``max_inflight``.
-        Contracts stay, so a later share needs no new announcement.
-        """
-        for state in self._consumers.values():
-            state.slots = 0
-
-    def release_all(self) -> None:
-        """Forget every waiting item and in-flight batch (their ingest partitions are being handed
-        over, or restored afresh); the ledger moves their counts to ``released``. Contracts stay."""
-        stats = self._table.stats
-        stats.lanes_in_use = 0  # the counters of lane activity carry on; only the lanes go
-        self._table = LaneTable(self._table.settings)
-        self._table.stats = stats
-        self._active.clear()
-        self._order.clear()
-        self._shares.reset_waiting()
-        self._arrivals.clear()
-        self._flights.clear()
-        for state in self._consumers.values():
-            state.in_flight.clear()
-            state.shape = None
-        self._ledger.release_all()
-
-    def done_items(self, batch_id: str) -> list[str]:
-        """Ids of the items of an in-flight batch that have been answered already."""
-        entry = self._flights.get(batch_id)
-        if entry is None:
-            raise KeyError(batch_id)
-        return entry[1].done_ids()
 
     def _enqueue_many(
         self, items: Sequence[Item], times: Sequence[int], count: Literal["received", "adopted"] | None
@@ -445,44 +371,6 @@ class Scheduler:
             self._enqueue_many(again, [now_ms] * len(again), None)
         return rest
 
-    # -- jobs that end before their items are dispatched (core/endings.py) ------------------------
-
-    def end_job(self, job: str, ending: Ending, now_ms: int) -> int:
-        """``job`` is cancelled (or expired): its waiting items leave the lanes now, and any that
-        arrives later leaves as it arrives; batches in flight finish. Returns how many items left
-        now (0 as well when the job had ended already). The adapter answers them: :meth:`take_ended`."""
-        if not self._endings.end(job, ending):
-            return 0
-        self._shares.track(job)  # its items get lanes of their own, so that they can leave as a job
-        return self._withdraw_job(job, ending, now_ms)
-
-    def set_deadline(self, job: str, deadline_ms: int | None, now_ms: int) -> None:
-        """``job`` ends ``expired`` at ``deadline_ms`` (None: no deadline); at once if that has passed."""
-        self._endings.set_deadline(job, deadline_ms)
-        self.expire(now_ms)
-
-    def expire(self, now_ms: int) -> int:
-        """End every job whose deadline has come; returns how many items that withdrew."""
-        return sum(self.end_job(job, "expired", now_ms) for job in self._endings.due(now_ms))
-
-    def take_ended(self) -> list[tuple[Item, Ending]]:
-        """The items withdrawn since the last call, with how their job ended, in the order they left."""
-        out, self._endings.withdrawn = self._endings.withdrawn, []
-        return out
-
-    def _withdraw_job(self, job: str, ending: Ending, now_ms: int) -> int:
-        withdrawn = 0
-        for sl in [sl for sl in self._table.shapes.values() if sl.job == job and sl.waiting_items]:
-            model, tokens = sl.key[0], sl.waiting_tokens
-            items = self._table.withdraw(sl, now_ms)
-            self._order.taken_from(sl)
-            del self._active[model][sl.key]
-            self._shares.lanes_changed(model, job, -1)
-            self._ledger.ended(model, job, ending, len(items), tokens)
-            self._endings.withdrawn += [(item, ending) for item in items]
-            withdrawn += len(items)
-        return withdrawn
-
     def _finished(
         self,
         flight: InFlight,
@@ -509,12 +397,6 @@ class Scheduler:
                 self._ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
 
     # -- the ledger ------------------------------------------------------------------------------
-
-    def resume_ledger(self, snapshot: dict[str, int]) -> None:
-        """Continue from a checkpointed ledger (:meth:`Ledger.snapshot`); only before any item arrives."""
-        self._ledger = Ledger.restore(snapshot)
-        self._ledger.adopt_unbooked_jobs()
-        self._shares.resume(self._ledger)
 
     def dead_lettered(self) -> None:
         """An input that never became an item (undecodable or invalid): counted, never queued."""
