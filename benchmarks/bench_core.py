@@ -159,8 +159,8 @@ def per_call(records: Sequence[TraceRecord], meter: type[CpuMeter | CallMeter]) 
 
 def verify(sched: Scheduler, n: int) -> None:
     sched.check()
-    done = sched.ledger.total("completed")
-    assert done.items == n and sched.table.waiting_items == 0, (done, sched.table.waiting_items)
+    done = sched.view.total("completed")
+    assert done.items == n and sched.view.waiting().items == 0, (done, sched.view.waiting().items)
 
 
 def bench_backlog(records: Sequence[TraceRecord]) -> tuple[list[Phase], int]:
@@ -224,7 +224,7 @@ def bench_memory(records: Sequence[TraceRecord]) -> dict[str, float]:
     after_submit, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     n = len(items)
-    assert sched.table.waiting_items == n
+    assert sched.view.waiting().items == n
     return {
         "items": n,
         "item_b": (after_items - base) / n,

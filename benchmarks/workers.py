@@ -254,9 +254,11 @@ class TimedProcessor(ProcessorService):
         """
         super().start()
         deadline = time.monotonic() + 60
-        while len(self.core.consumers) < self.contracts:
+        while len(self.core.view.consumers()) < self.contracts:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"processor: {len(self.core.consumers)} of {self.contracts} contracts")
+                raise TimeoutError(
+                    f"processor: {len(self.core.view.consumers())} of {self.contracts} contracts"
+                )
             self._control(self.now_ms())
             time.sleep(0.01)
 
@@ -279,18 +281,18 @@ class TimedProcessor(ProcessorService):
             c = self.counters
             raise TimeoutError(
                 f"processor not done in time: consumed {c.consumed:,}, routed "
-                f"{self.core.ledger.total('routed').items:,} of {self.expected:,}, waiting "
-                f"{self.core.table.waiting_items:,}, batches produced {c.batches_produced:,} delivered "
+                f"{self.core.view.total('routed').items:,} of {self.expected:,}, waiting "
+                f"{self.core.view.waiting().items:,}, batches produced {c.batches_produced:,} delivered "
                 f"{c.batches_delivered:,}, completions {c.completions:,}, contracts {c.contracts}, "
-                f"in flight {sum(len(s.in_flight) for s in self.core.consumers.values()):,}, "
+                f"in flight {sum(c.in_flight for c in self.core.view.consumers().values()):,}, "
                 f"commits {c.commits:,}"
             )
         return taken
 
     def _done(self, committed: bool) -> bool:
         if self.until == "waiting":
-            return committed and self.core.table.waiting_items >= self.expected
-        if self.core.ledger.total("routed").items < self.expected:
+            return committed and self.core.view.waiting().items >= self.expected
+        if self.core.view.total("routed").items < self.expected:
             return False
         if self.settings.exactly_once:
             return committed
@@ -320,13 +322,13 @@ def processor(a: dict[str, Any]) -> None:
     service.run(stop)
     if profile is not None:
         profile.dump_stats(a["profile"])
-    routed = service.core.ledger.total("routed")
+    routed = service.core.view.total("routed")
     c = service.counters
     emit(
         {
             "side": "processor",
-            "items": routed.items if service.until == "dispatched" else service.core.table.waiting_items,
-            "tokens": routed.tokens if service.until == "dispatched" else service.core.table.waiting_tokens,
+            "items": routed.items if service.until == "dispatched" else service.core.view.waiting().items,
+            "tokens": routed.tokens if service.until == "dispatched" else service.core.view.waiting().tokens,
             "consumed": c.consumed,
             "dead_lettered": c.dead_lettered,
             "batches": c.batches_produced,
@@ -463,19 +465,19 @@ def restore(a: dict[str, Any]) -> None:
     wall, cpu_s = time.perf_counter(), cpu()
     service.start()
     steps = 0
-    while service.core.table.waiting_items < expected and time.monotonic() < deadline:
+    while service.core.view.waiting().items < expected and time.monotonic() < deadline:
         service.step()
         steps += 1
     seconds, cpu_used = time.perf_counter() - wall, cpu() - cpu_s
-    table = service.core.table
+    waiting = service.core.view.waiting()
     result = {
         "seconds": seconds,
         "cpu_s": cpu_used,
         "steps": steps,
         "read_seconds": service.counters.restore_seconds,
         "restored_items": service.counters.restored_items,
-        "waiting_items": table.waiting_items,
-        "waiting_tokens": table.waiting_tokens,
+        "waiting_items": waiting.items,
+        "waiting_tokens": waiting.tokens,
         "peak_rss_mib": peak_rss_mib(),
     }
     # Leave as a crashed processor would: nothing more committed; the next start fences and aborts the

@@ -86,11 +86,11 @@ def main() -> None:
         scheduler.tick(now_ms)  # housekeeping: retire lanes that went quiet
 
     scheduler.check()  # the ledger balances against what the lanes and batches hold, or this raises
-    ledger, view = scheduler.ledger, scheduler.view
-    completed, failed = ledger.total("completed"), ledger.total("failed")
+    view = scheduler.view
+    completed, failed = view.total("completed"), view.total("failed")
     print(f"completed {completed.items} items ({completed.tokens:,} tokens), failed {failed.items}")
     for name, figures in view.consumers().items():
-        book = ledger.consumer(name)  # nothing was handed back here, so routed is all it was sent
+        book = view.consumer_book(name)  # nothing was handed back here, so routed is all it was sent
         waste = padding_waste(book.routed.tokens, book.padded_tokens) or 0.0
         hits, switches = f"{book.cache_hits}/{book.cache_lookups}", figures.shape_switches
         print(f"{name}: {book.batches} batches, waste {waste:.1%}, cache hits {hits}, switches {switches}")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from processor.core.ledger_keys import job_key
 from processor.core.scheduler import Scheduler
-from processor.core.shares import Shares
+from processor.core.view import SchedulerView
 from processor.wire.records import LedgerSnapshotRecord
 
 
@@ -26,7 +26,7 @@ def checkpoint_record(
     consumer's contract, slots and in-flight batches, as one record."""
     view = core.view
     waiting, lanes = view.waiting(), view.lanes()
-    counters = core.ledger.snapshot()
+    counters = view.ledger_snapshot()
     counters.update(
         {
             "waiting_items": waiting.items,
@@ -66,14 +66,14 @@ def checkpoint_record(
     )
 
 
-def share_counters(shares: Shares, now_ms: int) -> dict[str, int]:
+def share_counters(view: SchedulerView, now_ms: int) -> dict[str, int]:
     """Per job, for status and metrics: the weight (in thousandths), the quotas (-1: none) and
     whether a quota holds the job back now."""
     out: dict[str, int] = {}
-    for job in shares.jobs():
-        p = shares.policy(job)
+    for job in view.share_jobs():
+        p = view.policy(job)
         out[job_key("weight_milli", job)] = round(p.weight * 1000)
         out[job_key("max_tokens_per_s", job)] = -1 if p.max_tokens_per_s is None else int(p.max_tokens_per_s)
         out[job_key("max_tokens", job)] = -1 if p.max_tokens is None else p.max_tokens
-        out[job_key("capped", job)] = int(p.capped and shares.capped_now(job, now_ms))
+        out[job_key("capped", job)] = int(p.capped and view.capped_now(job, now_ms))
     return out

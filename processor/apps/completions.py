@@ -71,7 +71,7 @@ class CompletionReader:
             counters.missed(len(items) - applied, batch_id, self.instance, replay)
         if not applied:
             return
-        hit = self._cache_hit.setdefault(batch_id, items[0][2])  # the batch's first answer says
+        hit = self._cache_hit.setdefault(batch_id, items[0].cache_hit)  # the batch's first answer says
         if finished:
             core.cache_reported(head.consumer, hit)
             del self._cache_hit[batch_id]

@@ -48,11 +48,11 @@ def apply_job_share(core: Scheduler, job: str, rec: JobShareRecord | None, now_m
     attempts its items get (``max_attempts``), and a cancel, which is final (a later record without
     it does not revive the job)."""
     if rec is None:
-        core.shares.set_policy(job, JobPolicy())
+        core.set_policy(job, JobPolicy())
         core.set_deadline(job, None, now_ms)
         core.set_max_attempts(job, None)
         return
-    core.shares.set_policy(job, rec.policy)
+    core.set_policy(job, rec.policy)
     core.set_max_attempts(job, rec.max_attempts)
     if rec.cancelled_ms is not None:
         core.end_job(job, "cancelled", now_ms)
@@ -72,7 +72,7 @@ def apply_job_share_message(core: Scheduler, msg: Any, now_ms: int, topic: str) 
         log.error("%s: undecodable share for %r: %s", topic, job, exc)
         return
     apply_job_share(core, rec.job, rec, now_ms)
-    ended = core.endings.ended.get(rec.job)
+    ended = core.view.ended(rec.job)
     log.info("job %r: share %s%s", rec.job, rec.policy, f" ({ended})" if ended else "")
 
 

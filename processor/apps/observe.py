@@ -49,6 +49,24 @@ class ServiceCounters:
             self.foreign_completions += items
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceStatus:
+    """What the service's own thread last saw of its ingest, for observers on other threads (the
+    metrics endpoint): they read this value, never the Kafka clients, which belong to the service's
+    thread. Taken at the end of each step (:meth:`of`), so up to one step old."""
+
+    owned: frozenset[int] = frozenset()
+    """The ingest partitions the service owns: the handover's (exactly-once), else its assignment."""
+    lag: tuple[tuple[int, int], ...] = ()
+    """(partition, messages not consumed yet) for each owned partition with a known lag, in order."""
+
+    @classmethod
+    def of(cls, owned: frozenset[int], lag: dict[int, int]) -> ServiceStatus:
+        """The status of ``owned`` partitions; a partition given up leaves ``lag`` at once (the
+        service keeps the last lag of every partition it ever held)."""
+        return cls(owned, tuple(sorted((p, n) for p, n in list(lag.items()) if p in owned)))
+
+
 class ServiceObserver:
     """Hooks the metrics layer implements; the default observes nothing.
 

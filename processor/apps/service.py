@@ -39,7 +39,7 @@ from processor.apps.backpressure import Backpressure
 from processor.apps.checkpoint import checkpoint_record, share_counters
 from processor.apps.control import ControlContext, ControlPlane
 from processor.apps.intake import Intake
-from processor.apps.observe import ServiceCounters, ServiceObserver, UnservedWatch
+from processor.apps.observe import ServiceCounters, ServiceObserver, ServiceStatus, UnservedWatch
 from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.contract import Contract
@@ -84,10 +84,11 @@ class ProcessorService:
     :class:`PartitionHandover`, each on a context of what it works on.
 
     Read-only views for metrics and health (safe to read from another thread, values may be a step
-    old): ``core`` (the scheduler, its ``ledger`` and lane ``table``), ``counters``, ``lag`` (ingest
-    messages not yet consumed, per partition), ``last_step_s`` (monotonic time the loop last completed
-    a step), ``last_broker_ok_s`` (last time the broker answered), ``ledger_error`` (why the last
-    ledger check failed, or None), ``restoring_since_s`` and ``owned`` (the handover's).
+    old): ``core`` (the scheduler: read its ``view``), ``status`` (ingest partitions owned and their
+    lag, taken each step), ``counters``, ``lag`` (ingest messages not yet consumed, per partition),
+    ``last_step_s`` (monotonic time the loop last completed a step), ``last_broker_ok_s`` (last time
+    the broker answered), ``ledger_error`` (why the last ledger check failed, or None),
+    ``restoring_since_s`` and ``owned`` (the handover's).
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class ProcessorService:
         self.counters = ServiceCounters()
         self.observer = ServiceObserver()
         self.lag: dict[int, int] = {}
+        self.status = ServiceStatus()  # what metrics read (ServiceStatus): taken each step
         self.last_step_s = clock()
         self.last_broker_ok_s = clock()
         self.ledger_error: str | None = None
@@ -357,8 +359,19 @@ class ProcessorService:
             self._say_unserved(now)
         self.backpressure.update()
         self._commit()
+        self.status = ServiceStatus.of(self._owned_now(), self.lag)
         self.last_step_s = self._clock()
         return len(msgs)
+
+    def _owned_now(self) -> frozenset[int]:
+        """The ingest partitions owned now (for :attr:`status`, on this thread): the handover's
+        (exactly-once: lane state restored), else the assignment; a closed consumer owns nothing."""
+        if self.settings.exactly_once:
+            return self.owned
+        try:
+            return frozenset(tp.partition for tp in self.ingest.assignment())
+        except RuntimeError:  # "Consumer closed": the service is stopping
+            return frozenset()
 
     def _say_unserved(self, now: int) -> None:
         """One WARNING per model whose items wait with no contract for it (``UnservedWatch``)."""
@@ -434,7 +447,7 @@ class ProcessorService:
             "ingest_partitions": self.credits.partitions,
             "replayed_completions": self.counters.replayed_completions,
             "remembered_ids": self.mode.dedupe.remembered_ids(),
-            **share_counters(self.core.shares, self.now_ms()),
+            **share_counters(self.core.view, self.now_ms()),
         }
         return checkpoint_record(
             self.core,

@@ -10,17 +10,21 @@ keeps stable ("What is stable" there); import them from ``processor.core``. The 
   :class:`ItemOutcome` (how one item was answered);
 - ``contract``: :class:`Contract` (what a consumer accepts) and its :class:`BatchRule`;
 - ``signature``: :func:`shape_signature` (an item's shape from its prompt's leading components);
-- ``lanes`` (:class:`LaneSettings`, where waiting items sit) and ``cut`` (which items leave together);
+- ``lanes`` (where waiting items sit; :class:`LaneSettings` in ``lane_settings``, one shape's lanes in
+  ``shape_lanes``) and ``cut`` (which items leave together);
 - ``dispatch`` (:class:`DispatchSettings`, the rules choosing a consumer's next lane), ``inflight``
-  (what consumers hold) and ``scheduler`` (:class:`Scheduler`, the one object a caller drives);
-- ``view``: :class:`SchedulerView` (``Scheduler.view``) and the frozen snapshots it returns;
+  (what consumers hold) and ``scheduler`` (:class:`Scheduler`, the one object a caller drives; its
+  part in a partition handover is ``adoption``);
+- ``view``: :class:`SchedulerView` (``Scheduler.view``), the frozen snapshots it returns and the
+  ledger's books: how everything outside the core reads the scheduler, whose state is private;
 - ``shares``: token shares between jobs (:class:`Shares`, :class:`JobPolicy`, :class:`ShareSettings`);
 - ``endings``: jobs that end before their items are dispatched, cancelled or past their deadline
   (``Scheduler.end_job``, ``Scheduler.set_deadline``, ``Scheduler.take_ended``);
 - ``retries``: which failed items go back to the lanes for another attempt (:class:`RetryPolicy`,
   ``Scheduler.set_max_attempts``, ``Scheduler.take_retried``);
 - ``accounting``: the :class:`Ledger` of items and tokens at each stage, its books and
-  :class:`LedgerImbalance`; ``measures``: :func:`padding_waste`, the one formula every report uses.
+  :class:`LedgerImbalance` (its checks in ``ledger_checks``, its checkpoint in ``ledger_checkpoint``);
+  ``measures``: :func:`padding_waste` and ``budget_fill``, the formulas every report uses.
 
 Everything else in these modules (the lane table, consumer state, the in-flight table) is internal:
 it may change in any release.

@@ -56,16 +56,13 @@ from __future__ import annotations
 
 from processor.core.books import (
     CONSUMER_COUNTERS,
-    CONSUMER_SNAPSHOT,
     CONSUMER_STAGES,
     ENDINGS,
     HANDOVER,
     JOB_COUNTERS,
-    JOB_SNAPSHOT,
     PROMPT_COUNTERS,
     RECEIVED,
     ROUTED,
-    STAGE_COUNTERS,
     STAGES,
     BatchBooks,
     ConsumerBook,
@@ -74,18 +71,14 @@ from processor.core.books import (
     LedgerImbalance,
     ModelBook,
     Tally,
-    balance,
     cached_prompt_share,
     check_prompts,
-    is_stage,
     move_tally,
-    prompt_keys,
     prompt_split,
-    restore_counter,
-    stage_values,
     sum_tallies,
 )
-from processor.core.ledger_keys import keys_of, parse_key
+from processor.core.ledger_checkpoint import adopt_unbooked_jobs, job_snapshot_of, restore_into, snapshot_of
+from processor.core.ledger_checks import check_books, check_holdings, check_job_books
 
 __all__ = [
     "CONSUMER_COUNTERS",
@@ -410,35 +403,6 @@ class Ledger:
             move_tally(book.queued, book.released_queued)
             move_tally(book.in_flight, book.released_in_flight)
 
-    def check_jobs(self) -> None:
-        """Both equations per job, and the jobs' books summing to the models' at every stage
-        (``Scheduler.check`` asks after comparing the models' books with the lanes).
-
-        Skipped while no job has a book: a ledger restored from a checkpoint written before jobs were
-        counted has none, and counts its jobs from then on only once it starts afresh."""
-        if not self.jobs:
-            return
-        for job, b in self.jobs.items():
-            RECEIVED.check(f"job {job!r}", b)
-            ROUTED.check(f"job {job!r}", b)
-        for stage in STAGES:
-            by_jobs = sum_tallies(getattr(b, stage) for b in self.jobs.values())
-            balance("ledger", f"{stage} by model", self.total(stage), f"{stage} by job", (by_jobs,))
-        for job, b in self.jobs.items():
-            check_prompts(f"job {job!r}", b)
-        by_job = Tally(0, sum(b.cached_prompt_tokens for b in self.jobs.values()))
-        balance("ledger", "cached_prompt by model", self.cached_total(), "cached_prompt by job", (by_job,))
-
-    def job_snapshot(self) -> dict[str, int]:
-        """Per-job counters, keyed ``job:<stage>_items:<job>`` (processor.core.ledger_keys)."""
-        out: dict[str, int] = {}
-        for job, b in self.jobs.items():
-            values = [*stage_values(b, STAGES), *(getattr(b, k) for k in JOB_COUNTERS)]
-            out.update(zip(keys_of(JOB_SNAPSHOT, "job", job), values, strict=True))
-            if self.prompts_counted:
-                out.update(prompt_keys(b, "job", job))
-        return out
-
     # -- totals and checks ----------------------------------------------------------------------
 
     def total(self, stage: str) -> Tally:
@@ -452,127 +416,37 @@ class Ledger:
         """Cached prompt tokens over every model (``tokens``; ``items`` is 0)."""
         return Tally(0, sum(b.cached_prompt_tokens for b in self.models.values()))
 
+    def job_snapshot(self) -> dict[str, int]:
+        """Per-job counters, keyed ``job:<stage>_items:<job>`` (core/ledger_checkpoint.py)."""
+        return job_snapshot_of(self)
+
     def check(self) -> None:
-        """Raise ``LedgerImbalance`` with both sides if any equation fails anywhere."""
-        for model, b in self.models.items():
-            RECEIVED.check(f"model {model}", b)
-            ROUTED.check(f"model {model}", b)
-        for name, c in self.consumers.items():
-            ROUTED.check(f"consumer {name}", c)
-        for stage in (
-            "routed",
-            "completed",
-            "failed",
-            "in_flight",
-            "adopted_in_flight",
-            "released_in_flight",
-            "retried",
-        ):
-            by_model = self.total(stage)
-            by_consumer = Tally()
-            for c in self.consumers.values():
-                t = getattr(c, stage)
-                by_consumer.add(t.items, t.tokens)
-            balance("ledger", f"{stage} by model", by_model, f"{stage} by consumer", (by_consumer,))
-        for model, b in self.models.items():
-            check_prompts(f"model {model}", b)
-        for name, c in self.consumers.items():
-            check_prompts(f"consumer {name}", c)
-        by_consumer_cached = Tally(0, sum(c.cached_prompt_tokens for c in self.consumers.values()))
-        balance(
-            "ledger",
-            "cached_prompt by model",
-            self.cached_total(),
-            "cached_prompt by consumer",
-            (by_consumer_cached,),
-        )
+        """Raise ``LedgerImbalance`` with both sides if an equation fails anywhere (core/ledger_checks.py)."""
+        check_books(self)
+
+    def check_jobs(self) -> None:
+        """Both equations per job, and the jobs' books summing to the models' (core/ledger_checks.py)."""
+        check_job_books(self)
 
     def check_holdings(self, waiting: tuple[int, int], in_flight: tuple[int, int] | None) -> None:
-        """:meth:`check`, then ``queued`` against the ``(items, tokens)`` the lanes hold, the jobs'
-        books (:meth:`check_jobs`), and ``in_flight`` against what the batches in flight hold
-        (None: not recounted). ``Scheduler.check`` passes what it recounted."""
-        self.check()
-        queued = self.total("queued")
-        if (queued.items, queued.tokens) != waiting:
-            raise LedgerImbalance(
-                f"ledger says {queued.items:,} items / {queued.tokens:,} tokens queued, lanes hold "
-                f"{waiting[0]:,} / {waiting[1]:,}"
-            )
-        self.check_jobs()
-        held = self.total("in_flight")
-        if in_flight is not None and (held.items, held.tokens) != in_flight:
-            raise LedgerImbalance(
-                f"ledger says {held.items:,} items / {held.tokens:,} tokens in flight, "
-                f"batches hold {in_flight[0]:,} / {in_flight[1]:,}"
-            )
+        """:meth:`check`, then what the lanes and batches in flight hold (core/ledger_checks.py)."""
+        check_holdings(self, waiting, in_flight)
 
     def snapshot(self) -> dict[str, int]:
-        """Flat counters: ``stage_items``/``stage_tokens`` totals, then per model, consumer and job
-        (the keys' grammar: processor.core.ledger_keys)."""
-        out: dict[str, int] = {"dead_lettered_items": self.dead_lettered}
-        for stage in STAGES:
-            t = self.total(stage)
-            out[f"{stage}_items"] = t.items
-            out[f"{stage}_tokens"] = t.tokens
-        if self.prompts_counted:
-            for counter in PROMPT_COUNTERS:
-                out[counter] = sum(getattr(b, counter) for b in self.models.values())
-        for model, b in self.models.items():
-            out.update(zip(keys_of(STAGE_COUNTERS, "model", model), stage_values(b, STAGES), strict=True))
-            if self.prompts_counted:
-                out.update(prompt_keys(b, "model", model))
-        for name, c in self.consumers.items():
-            values = stage_values(c, CONSUMER_STAGES) + [getattr(c, k) for k in CONSUMER_COUNTERS]
-            out.update(zip(keys_of(CONSUMER_SNAPSHOT, "consumer", name), values, strict=True))
-            if self.prompts_counted:
-                out.update(prompt_keys(c, "consumer", name))
-        out.update(self.job_snapshot())
-        return out
+        """Flat counters, to checkpoint (core/ledger_checkpoint.py; the keys: core/ledger_keys.py)."""
+        return snapshot_of(self)
 
     @classmethod
     def restore(cls, snapshot: dict[str, int]) -> Ledger:
-        """Rebuild a ledger from ``snapshot`` (the inverse of ``snapshot``).
-
-        A checkpoint without prompt counters (written before they existed, or by a ledger whose caller
-        passed no cached counts) had every completed prompt computed, as far as it knows: its books
-        get ``prefill_tokens`` equal to their completed tokens, so ``PROMPTS`` holds from the start,
-        and ``prompts_counted`` stays False until a caller passes a count."""
+        """Rebuild a ledger from ``snapshot``, the inverse of :meth:`snapshot` (core/ledger_checkpoint.py)."""
         ledger = cls()
-        ledger.dead_lettered = snapshot.get("dead_lettered_items", 0)
-        for key, value in snapshot.items():
-            parsed = parse_key(key)
-            book: ModelBook | ConsumerBook
-            if parsed.scope == "job":
-                book = ledger.job(parsed.owner)  # a job the checkpoint names only by its share too
-                if not is_stage(book, parsed.counter) and parsed.counter not in _JOB_BOOK_COUNTERS:
-                    continue  # the share policy's gauges (``job:weight_milli:<job>``): not the ledger's
-            elif parsed.scope == "model":
-                book = ledger._model(parsed.owner)
-            elif parsed.scope == "consumer":
-                book = ledger.consumer(parsed.owner)
-            else:
-                continue
-            restore_counter(book, parsed.counter, value)
-        ledger.prompts_counted = "prefill_tokens" in snapshot
-        if not ledger.prompts_counted:
-            books: list[ModelBook | ConsumerBook] = [*ledger.models.values(), *ledger.consumers.values()]
-            for b in [*books, *ledger.jobs.values()]:
-                b.prefill_tokens = b.completed.tokens - b.cached_prompt_tokens
+        restore_into(ledger, snapshot)
         return ledger
 
     def adopt_unbooked_jobs(self) -> None:
-        """A checkpoint written before jobs were counted has model books and no job books: its
-        counts go to job "" (no job), so the per-job equations hold from the first new item on."""
-        if self.jobs or not self.models:
-            return
-        book = self.job("")
-        for stage in STAGES:
-            t = sum_tallies(getattr(b, stage) for b in self.models.values())
-            getattr(book, stage).add(t.items, t.tokens)
-        for counter in PROMPT_COUNTERS:
-            setattr(book, counter, sum(getattr(b, counter) for b in self.models.values()))
+        """A checkpoint's counts from before jobs were counted go to job "" (core/ledger_checkpoint.py)."""
+        adopt_unbooked_jobs(self)
 
 
 _KEPT_BOOKS = 4096
 """How many (model, consumer, job) triples a ledger keeps the books of before it starts afresh."""
-_JOB_BOOK_COUNTERS = (*JOB_COUNTERS, *PROMPT_COUNTERS)

@@ -22,168 +22,27 @@ Everything here is driven by the ``now_ms`` the caller passes in: no clock, no I
 
 from __future__ import annotations
 
-import heapq
 from bisect import insort
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-
-from sortedcontainers import SortedList
 
 from processor.core.contract import BatchRule
 from processor.core.cut import cut_by_length, cut_in_arrival_order
 from processor.core.item import Item
 from processor.core.lane import DEQUE_AT, ByLength, Lane
+from processor.core.lane_settings import CUT_ORDERS, LaneSettings
+from processor.core.shape_lanes import LaneStats, ShapeKey, ShapeLanes, key_job, shape_key
 
-ShapeKey = tuple[str, int] | tuple[str, int, str]
-"""(model, shape), or (model, shape, job) for an item of a named job: a job's items get lanes of their
-own, so a batch holds one job's items (core/shares.py); items of no job keep the two-part key."""
-
-
-def shape_key(model: str, shape: int, job: str) -> ShapeKey:
-    return (model, shape, job) if job else (model, shape)
-
-
-def key_job(key: ShapeKey) -> str:
-    """The job of a shape key ("" for none)."""
-    return key[2] if len(key) == 3 else ""
-
-
-CUT_ORDERS = ("length", "arrival")
-
-
-@dataclass(frozen=True, slots=True)
-class LaneSettings:
-    """The knobs of lane assignment; docs/lanes.md gives the measurements behind each default."""
-
-    lane_budget: int = 2048
-    """Most lanes one (model, shape) may hold at once."""
-    cut: str = "length"
-    """How a batch is cut from a lane: ``length`` (longest first, see ``cut_tokens``) or ``arrival``."""
-    cut_tokens: int = 64
-    """``cut="length"``: an item joins a batch only if it pads by at most this many tokens to the
-    batch's longest item (counted in whole ``pad_multiple``s of the contract), and by at most
-    ``cut_ratio`` of that longest item's length; the batch is cut there."""
-    cut_ratio: float = 0.015
-    pad_multiple: int = 8
-    """Rounding used to measure padding when choosing a lane (consumers use their own for batches)."""
-    floor_tokens: int = 1 << 20
-    """Padding at or below this many tokens never opens a lane. The default keeps one lane per shape,
-    cut by length (docs/lanes.md measures it against the narrow lanes of ``floor_tokens=0,
-    cap_tokens=256``). Padding is counted in whole pad multiples, so any floor below
-    ``pad_multiple`` means "same padded length always shares a lane"."""
-    cap_tokens: int = 1 << 20
-    """Padding above this is never accepted while a lane can be opened or reclaimed."""
-    start_ratio: float = 0.002
-    """Threshold, as a fraction of the item's length, when the shape has no lanes."""
-    full_ratio: float = 0.05
-    """Threshold, as a fraction of the item's length, when the shape's lane budget is full."""
-    idle_ms: int = 3000
-    """An empty lane goes quiet (its id is reused) after this long without items."""
-
-    def __post_init__(self) -> None:
-        if self.lane_budget < 1:
-            raise ValueError(f"lane_budget must be >= 1, got {self.lane_budget}")
-        if self.pad_multiple < 1:
-            raise ValueError(f"pad_multiple must be >= 1, got {self.pad_multiple}")
-        if not 0 <= self.floor_tokens <= self.cap_tokens:
-            raise ValueError(
-                f"need 0 <= floor_tokens <= cap_tokens, got floor {self.floor_tokens}, cap {self.cap_tokens}"
-            )
-        if not 0 <= self.start_ratio <= self.full_ratio:
-            raise ValueError(
-                f"need 0 <= start_ratio <= full_ratio, got {self.start_ratio} and {self.full_ratio}"
-            )
-        if self.idle_ms < 0:
-            raise ValueError(f"idle_ms must be >= 0, got {self.idle_ms}")
-        if self.cut not in CUT_ORDERS:
-            raise ValueError(f"cut must be one of {', '.join(CUT_ORDERS)}, got {self.cut!r}")
-        if self.cut_tokens < 0:
-            raise ValueError(f"cut_tokens must be >= 0, got {self.cut_tokens}")
-        if self.cut_ratio < 0:
-            raise ValueError(f"cut_ratio must be >= 0, got {self.cut_ratio}")
-
-    def threshold_tokens(self, length: int, lanes_in_use: int) -> float:
-        """Padding above which an item of ``length`` tokens opens a lane, given the budget's fill."""
-        fill = lanes_in_use / self.lane_budget
-        ratio = self.start_ratio + (self.full_ratio - self.start_ratio) * fill
-        return max(self.floor_tokens, min(self.cap_tokens, length * ratio))
-
-
-class ShapeLanes:
-    """All lanes of one (model, shape), and what is waiting in them."""
-
-    __slots__ = (
-        "_free_ids",
-        "_next_id",
-        "choices",
-        "job",
-        "key",
-        "lanes",
-        "newest_ms",
-        "order",
-        "order_dirty",
-        "order_seq",
-        "order_version",
-        "ready",
-        "run",
-        "sole",
-        "waiting_items",
-        "waiting_tokens",
-    )
-
-    def __init__(self, key: ShapeKey) -> None:
-        self.key = key
-        self.job = key_job(key)  # "" for items of no job
-        self.lanes: dict[int, Lane] = {}
-        self.order: SortedList = SortedList()  # (rep, lane id)
-        # length -> the lane an item of that length joins, while ``order`` stays as it is
-        self.choices: dict[int, Lane] = {}
-        # the shape's one lane while every length that pads to at most floor_tokens joins it (the
-        # default settings keep one lane per shape); None otherwise. Cleared with ``choices``.
-        self.sole: Lane | None = None
-        self.ready: OrderedDict[int, Lane] = OrderedDict()  # non-empty lanes, oldest first
-        self.waiting_items = 0
-        self.waiting_tokens = 0
-        self.newest_ms = 0  # latest arrival_ms placed here (the overtaking deadline reads it)
-        self.run = 0  # the last LaneTable.place_many that placed an item here
-        self.order_seq = 0  # rule 3's order (core/switch_order.py): activation number, 0 when idle
-        self.order_version = 0  # ... and the version of its one live heap entry, 0 when idle
-        self.order_dirty = False  # ... and whether its waiting tokens changed since that entry
-        self._free_ids: list[int] = []
-        self._next_id = 0
-
-    @property
-    def model(self) -> str:
-        return self.key[0]
-
-    @property
-    def shape(self) -> int:
-        return self.key[1]
-
-    def _new_id(self) -> tuple[int, bool]:
-        if self._free_ids:
-            return heapq.heappop(self._free_ids), True
-        lane_id = self._next_id
-        self._next_id += 1
-        return lane_id, False
-
-    def release_id(self, lane_id: int) -> None:
-        heapq.heappush(self._free_ids, lane_id)
-
-
-@dataclass(slots=True)
-class LaneStats:
-    """Counters of lane activity; ``reuses`` counts items placed in an existing lane."""
-
-    reuses: int = 0
-    new_lanes: int = 0
-    id_reuses: int = 0
-    idle_reclaims: int = 0
-    lanes_in_use: int = 0
-    lanes_in_use_peak: int = 0
-    lane_pressure_peak: float = 0.0
-    """The highest :meth:`LaneTable.lane_pressure` reached (it changes only as lanes open or retire)."""
+__all__ = [
+    "CUT_ORDERS",
+    "LaneSettings",
+    "LaneStats",
+    "LaneTable",
+    "ShapeKey",
+    "ShapeLanes",
+    "key_job",
+    "shape_key",
+]  # the settings and the shapes' lanes live in core/lane_settings.py and core/shape_lanes.py
 
 
 class LaneTable:

@@ -5,7 +5,10 @@ What goes where: waiting items sit in the lane table (core/lanes.py, cut into ba
 which lane a consumer's next batch comes from is core/dispatch.py (its docstring states the rules);
 what consumers hold until they answer is core/inflight.py, which failures go back is core/retries.py;
 the counts are the ledger's (core/accounting.py), and the scheduler is its only writer. Read-only
-figures for observers are :class:`~processor.core.view.SchedulerView` (``Scheduler.view``).
+figures for observers are :class:`~processor.core.view.SchedulerView` (``Scheduler.view``): the
+scheduler's state is private. Two parts of it live beside it, as mixins: taking back restored work
+and letting it go in a partition handover (core/adoption.py), and withdrawing the items of jobs
+that end (core/endings.py).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from dataclasses import replace
 from typing import Literal
 
 from processor.core.accounting import Ledger
+from processor.core.adoption import HandoverAdoption
 from processor.core.contract import Contract, check_batch
 from processor.core.dispatch import DEADLINES, Choice, DispatchRules, DispatchSettings
-from processor.core.endings import Ending, JobEndings
+from processor.core.endings import EndingJobs, JobEndings
 from processor.core.inflight import (
     Answers,
     ConsumerState,
@@ -32,14 +36,14 @@ from processor.core.inflight import (
 from processor.core.item import Batch, Item, ItemOutcome, Outcome
 from processor.core.lanes import LaneSettings, LaneTable, ShapeKey, ShapeLanes
 from processor.core.retries import RetryPolicy
-from processor.core.shares import Shares
+from processor.core.shares import JobPolicy, Shares
 from processor.core.switch_order import SwitchOrder
 from processor.core.view import SchedulerView
 
 __all__ = ["DEADLINES", "DispatchSettings", "Scheduler"]  # the settings live in core/dispatch.py
 
 
-class Scheduler:
+class Scheduler(HandoverAdoption, EndingJobs):
     """The scheduling core: lanes, contracts, dispatch and the ledger, driven by ``now_ms``.
 
     Owned by one thread. Adapters call ``submit`` for each decoded item, ``dispatch`` when slots may
@@ -57,12 +61,12 @@ class Scheduler:
         batch_prefix: str = "b",
         shares: Shares | None = None,
     ) -> None:
-        self.table = LaneTable(lanes)
-        self.shares = shares or Shares()
+        self._table = LaneTable(lanes)
+        self._shares = shares or Shares()
         self.settings = dispatch or DispatchSettings()
-        self.ledger = ledger or Ledger()
+        self._ledger = ledger or Ledger()
         self.batch_prefix = batch_prefix
-        self.consumers: dict[str, ConsumerState] = {}
+        self._consumers: dict[str, ConsumerState] = {}
         self._by_model: dict[str, list[ConsumerState]] = {}
         self._active: dict[str, dict[ShapeKey, ShapeLanes]] = {}
         self._arrivals: dict[str, deque[Item]] = {}
@@ -70,13 +74,13 @@ class Scheduler:
         self._flights = InFlightTable()
         self._seq = 0
         self.oversized = 0
-        self.endings = JobEndings()
+        self._endings = JobEndings()
         self.retries = RetryPolicy()
         self._retried: list[Item] = []
         self._rules = DispatchRules(
             self.settings,
-            self.shares,
-            self.table.by_length,
+            self._shares,
+            self._table.by_length,
             self._active,
             self._by_model,
             self._arrivals,
@@ -90,9 +94,9 @@ class Scheduler:
         """Add a consumer or change its contract (batches it holds stay in flight). ``slots`` is how
         many of its ``max_inflight`` this scheduler may fill (several processor instances share a
         consumer: processor/state/credits.py); None means all of them."""
-        state = self.consumers.get(contract.consumer)
+        state = self._consumers.get(contract.consumer)
         if state is None:
-            state = self.consumers[contract.consumer] = ConsumerState(contract, slots)
+            state = self._consumers[contract.consumer] = ConsumerState(contract, slots)
         else:
             state.slots = slots
             self._by_model[state.contract.model].remove(state)
@@ -105,7 +109,7 @@ class Scheduler:
 
     def retire(self, consumer: str, now_ms: int) -> list[Batch]:
         """Remove a consumer; the batches it held go back to their lanes, counted as redelivered."""
-        state = self.consumers.pop(consumer)
+        state = self._consumers.pop(consumer)
         self._by_model[state.contract.model].remove(state)
         self._order.unpark(state.contract.model)
         returned = [f.batch for f in state.in_flight.values()]
@@ -130,84 +134,6 @@ class Scheduler:
                 raise ValueError(f"item {item.id!r}: length must be >= 1, got {item.length}")
         self._enqueue_many(items, times, "received")
 
-    def adopt_waiting(self, item: Item, now_ms: int) -> None:
-        """Take in an item restored from the changelog (counted as adopted, not received)."""
-        self.adopt_waiting_many((item,), (now_ms,))
-
-    def adopt_waiting_many(self, items: Sequence[Item], times: Sequence[int]) -> None:
-        """:meth:`adopt_waiting` for each item in turn, in one pass (a restore takes millions)."""
-        self._enqueue_many(items, times, "adopted")
-
-    def adopt_in_flight(self, batch: Batch, now_ms: int, done: Collection[str] = ()) -> bool:
-        """Re-register a batch restored from the changelog; ``done`` names items already answered
-        (counted where they were answered), the rest are adopted as in flight.
-
-        The batch's items are marked dispatched in the batch's lane here (as :meth:`dispatch` leaves
-        the items it emits), so a caller hands over items as it rebuilt them; items already marked so
-        stay as they are.
-
-        Returns False if its consumer has no contract any more: the outstanding items then go back to
-        their lanes, counted as redelivered.
-        """
-        track = self.shares.track
-        lane = batch.lane
-        for it in batch.items:
-            it.job = track(it.job)
-            it.dispatched = True
-            it.lane = lane
-        jobs = {it.job for it in batch.items}
-        flight = InFlight(batch, jobs.pop() if len(jobs) == 1 else None)
-        if done:
-            flight.pending = {it.id: it for it in batch.items if it.id not in done}
-        outstanding = flight.outstanding()
-        self.ledger.adopted_in_flight(
-            batch.model, batch.consumer, len(outstanding), sum(it.length for it in outstanding)
-        )
-        for job, (n, tokens) in per_job(outstanding).items():
-            self.ledger.job_adopted_in_flight(job, n, tokens)
-        state = self.consumers.get(batch.consumer)
-        if state is None:
-            self._flights.hold(ConsumerState(Contract(batch.consumer, batch.model, 1, 1)), flight)
-            self.requeue(batch.batch_id, now_ms)
-            return False
-        self._flights.hold(state, flight)
-        return True
-
-    def release_slots(self) -> None:
-        """Every known consumer holds no slots here until :meth:`set_contract` gives it a share again.
-
-        After this instance hands its ingest partitions over, the in-flight slots of each consumer
-        belong to whichever instances own partitions now (processor/state/credits.py deals them out);
-        dispatching on a stale share would send a consumer more batches than its ``max_inflight``.
-        Contracts stay, so a later share needs no new announcement.
-        """
-        for state in self.consumers.values():
-            state.slots = 0
-
-    def release_all(self) -> None:
-        """Forget every waiting item and in-flight batch (their ingest partitions are being handed
-        over, or restored afresh); the ledger moves their counts to ``released``. Contracts stay."""
-        stats = self.table.stats
-        stats.lanes_in_use = 0  # the counters of lane activity carry on; only the lanes go
-        self.table = LaneTable(self.table.settings)
-        self.table.stats = stats
-        self._active.clear()
-        self._order.clear()
-        self.shares.reset_waiting()
-        self._arrivals.clear()
-        self._flights.clear()
-        for state in self.consumers.values():
-            state.in_flight.clear()
-            state.shape = None
-        self.ledger.release_all()
-
-    def done_items(self, batch_id: str) -> list[str]:
-        """Ids of the items of an in-flight batch that have been answered already."""
-        entry = self._flights.get(batch_id)
-        if entry is None:
-            raise KeyError(batch_id)
-        return entry[1].done_ids()
-
     def _enqueue_many(
         self, items: Sequence[Item], times: Sequence[int], count: Literal["received", "adopted"] | None
     ) -> None:
@@ -218,13 +144,13 @@ class Scheduler:
         if not items:
             return
         if count is not None:
-            track = self.shares.track
+            track = self._shares.track
             for item in items:
                 if item.job:
                     item.job = track(item.job)
         added: dict[tuple[str, str], list[int]] = {}  # (model, job) -> [items, tokens]
         placed = self._order.placed
-        for sl, had_items, had_tokens in self.table.place_many(items, times):
+        for sl, had_items, had_tokens in self._table.place_many(items, times):
             if not had_items or not sl.order_dirty:  # else noted already: SwitchOrder.placed returns
                 placed(sl, had_items == 0)
             model, job = sl.key[0], sl.job
@@ -235,11 +161,11 @@ class Scheduler:
             tally[1] += sl.waiting_tokens - had_tokens
             if had_items == 0:
                 self._active.setdefault(model, {})[sl.key] = sl
-                self.shares.lanes_changed(model, job, 1)
-        ledger = self.ledger
+                self._shares.lanes_changed(model, job, 1)
+        ledger = self._ledger
         for (model, job), (n, tokens) in added.items() if count is not None else ():
             ledger.batch_received(model, job, n, tokens, count == "adopted")
-        ended = self.endings.ended
+        ended = self._endings.ended
         if ended:
             for job in {job for _model, job in added if job in ended}:
                 self._withdraw_job(job, ended[job], times[-1])
@@ -267,10 +193,10 @@ class Scheduler:
 
     def dispatch(self, now_ms: int) -> list[Batch]:
         """Fill every free slot of every consumer that has work; consumers take turns, one batch each."""
-        if self.endings.deadlines:
+        if self._endings.deadlines:
             self.expire(now_ms)
         out: list[Batch] = []
-        states = list(self.consumers.values())  # emitting a batch adds or removes no consumer
+        states = list(self._consumers.values())  # emitting a batch adds or removes no consumer
         choose = self._rules.choose
         progress = True
         while progress:
@@ -285,13 +211,13 @@ class Scheduler:
 
     def next_batch(self, consumer: str, now_ms: int) -> Batch | None:
         """One batch for ``consumer`` if it has a free slot and there is work it may take."""
-        state = self.consumers[consumer]
+        state = self._consumers[consumer]
         if state.free_slots <= 0:
             return None
         return self._next_batch(state, now_ms)
 
     def _next_batch(self, state: ConsumerState, now_ms: int) -> Batch | None:
-        if self.endings.deadlines:
+        if self._endings.deadlines:
             self.expire(now_ms)
         choice = self._rules.choose(state, now_ms)
         return None if choice is None else self._emit(state, now_ms, choice)
@@ -304,14 +230,14 @@ class Scheduler:
         rule = c.rule if room is None or room >= c.rule.max_items else replace(c.rule, max_items=room)
         leave = anchor is None and self._rules.leaves_longer(c, lane)
         before = lane.tokens
-        items, padded_length = self.table.take_batch(sl, lane, rule, now_ms, anchor, leave)
+        items, padded_length = self._table.take_batch(sl, lane, rule, now_ms, anchor, leave)
         real = before - lane.tokens  # the batch's tokens, without another pass over its items
         if lane.tokens:  # it still holds items
             sl.ready.move_to_end(lane.id)
         self._order.taken_from(sl)
         if sl.waiting_items == 0:
             del self._active[c.model][sl.key]
-            self.shares.lanes_changed(c.model, sl.job, -1)
+            self._shares.lanes_changed(c.model, sl.job, -1)
         model, shape, job = sl.key[0], sl.key[1], sl.job
         n = len(items)
         oversized = n == 1 and not c.rule.fits_alone(items[0].length, items[0].output_budget)
@@ -337,8 +263,8 @@ class Scheduler:
         state.last_shape = sl.key
         self._flights.hold(state, InFlight(batch, job, real))
         self.oversized += oversized
-        self.ledger.batch_routed(model, c.consumer, job, n, real, padded_length * n, oversized)
-        self.shares.routed(model, job, real, now_ms)
+        self._ledger.batch_routed(model, c.consumer, job, n, real, padded_length * n, oversized)
+        self._shares.routed(model, job, real, now_ms)
         return batch
 
     # -- results in ----------------------------------------------------------------------------
@@ -411,14 +337,18 @@ class Scheduler:
             raise KeyError(batch_id)
         batch = entry[1].batch
         items = list(entry[1].outstanding())
-        self.ledger.requeued(batch.model, batch.consumer, len(items), sum(it.length for it in items))
+        self._ledger.requeued(batch.model, batch.consumer, len(items), sum(it.length for it in items))
         for job, (n, tokens) in per_job(items).items():
-            self.ledger.job_requeued(job, n, tokens)
-            self.shares.requeued(job, tokens)
+            self._ledger.job_requeued(job, n, tokens)
+            self._shares.requeued(job, tokens)
         for item in items:
             item.dispatched = False
         self._enqueue_many(items, [now_ms] * len(items), None)
         return items
+
+    def set_policy(self, job: str, policy: JobPolicy) -> None:
+        """``job``'s share policy from now on (weight and quotas: core/shares.py)."""
+        self._shares.set_policy(job, policy)
 
     def set_max_attempts(self, job: str, max_attempts: int | None) -> None:
         """``job``'s items get ``max_attempts`` dispatches in all (None: the default, 3)."""
@@ -434,50 +364,12 @@ class Scheduler:
         again, rest = self.retries.split(answered, retriable)
         if again:
             b = flight.batch
-            self.ledger.retried(b.model, b.consumer, len(again), sum(it.length for it in again))
+            self._ledger.retried(b.model, b.consumer, len(again), sum(it.length for it in again))
             for job, (n, tokens) in per_job(again).items():
-                self.ledger.job_retried(job, n, tokens)
+                self._ledger.job_retried(job, n, tokens)
             self._retried += again
             self._enqueue_many(again, [now_ms] * len(again), None)
         return rest
-
-    # -- jobs that end before their items are dispatched (core/endings.py) ------------------------
-
-    def end_job(self, job: str, ending: Ending, now_ms: int) -> int:
-        """``job`` is cancelled (or expired): its waiting items leave the lanes now, and any that
-        arrives later leaves as it arrives; batches in flight finish. Returns how many items left
-        now (0 as well when the job had ended already). The adapter answers them: :meth:`take_ended`."""
-        if not self.endings.end(job, ending):
-            return 0
-        self.shares.track(job)  # its items get lanes of their own, so that they can leave as a job
-        return self._withdraw_job(job, ending, now_ms)
-
-    def set_deadline(self, job: str, deadline_ms: int | None, now_ms: int) -> None:
-        """``job`` ends ``expired`` at ``deadline_ms`` (None: no deadline); at once if that has passed."""
-        self.endings.set_deadline(job, deadline_ms)
-        self.expire(now_ms)
-
-    def expire(self, now_ms: int) -> int:
-        """End every job whose deadline has come; returns how many items that withdrew."""
-        return sum(self.end_job(job, "expired", now_ms) for job in self.endings.due(now_ms))
-
-    def take_ended(self) -> list[tuple[Item, Ending]]:
-        """The items withdrawn since the last call, with how their job ended, in the order they left."""
-        out, self.endings.withdrawn = self.endings.withdrawn, []
-        return out
-
-    def _withdraw_job(self, job: str, ending: Ending, now_ms: int) -> int:
-        withdrawn = 0
-        for sl in [sl for sl in self.table.shapes.values() if sl.job == job and sl.waiting_items]:
-            model, tokens = sl.key[0], sl.waiting_tokens
-            items = self.table.withdraw(sl, now_ms)
-            self._order.taken_from(sl)
-            del self._active[model][sl.key]
-            self.shares.lanes_changed(model, job, -1)
-            self.ledger.ended(model, job, ending, len(items), tokens)
-            self.endings.withdrawn += [(item, ending) for item in items]
-            withdrawn += len(items)
-        return withdrawn
 
     def _finished(
         self,
@@ -495,41 +387,35 @@ class Scheduler:
             both = [(True, it) for it in batch.items]
         total = None if cached is None or both is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
         ok_items, ok_tokens, bad_items, bad_tokens = counts  # passed by position: no tuple call (per batch)
-        self.ledger.batch_finished(
+        self._ledger.batch_finished(
             batch.model, batch.consumer, job, ok_items, ok_tokens, bad_items, bad_tokens, total
         )
         if job is None and both is not None:
             for ok, it in both:
                 n = it.length
                 mine = None if cached is None else cached.get(it.id, 0) if ok else 0
-                self.ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
+                self._ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)
 
     # -- the ledger ------------------------------------------------------------------------------
 
-    def resume_ledger(self, snapshot: dict[str, int]) -> None:
-        """Continue from a checkpointed ledger (:meth:`Ledger.snapshot`); only before any item arrives."""
-        self.ledger = Ledger.restore(snapshot)
-        self.ledger.adopt_unbooked_jobs()
-        self.shares.resume(self.ledger)
-
     def dead_lettered(self) -> None:
         """An input that never became an item (undecodable or invalid): counted, never queued."""
-        self.ledger.dead_lettered += 1
+        self._ledger.dead_lettered += 1
 
     def duplicate(self, model: str, tokens: int, job: str = "") -> None:
         """A producer's repeat of an item id within the dedupe window: dead-lettered, never queued;
         counted in its job's book too (as ``submit`` would name the job)."""
-        self.ledger.duplicate(model, tokens, self.shares.track(job) if job else "")
+        self._ledger.duplicate(model, tokens, self._shares.track(job) if job else "")
 
     def cache_reported(self, consumer: str, hit: bool) -> None:
         """A finished batch's engine said whether its prefix was already in the KV cache."""
-        self.ledger.cache(consumer, hit)
+        self._ledger.cache(consumer, hit)
 
     # -- housekeeping and views ----------------------------------------------------------------
 
     def tick(self, now_ms: int) -> int:
         """Periodic housekeeping: retire quiet lanes. Returns how many went quiet."""
-        return self.table.reclaim_idle(now_ms)
+        return self._table.reclaim_idle(now_ms)
 
     def in_flight_batches(self) -> Iterable[Batch]:
         return self._flights.batches()
@@ -563,7 +449,7 @@ class Scheduler:
         may be a step old."""
         return {
             model: (book.queued.items, book.queued.tokens)
-            for model, book in list(self.ledger.models.items())
+            for model, book in list(self._ledger.models.items())
             if book.queued.items > 0 and not self._by_model.get(model)
         }
 
@@ -571,7 +457,7 @@ class Scheduler:
     def shape_switches(self) -> int:
         """Shape switches of every consumer known now (a retired consumer's go with it); safe to read
         from another thread (the dict is copied in one C call)."""
-        return sum(c.shape_switches for c in list(self.consumers.values()))
+        return sum(c.shape_switches for c in list(self._consumers.values()))
 
     def check(self, deep: bool = True) -> None:
         """Compare the ledger with what the lanes and in-flight batches hold; raise on any difference.
@@ -581,7 +467,7 @@ class Scheduler:
         lanes' and in-flight running totals are compared, which is cheap enough for every checkpoint.
         """
         if deep:
-            self.table.check()
+            self._table.check()
             self._order.check()
-        waiting = (self.table.waiting_items, self.table.waiting_tokens)
-        self.ledger.check_holdings(waiting, self._flights.outstanding() if deep else None)
+        waiting = (self._table.waiting_items, self._table.waiting_tokens)
+        self._ledger.check_holdings(waiting, self._flights.outstanding() if deep else None)

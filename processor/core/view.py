@@ -16,14 +16,20 @@ scheduler is what proves them consistent.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from processor.core.accounting import ConsumerBook, JobBook, ModelBook, Tally
 from processor.core.contract import Contract
-from processor.core.item import Batch
+from processor.core.item import Batch, Item
+from processor.core.shares import JobPolicy
 
 if TYPE_CHECKING:
+    from processor.core.endings import Ending
     from processor.core.inflight import ConsumerState
     from processor.core.scheduler import Scheduler
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +96,7 @@ class SchedulerView:
 
     def waiting(self) -> Waiting:
         """Everything waiting in lanes."""
-        table = self._core.table
+        table = self._core._table
         return Waiting(table.waiting_items, table.waiting_tokens)
 
     def waiting_by_model(self) -> dict[str, Waiting]:
@@ -105,9 +111,14 @@ class SchedulerView:
         """What waits per (model, shape), a shape's jobs together; shapes with nothing waiting left out."""
         return {key: Waiting(*n) for key, n in self._by_shape().items()}
 
+    def waiting_list(self) -> list[Item]:
+        """The items waiting in lanes, lane by lane (the items themselves, not copies: for tests and
+        tools; linear in what waits)."""
+        return list(self._core._table.waiting())
+
     def _by_shape(self) -> dict[tuple[str, int], tuple[int, int]]:
         out: dict[tuple[str, int], tuple[int, int]] = {}
-        for sl in list(self._core.table.shapes.values()):
+        for sl in list(self._core._table.shapes.values()):
             if sl.waiting_items:
                 key = (sl.model, sl.shape)
                 items, tokens = out.get(key, (0, 0))
@@ -117,7 +128,7 @@ class SchedulerView:
     # -- lanes and dispatch ----------------------------------------------------------------------
 
     def lanes(self) -> LaneSnapshot:
-        table = self._core.table
+        table = self._core._table
         st = table.stats
         return LaneSnapshot(
             lanes_in_use=st.lanes_in_use,
@@ -143,17 +154,92 @@ class SchedulerView:
 
     def consumers(self) -> dict[str, ConsumerSnapshot]:
         """Every consumer with a contract, in the order they announced."""
-        return {name: _snapshot(state) for name, state in list(self._core.consumers.items())}
+        return {name: _snapshot(state) for name, state in list(self._core._consumers.items())}
 
     def consumer(self, name: str) -> ConsumerSnapshot | None:
         """One consumer's figures; None when it has no contract."""
-        state = self._core.consumers.get(name)
+        state = self._core._consumers.get(name)
         return None if state is None else _snapshot(state)
 
     def contract(self, name: str) -> Contract | None:
         """A consumer's contract (cheaper than :meth:`consumer`); None when it has none."""
-        state = self._core.consumers.get(name)
+        state = self._core._consumers.get(name)
         return None if state is None else state.contract
+
+    # -- the ledger's books ----------------------------------------------------------------------
+    # The books are the ledger's live objects, not copies (a scrape reads thousands of counters):
+    # read them, never write them; copy what you keep. The scheduler is the ledger's only writer.
+
+    def total(self, stage: str) -> Tally:
+        """A ledger stage (``received``, ``queued``, ``completed``...) summed over every model, a copy."""
+        return self._core._ledger.total(stage)
+
+    def cached_total(self) -> Tally:
+        """Cached prompt tokens over every model (``tokens``; ``items`` is 0)."""
+        return self._core._ledger.cached_total()
+
+    def model_books(self) -> list[tuple[str, ModelBook]]:
+        """(model, its book) for every model the ledger counted, in the order they first came."""
+        return _items(self._core._ledger.models)
+
+    def consumer_books(self) -> list[tuple[str, ConsumerBook]]:
+        """(consumer, its book) for every consumer the ledger counted (retired ones too)."""
+        return _items(self._core._ledger.consumers)
+
+    def job_books(self) -> list[tuple[str, JobBook]]:
+        """(job, its book) for every job the ledger counted."""
+        return _items(self._core._ledger.jobs)
+
+    def job_book(self, job: str) -> JobBook:
+        """``job``'s book; an empty one, not kept, when the ledger never counted it."""
+        return self._core._ledger.jobs.get(job) or JobBook.empty()
+
+    def consumer_book(self, consumer: str) -> ConsumerBook:
+        """``consumer``'s book; an empty one, not kept, when the ledger never counted it."""
+        return self._core._ledger.consumers.get(consumer) or ConsumerBook.empty()
+
+    def model_book(self, model: str) -> ModelBook:
+        """``model``'s book; an empty one, not kept, when the ledger never counted it."""
+        return self._core._ledger.models.get(model) or ModelBook.empty()
+
+    def prompts_counted(self) -> bool:
+        """Whether any consumer reported cached prompt tokens (else the prompt counters mean nothing)."""
+        return self._core._ledger.prompts_counted
+
+    def dead_lettered(self) -> int:
+        """Inputs that never became items (undecodable, invalid or duplicates)."""
+        return self._core._ledger.dead_lettered
+
+    def ledger_snapshot(self) -> dict[str, int]:
+        """The ledger's counters as a checkpoint holds them (``Ledger.snapshot``)."""
+        return self._core._ledger.snapshot()
+
+    def handover_delta(self) -> dict[str, tuple[int, int]]:
+        """What a partition handover moved so far, per stage (``Ledger.handover_delta``)."""
+        return self._core._ledger.handover_delta()
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def policy(self, job: str) -> JobPolicy:
+        """``job``'s share policy (the default one when none was set)."""
+        return self._core._shares.policy(job)
+
+    def share_jobs(self) -> list[str]:
+        """Every job with a policy, a quota state or a virtual time (core/shares.py)."""
+        return list(self._core._shares.jobs())
+
+    def capped_now(self, job: str, now_ms: int) -> bool:
+        """Whether a quota holds ``job``'s items back at ``now_ms``."""
+        return self._core._shares.capped_now(job, now_ms)
+
+    def ended(self, job: str) -> Ending | None:
+        """How ``job`` ended (cancelled or expired); None while it has not."""
+        return self._core._endings.ended.get(job)
+
+
+def _items(d: dict[K, V]) -> list[tuple[K, V]]:
+    """``d``'s items copied in one C call (str keys: it cannot see the owner thread add a key)."""
+    return list(d.items())
 
 
 def _snapshot(state: ConsumerState) -> ConsumerSnapshot:

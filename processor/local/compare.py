@@ -34,7 +34,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from processor.core.accounting import cached_prompt_share, prompt_split
-from processor.core.measures import padding_waste, percentile
+from processor.core.measures import budget_fill, padding_waste, percentile
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
@@ -71,7 +71,7 @@ class CardFigures:
 
     @property
     def budget_fill(self) -> float:
-        return self.fill_padded_tokens / (self.fill_batches * self.budget) if self.fill_batches else 0.0
+        return budget_fill(self.fill_padded_tokens, self.fill_batches * self.budget) or 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +129,7 @@ class RunFigures:
     @property
     def budget_fill(self) -> float:
         room = sum(c.fill_batches * c.budget for c in self.cards.values())
-        return self.cards_sum("fill_padded_tokens") / room if room else 0.0
+        return budget_fill(self.cards_sum("fill_padded_tokens"), room) or 0.0
 
     @property
     def batches(self) -> int:

@@ -19,7 +19,6 @@ Names and meanings: docs/metrics.md (keep the two in step; tests/ops/test_metric
 from __future__ import annotations
 
 import functools
-import operator
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
@@ -29,12 +28,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from processor import __version__
-from processor.apps.observe import ServiceCounters, ServiceObserver
-from processor.core.accounting import ENDINGS, RECEIVED, ROUTED, ConsumerBook, Equation, ModelBook, Tally
+from processor.apps.observe import ServiceCounters, ServiceObserver, ServiceStatus
+from processor.core.accounting import RECEIVED, ROUTED, ConsumerBook, Equation, ModelBook
 from processor.core.measures import padding_waste
-from processor.kafka.factory import ClientFactory, ConsumerClient
+from processor.kafka.factory import ClientFactory
 from processor.kafka.topics import TopicNames
-from processor.ops.histograms import ServiceLatency, copy_items
+from processor.ops.histograms import ServiceLatency
+from processor.ops.metrics_tables import (
+    CONSUMER_BOOKS,
+    CONSUMER_PROMPTS,
+    CONSUMER_STATES,
+    LANES,
+    MODEL_PROMPTS,
+    MODEL_STAGES,
+    families,
+    gross,
+    job_families,
+)
 from processor.ops.pipeline_view import PipelineCollector, PipelineReader
 
 if TYPE_CHECKING:
@@ -82,12 +92,13 @@ class ServiceView(Protocol):
     """What the collector reads of a :class:`processor.apps.service.ProcessorService` (tests pass fakes).
 
     ``conf``, ``topics``, ``clients`` and ``settings.group_id`` build the pipeline view's reader
-    (processor.ops.pipeline_view); ``ingest`` is asked for its assignment in at-least-once mode only.
+    (processor.ops.pipeline_view). The scheduler is read through ``core.view``; the ingest partitions
+    owned and their lag through ``status``, which the service takes on its own thread (the collector
+    calls no Kafka client of the service: librdkafka clients belong to the thread that polls them).
     """
 
     core: Scheduler
     counters: ServiceCounters
-    lag: dict[int, int]
     last_step_s: float
     last_broker_ok_s: float
     ledger_error: str | None
@@ -96,10 +107,9 @@ class ServiceView(Protocol):
     topics: TopicNames
     clients: ClientFactory
     settings: ProcessorSettings
-    ingest: ConsumerClient
 
     @property
-    def owned(self) -> frozenset[int]: ...
+    def status(self) -> ServiceStatus: ...
 
     def now_ms(self) -> int: ...
 
@@ -151,41 +161,15 @@ class ProcessorCollector(Collector):
     # -- the ledger ---------------------------------------------------------------------------
 
     def _ledger(self) -> Iterator[Metric]:
-        ledger = self.service.core.ledger
-        models = copy_items(ledger.models)
-        # Received, completed and failed only grow (counters); the others go down as items move on.
-        for family, stage, doc in (
-            (CounterMetricFamily, "received", "taken from the ingest topic"),
-            (CounterMetricFamily, "completed", "completed ok by a consumer"),
-            (CounterMetricFamily, "failed", "answered failed or rejected by a consumer"),
-            (GaugeMetricFamily, "queued", "waiting in lanes"),
-            (
-                GaugeMetricFamily,
-                "routed",
-                "sent to a consumer and not handed back (net: a retiring consumer's batches return)",
-            ),
-            (GaugeMetricFamily, "in_flight", "sent to a consumer and not answered yet"),
-        ):
-            for unit in ("items", "tokens"):
-                fam = family(f"tokenfabric_{stage}_{unit}", f"Prompt {unit} {doc}.", labels=["model"])
-                for model, book in models:
-                    fam.add_metric([model], getattr(getattr(book, stage), unit))
-                yield fam
-        if ledger.prompts_counted:
-            for counter, doc in (
-                ("cached_prompt_tokens", "served from the engines' prefix caches (measured by the servers)"),
-                ("prefill_tokens", "computed by the engines (prefill)"),
-            ):
-                fam = CounterMetricFamily(
-                    f"tokenfabric_{counter}", f"Prompt tokens of items completed ok, {doc}.", labels=["model"]
-                )
-                for model, book in models:
-                    fam.add_metric([model], getattr(book, counter))
-                yield fam
+        view = self.service.core.view
+        models = [((model,), book) for model, book in view.model_books()]
+        yield from families(MODEL_STAGES, models, ["model"])
+        if view.prompts_counted():
+            yield from families(MODEL_PROMPTS, models, ["model"])
         dead = CounterMetricFamily(
             "tokenfabric_dead_lettered_messages", "Ingest messages dead-lettered (undecodable or invalid)."
         )
-        dead.add_metric([], ledger.dead_lettered)
+        dead.add_metric([], view.dead_lettered())
         yield dead
         imbalance = GaugeMetricFamily(
             "tokenfabric_ledger_imbalance_tokens",
@@ -194,7 +178,7 @@ class ProcessorCollector(Collector):
             "- completed - in_flight - failed - released_in_flight. Must read 0.",
             labels=["model", "equation"],
         )
-        for model, book in models:
+        for (model,), book in models:
             for equation in (RECEIVED, ROUTED):
                 gap = functools.partial(_gap_tokens, equation, book)
                 imbalance.add_metric([model, equation.name], _consistent(gap))
@@ -208,133 +192,21 @@ class ProcessorCollector(Collector):
     # -- consumers ----------------------------------------------------------------------------
 
     def _consumers(self) -> Iterator[Metric]:
-        core = self.service.core
-        books = copy_items(core.ledger.consumers)
-        label = ["consumer"]
-
-        def per_book(
-            name: str, doc: str, value: Callable[[ConsumerBook], int], counter: bool = True
-        ) -> Metric:
-            cls = CounterMetricFamily if counter else GaugeMetricFamily
-            fam = cls(name, doc, labels=label)
-            for consumer, book in books:
-                fam.add_metric([consumer], value(book))
-            return fam
-
-        yield per_book(
-            "tokenfabric_consumer_routed_items",
-            "Items sent to the consumer, counting again those sent once more after a retirement.",
-            lambda b: _gross(b).items,
-        )
-        yield per_book(
-            "tokenfabric_consumer_real_tokens",
-            "Prompt tokens in batches sent to the consumer (the numerator of padding efficiency).",
-            lambda b: _gross(b).tokens,
-        )
-        yield per_book(
-            "tokenfabric_consumer_padded_tokens",
-            "Padded tokens of batches sent to the consumer: items x padded length (what the GPU pays).",
-            lambda b: b.padded_tokens,
-        )
-        yield per_book(
-            "tokenfabric_consumer_routed_batches", "Batches sent to the consumer.", lambda b: b.batches
-        )
-        yield per_book(
-            "tokenfabric_consumer_oversized_batches",
-            "Single-item batches whose padded length exceeds the consumer's budget.",
-            lambda b: b.oversized,
-        )
-        for stage, doc in (
-            ("completed", "completed ok"),
-            ("failed", "answered failed or rejected"),
-            ("redelivered", "handed back when the consumer retired, to be sent again"),
-        ):
-            for unit in ("items", "tokens"):
-                yield per_book(
-                    f"tokenfabric_consumer_{stage}_{unit}",
-                    f"Prompt {unit} of the consumer's batches {doc}.",
-                    operator.attrgetter(f"{stage}.{unit}"),
-                )
-        for unit in ("items", "tokens"):
-            yield per_book(
-                f"tokenfabric_consumer_in_flight_{unit}",
-                f"Prompt {unit} sent to the consumer and not answered yet.",
-                operator.attrgetter(f"in_flight.{unit}"),
-                counter=False,
-            )
-        yield per_book(
-            "tokenfabric_consumer_cache_hits",
-            "Batches whose engine reported a prefix-cache hit for the batch's shape.",
-            lambda b: b.cache_hits,
-        )
-        yield per_book(
-            "tokenfabric_consumer_cache_lookups",
-            "Batches answered, each one prefix-cache lookup of its shape.",
-            lambda b: b.cache_lookups,
-        )
-        if core.ledger.prompts_counted:  # else no consumer reported any: nothing true to export
-            yield per_book(
-                "tokenfabric_consumer_cached_prompt_tokens",
-                "Prompt tokens of items completed ok that the consumer's engine served from its prefix "
-                "cache (measured by its server).",
-                lambda b: b.cached_prompt_tokens,
-            )
-            yield per_book(
-                "tokenfabric_consumer_prefill_tokens",
-                "Prompt tokens of items completed ok that the consumer's engine computed.",
-                lambda b: b.prefill_tokens,
-            )
+        view = self.service.core.view
+        books = view.consumer_books()
+        rows = [((consumer,), book) for consumer, book in books]
+        yield from families(CONSUMER_BOOKS, rows, ["consumer"])
+        if view.prompts_counted():  # else no consumer reported any: nothing true to export
+            yield from families(CONSUMER_PROMPTS, rows, ["consumer"])
         yield from _ratios(books)
-
-        states = core.view.consumers().items()
-        labels = ["consumer", "model"]
-        switches = CounterMetricFamily(
-            "tokenfabric_consumer_shape_switches",
-            "Times the consumer was moved to another shape (each costs its prefix cache).",
-            labels=labels,
-        )
-        batches = GaugeMetricFamily(
-            "tokenfabric_consumer_in_flight_batches", "Batches the consumer holds.", labels=labels
-        )
-        slots = GaugeMetricFamily(
-            "tokenfabric_consumer_free_slots", "In-flight slots the consumer has free.", labels=labels
-        )
-        budget = GaugeMetricFamily(
-            "tokenfabric_consumer_budget_tokens",
-            "The consumer's contract: padded tokens per batch.",
-            labels=labels,
-        )
-        for consumer, state in states:
-            key = [consumer, state.contract.model]
-            switches.add_metric(key, state.shape_switches)
-            batches.add_metric(key, state.in_flight)
-            slots.add_metric(key, state.free_slots)
-            budget.add_metric(key, state.contract.budget_tokens)
-        yield from (switches, batches, slots, budget)
+        states = [((name, c.contract.model), c) for name, c in view.consumers().items()]
+        yield from families(CONSUMER_STATES, states, ["consumer", "model"])
 
     # -- lanes and waiting work ---------------------------------------------------------------
 
     def _lanes(self) -> Iterator[Metric]:
-        st = self.service.core.view.lanes()
-        for name, doc, value in (
-            ("tokenfabric_lanes_reused", "Items placed in an existing lane.", st.reuses),
-            ("tokenfabric_lanes_opened", "Lanes opened.", st.new_lanes),
-            ("tokenfabric_lanes_id_reused", "Lanes opened under the id of a reclaimed one.", st.id_reuses),
-            ("tokenfabric_lanes_idle_reclaimed", "Empty lanes retired after going quiet.", st.idle_reclaims),
-        ):
-            fam = CounterMetricFamily(name, doc)
-            fam.add_metric([], value)
-            yield fam
-        for name, doc, level in (
-            ("tokenfabric_lanes_in_use", "Lanes that exist now, all shapes.", st.lanes_in_use),
-            ("tokenfabric_lanes_in_use_peak", "Most lanes in use at once.", st.lanes_in_use_peak),
-            ("tokenfabric_lanes_budget", "Lanes allowed per (model, shape).", st.lane_budget),
-            ("tokenfabric_lanes_shapes", "(model, shape) pairs holding lanes.", st.shapes),
-        ):
-            gauge = GaugeMetricFamily(name, doc)
-            gauge.add_metric([], level)
-            yield gauge
         core = self.service.core
+        yield from families(LANES, [((), core.view.lanes())])
         unserved = GaugeMetricFamily(
             "tokenfabric_unserved_waiting_items",
             "Items waiting for a model no announced consumer serves: work nobody can take.",
@@ -349,7 +221,7 @@ class ProcessorCollector(Collector):
             labels=["model"],
         )
         now = self.service.now_ms()
-        for model, arrival_ms in _oldest_waiting_ms(self.service.core).items():
+        for model, arrival_ms in _oldest_waiting_ms(core).items():
             oldest.add_metric([model], max(0.0, (now - arrival_ms) / 1000) if arrival_ms is not None else 0.0)
         yield oldest
 
@@ -363,21 +235,20 @@ class ProcessorCollector(Collector):
                 fam = CounterMetricFamily(name.removesuffix("_total"), doc)
                 fam.add_metric([], value)
                 yield fam
-        owned = owned_partitions(s)
+        status = s.status  # taken on the service's thread: no Kafka client is called from this one
         lag = GaugeMetricFamily(
             "tokenfabric_ingest_lag_messages",
             "Ingest messages this instance has not consumed yet, per partition it owns now (a partition "
             "it gave up leaves at once; the group's view: tokenfabric_pipeline_ingest_lag_messages).",
             labels=["partition"],
         )
-        for partition, messages in sorted(copy_items(s.lag)):
-            if partition in owned:
-                lag.add_metric([str(partition)], messages)
+        for partition, messages in status.lag:
+            lag.add_metric([str(partition)], messages)
         yield lag
         count = GaugeMetricFamily(
             "tokenfabric_ingest_owned_partitions", "Ingest partitions this instance owns now."
         )
-        count.add_metric([], len(owned))
+        count.add_metric([], len(status.owned))
         yield count
         now = self.clock()
         step = GaugeMetricFamily(
@@ -400,61 +271,7 @@ class ProcessorCollector(Collector):
 
     def _jobs(self) -> Iterator[Metric]:
         """Per job: tokens at each ledger stage, padded tokens, and its share policy and cap state."""
-        core = self.service.core
-        books = copy_items(core.ledger.jobs)
-        tokens = GaugeMetricFamily(
-            "tokenfabric_job_tokens",
-            "Prompt tokens of a job at a ledger stage (received, queued, routed, in_flight, completed, "
-            "failed, cancelled, expired, retried; routed is net of requeues), and of its completed prompts, "
-            "cached_prompt and prefill (where consumers report them).",
-            labels=["job", "stage"],
-        )
-        padded = CounterMetricFamily(
-            "tokenfabric_job_padded_tokens", "Padded tokens of the batches routed for a job.", labels=["job"]
-        )
-        for job, book in books:
-            for stage in (
-                "received",
-                "queued",
-                "routed",
-                "in_flight",
-                "completed",
-                "failed",
-                *ENDINGS,
-                "retried",
-            ):
-                tokens.add_metric([job, stage], getattr(book, stage).tokens)
-            if core.ledger.prompts_counted:
-                tokens.add_metric([job, "cached_prompt"], book.cached_prompt_tokens)
-                tokens.add_metric([job, "prefill"], book.prefill_tokens)
-            padded.add_metric([job], book.padded_tokens)
-        yield tokens
-        yield padded
-        shares = core.shares
-        now = self.service.now_ms()
-        weight = GaugeMetricFamily(
-            "tokenfabric_job_weight", "A job's weight (docs/shares.md).", labels=["job"]
-        )
-        rate = GaugeMetricFamily(
-            "tokenfabric_job_quota_tokens_per_second",
-            "A job's cap in routed tokens/s; -1: none.",
-            labels=["job"],
-        )
-        total = GaugeMetricFamily(
-            "tokenfabric_job_quota_tokens", "A job's cap in routed tokens in all; -1: none.", labels=["job"]
-        )
-        capped = GaugeMetricFamily(
-            "tokenfabric_job_capped",
-            "1 while a quota holds the job's items back (they wait).",
-            labels=["job"],
-        )
-        for job in list(shares.jobs()):
-            p = shares.policy(job)
-            weight.add_metric([job], p.weight)
-            rate.add_metric([job], -1 if p.max_tokens_per_s is None else p.max_tokens_per_s)
-            total.add_metric([job], -1 if p.max_tokens is None else p.max_tokens)
-            capped.add_metric([job], int(p.capped and shares.capped_now(job, now)))
-        yield from (weight, rate, total, capped)
+        return job_families(self.service.core.view, self.service.now_ms())
 
 
 def _ratios(books: list[tuple[str, ConsumerBook]]) -> Iterator[Metric]:
@@ -475,13 +292,13 @@ def _ratios(books: list[tuple[str, ConsumerBook]]) -> Iterator[Metric]:
     )
     real = padded = hit = lookups = 0
     for consumer, book in books:
-        gross = _gross(book).tokens
-        consumer_waste = padding_waste(gross, book.padded_tokens)
+        real_tokens = gross(book).tokens
+        consumer_waste = padding_waste(real_tokens, book.padded_tokens)
         if consumer_waste is not None:
             waste.add_metric([consumer], consumer_waste)
         if book.cache_lookups > 0:
             hits.add_metric([consumer], book.cache_hits / book.cache_lookups)
-        real, padded = real + gross, padded + book.padded_tokens
+        real, padded = real + real_tokens, padded + book.padded_tokens
         hit, lookups = hit + book.cache_hits, lookups + book.cache_lookups
     yield waste
     yield hits
@@ -504,16 +321,6 @@ def _gap_tokens(equation: Equation, book: ModelBook) -> int:
     return equation.gap(book).tokens
 
 
-def _gross(book: ConsumerBook) -> Tally:
-    """Routed counting every send: the ledger's net ``routed`` plus what came back ``redelivered``.
-
-    The ledger moves a retiring consumer's batches from ``routed`` back to ``queued``; a Prometheus
-    counter must never go down, so the per-consumer counter adds them back.
-    """
-    routed, again = book.routed, book.redelivered
-    return Tally(routed.items + again.items, routed.tokens + again.tokens)
-
-
 def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
     """Arrival time (core ms) of the oldest item still waiting, per model; None when none waits.
 
@@ -524,7 +331,7 @@ def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
     A model with nothing queued is answered from the ledger without looking at its deque.
     """
     out: dict[str, int | None] = {}
-    for model, book in copy_items(core.ledger.models):
+    for model, book in core.view.model_books():
         if book.queued.items <= 0:
             out[model] = None
             continue
@@ -535,18 +342,6 @@ def _oldest_waiting_ms(core: Scheduler) -> dict[str, int | None]:
                 continue
             break
     return out
-
-
-def owned_partitions(service: ServiceView) -> frozenset[int]:
-    """The ingest partitions ``service`` owns now: the handover's (exactly-once: set when their lane
-    state is restored, emptied on revocation), or the consumer's assignment (at-least-once, where no
-    lane state moves). A closed consumer owns nothing."""
-    if service.settings.exactly_once:
-        return service.owned
-    try:
-        return frozenset(tp.partition for tp in service.ingest.assignment())
-    except RuntimeError:  # "Consumer closed": the service is stopping
-        return frozenset()
 
 
 def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:

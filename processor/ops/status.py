@@ -35,7 +35,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from processor.core.accounting import cached_prompt_share
 from processor.core.contract import Contract
 from processor.core.ledger_keys import Scope, consumer_key, job_key, model_key, parse_key, stage_unit
-from processor.core.measures import padding_waste
+from processor.core.measures import budget_fill, padding_waste
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import passing, read_topic, watermarks
 from processor.kafka.topics import TopicNames
@@ -436,7 +436,7 @@ def consumer_row(view: StatusView, name: str, c: Contract, stale_s: float) -> Co
     batches, oversized = total(name, "batches"), total(name, "oversized")
     padded, routed = total(name, "padded_tokens"), total(name, "routed_tokens")
     in_budget = padded - total(name, "oversized_padded_tokens")
-    fill = ratio(in_budget, (batches - oversized) * c.budget_tokens) if c.batching == "tokens" else None
+    fill = budget_fill(in_budget, (batches - oversized) * c.budget_tokens) if c.batching == "tokens" else None
     slots = {
         instance: cp.per_consumer[name]["slots"]
         for instance, cp in live.items()

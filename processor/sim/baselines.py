@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from sortedcontainers import SortedKeyList
 
-from processor.core.accounting import Ledger
+from processor.core.accounting import Ledger, Tally
 from processor.core.contract import Contract
 from processor.core.item import NO_LANE, Batch, Item
 from processor.core.serving import split_serving_key
@@ -49,6 +50,12 @@ def pack_prefix(items: Sequence[Item], contract: Contract) -> int:
     return max(n, 1) if items else 0
 
 
+class Totals(Protocol):
+    """A policy's totals per ledger stage (``SchedulerView.total``, ``Ledger.total``)."""
+
+    def total(self, stage: str) -> Tally: ...
+
+
 class QueuePolicy:
     """Shared bookkeeping of the baselines: contracts, in-flight slots, the ledger, batch ids."""
 
@@ -63,6 +70,14 @@ class QueuePolicy:
         self.oversized = 0
         self._seq = 0
         self._bases: dict[str, str] = {}
+
+    @property
+    def view(self) -> Ledger:
+        """What the simulator reads of a policy (``total(stage)``): the scheduler's view, the ledger here."""
+        return self.ledger
+
+    def check(self) -> None:
+        self.ledger.check()
 
     def base_model(self, key: str) -> str:
         """The model of serving key ``key``: what the baselines queue, batch and book by."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from processor.core.measures import budget_fill
 from processor.sim.report import SimReport
 
 FILL_NOTE = (
@@ -119,7 +120,7 @@ def plot_simulation(reports: Sequence[SimReport], path: str, trace: str = "") ->
         values = []
         for r in reports:
             f = r.consumers.get(name)
-            values.append(f.fill_padded_tokens / f.budget_tokens if f and f.budget_tokens else 0.0)
+            values.append((budget_fill(f.fill_padded_tokens, f.budget_tokens) or 0.0) if f else 0.0)
         bars = fill.bar(
             [x + i * width for x in range(len(reports))], [100 * v for v in values], width, label=name
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.core.item import Batch
-from processor.core.measures import padding_waste
+from processor.core.measures import budget_fill, padding_waste
 from processor.sim.columns import fitted
 
 
@@ -136,8 +136,8 @@ class SimReport:
 
     @property
     def budget_fill(self) -> float:
-        """Padded tokens / (batches x budget), over batches that are not single oversized items."""
-        return self.fill_padded_tokens / self.budget_tokens if self.budget_tokens else 0.0
+        """:func:`~processor.core.measures.budget_fill` over every consumer's batches (0 before the first)."""
+        return budget_fill(self.fill_padded_tokens, self.budget_tokens) or 0.0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -207,9 +207,7 @@ class SimReport:
                     "real_tokens": f.real_tokens,
                     "padded_tokens": f.padded_tokens,
                     "padding_waste": round(f.padding_waste, 6),
-                    "budget_fill": round(f.fill_padded_tokens / f.budget_tokens, 6)
-                    if f.budget_tokens
-                    else 0.0,
+                    "budget_fill": round(budget_fill(f.fill_padded_tokens, f.budget_tokens) or 0.0, 6),
                     "cache_hit_rate": round(f.cache_hits / f.batches, 6) if f.batches else 0.0,
                     "shape_switches": f.shape_switches,
                     "oversized": f.oversized,

@@ -28,14 +28,13 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import IO, Any, Protocol
 
-from processor.core.accounting import Ledger
 from processor.core.contract import BatchRule, Contract
 from processor.core.item import Batch, Item
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings, Scheduler
 from processor.core.serving import SEPARATOR, serving_key
 from processor.core.shares import Shares
-from processor.sim.baselines import FifoPolicy, OraclePolicy, SortedWindowPolicy
+from processor.sim.baselines import FifoPolicy, OraclePolicy, SortedWindowPolicy, Totals
 from processor.sim.cardmodel import CardModel, CardSpec
 from processor.sim.report import ConsumerFigures, JobFigures, Sample, SimReport, batch_line
 from processor.sim.traces import TraceRecord
@@ -127,8 +126,11 @@ def parse_consumer_spec(text: str, defaults: Mapping[str, Any] | None = None) ->
 
 
 class Policy(Protocol):
-    ledger: Ledger
     oversized: int
+
+    @property
+    def view(self) -> Totals: ...  # the scheduler's view, a baseline's ledger
+    def check(self) -> None: ...
 
     def set_contract(self, contract: Contract) -> None: ...
     def submit(self, item: Item, now_ms: int) -> None: ...
@@ -348,7 +350,7 @@ def _simulate(
                 next_arrival = upto
 
     report.items = len(records)
-    total = pol.ledger.total
+    total = pol.view.total
     report.tokens_received = total("received").tokens
     report.tokens_routed = total("routed").tokens
     report.tokens_completed = total("completed").tokens
@@ -359,12 +361,12 @@ def _simulate(
         setattr(report, name, sum(getattr(f, name) for f in figures))
     if scheduler is not None:
         scheduler.check()
-        st = scheduler.table.stats
+        st = scheduler.view.lanes()
         report.lane_reuses, report.new_lanes, report.idle_reclaims = st.reuses, st.new_lanes, st.idle_reclaims
         report.lanes_in_use_peak = max(report.lanes_in_use_peak, st.lanes_in_use_peak)
         report.lane_pressure_peak = st.lane_pressure_peak
     else:
-        pol.ledger.check()
+        pol.check()
     report.waits_ms = _waits(items)
     first = times[0] if times else 0
     report.makespan_ms = max((s.free_at for s in servers.values()), default=0.0) - first
@@ -465,8 +467,8 @@ def _kv_figures(f: ConsumerFigures, kv: BatchRule, batch: Batch) -> None:
 
 def _sample(report: SimReport, pol: Policy, scheduler: Scheduler | None, now: int) -> None:
     if scheduler is not None:
-        t = scheduler.table
-        report.samples.append(Sample(now, t.waiting_items, t.waiting_tokens, t.stats.lanes_in_use))
+        w = scheduler.view.waiting()
+        report.samples.append(Sample(now, w.items, w.tokens, scheduler.view.lanes().lanes_in_use))
     else:
         report.samples.append(
             Sample(now, getattr(pol, "waiting_items", 0), getattr(pol, "waiting_tokens", 0), 0)

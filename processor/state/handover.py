@@ -105,7 +105,7 @@ class PartitionHandover:
         if checkpoint is not None:
             core.resume_ledger(checkpoint.counters)
             self._owned_at_checkpoint = checkpoint.counters.get("owned_partitions", -1)
-        self._counted_at_start = core.ledger.handover_delta()
+        self._counted_at_start = core.view.handover_delta()
         core.release_all()
 
     def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -219,7 +219,7 @@ class PartitionHandover:
         n = self.ctx.credits.partitions
         if before is None or assigned != n or self._owned_at_checkpoint != n:
             return
-        after = self.ctx.core.ledger.handover_delta()
+        after = self.ctx.core.view.handover_delta()
         for model in before.keys() | after.keys():
             if before.get(model, (0, 0)) != after.get(model, (0, 0)):
                 b, a = before.get(model, (0, 0)), after.get(model, (0, 0))

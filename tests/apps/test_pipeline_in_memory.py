@@ -55,7 +55,7 @@ def test_every_item_is_completed_once_through_processor_and_consumer_app(p: Pipe
     stats = app(p).run()
     p.steps(svc, 3)
     assert stats.items == 5 and completed_items(p) == Counter({f"i{n}": 1 for n in range(5)})
-    assert svc.core.ledger.total("completed").items == 5 and svc.core.ledger.total("in_flight").items == 0
+    assert svc.core.view.total("completed").items == 5 and svc.core.view.total("in_flight").items == 0
     svc.core.check(deep=True)
 
 
@@ -71,7 +71,7 @@ def test_a_consumer_whose_commit_fails_runs_the_batch_again_and_nothing_is_count
     app(p).run()
     p.steps(svc, 3)
     assert completed_items(p) == Counter({"a": 1, "b": 1})
-    assert svc.core.ledger.total("completed").items == 2
+    assert svc.core.view.total("completed").items == 2
     svc.core.check(deep=True)
 
 
@@ -82,7 +82,7 @@ def test_a_retired_consumers_batches_go_back_to_the_lanes(p: Pipeline) -> None:
     p.steps(svc, 3)
     retire({}, p.topics, CARD, clients=p.mk.clients())
     p.steps(svc, 2)
-    assert svc.core.table.waiting_items == 1 and svc.core.ledger.total("in_flight").items == 0
+    assert svc.core.view.waiting().items == 1 and svc.core.view.total("in_flight").items == 0
 
 
 def test_a_consumer_that_cannot_reach_kafka_says_so_in_one_line(p: Pipeline) -> None:
@@ -115,12 +115,12 @@ def test_the_ledger_counts_the_prompt_tokens_the_consumers_report_cached(
     p.steps(svc, 3)
     caching.run()
     p.steps(svc, 3)
-    ledger = svc.core.ledger
-    completed = ledger.total("completed")
+    view = svc.core.view
+    completed = view.total("completed")
     assert completed.items == 5
-    assert ledger.prompts_counted
-    assert ledger.models[MODEL].cached_prompt_tokens == completed.tokens - 5
-    assert ledger.consumers[CARD].prefill_tokens == 5
-    assert ledger.jobs[""].cached_prompt_tokens == completed.tokens - 5
-    assert ledger.snapshot()["cached_prompt_tokens"] == completed.tokens - 5
+    assert view.prompts_counted()
+    assert view.model_book(MODEL).cached_prompt_tokens == completed.tokens - 5
+    assert view.consumer_book(CARD).prefill_tokens == 5
+    assert view.job_book("").cached_prompt_tokens == completed.tokens - 5
+    assert view.ledger_snapshot()["cached_prompt_tokens"] == completed.tokens - 5
     svc.core.check(deep=True)

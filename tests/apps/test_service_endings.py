@@ -83,7 +83,7 @@ def test_a_cancel_mid_job_ends_the_waiting_items_and_lets_the_batch_in_flight_fi
     statuses = once_each(p, [*ids, "late-0", "late-1"])
     assert statuses["ok"] == {it.item_id for it in batch.items}
     assert statuses["cancelled"] == {*ids, "late-0", "late-1"} - statuses["ok"]
-    book = svc.core.ledger.jobs[JOB]
+    book = svc.core.view.job_book(JOB)
     assert (book.cancelled.items, book.completed.items, book.queued.items) == (10, 2, 0)
     assert svc.counters.ended_items == 10 and svc.counters.unknown_completions == 0
     assert svc.snapshot().counters["cancelled_items"] == 10
@@ -111,7 +111,7 @@ def test_a_processor_killed_during_the_cancel_answers_each_item_once_after_its_r
     third = p.started()  # and a later restart finds nothing of the job waiting: no second answer
     answer_all(p, third, *(b.batch_id for b in p.batches()))
     once_each(p, [*ids, "s0", "s1"])
-    assert third.core.ledger.total("queued").items == 0
+    assert third.core.view.total("queued").items == 0
 
 
 def test_a_restarted_processor_reads_the_cancel_before_it_dispatches(p: Pipeline) -> None:
@@ -144,7 +144,7 @@ def test_a_deadline_that_passes_mid_job_expires_exactly_the_items_not_yet_dispat
     dispatched = {it.item_id for b in (first, second) for it in b.items}
     statuses = once_each(p, ids)
     assert statuses == {"ok": dispatched, "expired": set(ids) - dispatched}
-    assert svc.core.ledger.jobs[JOB].expired.items == 4
+    assert svc.core.view.job_book(JOB).expired.items == 4
     svc.core.check(deep=True)
 
 

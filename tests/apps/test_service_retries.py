@@ -77,7 +77,7 @@ def test_a_retriable_failure_is_dispatched_again_until_the_jobs_attempts_are_spe
     assert sorted(i for ids in sent for i in ids) == ["r0", "r1", "r1", "r2", "r3"]  # r1: its two attempts
     first, again = p.batches()
     assert (first.attempts, again.attempts) == ([], [2])  # the consumer learns r1's second attempt
-    book = svc.core.ledger.jobs[JOB]
+    book = svc.core.view.job_book(JOB)
     assert (book.routed.items, book.retried.items, book.completed.items, book.failed.items) == (5, 1, 3, 1)
     assert svc.snapshot().counters["retried_items"] == 1
     svc.core.check(deep=True)
@@ -91,7 +91,7 @@ def test_a_failure_not_marked_retriable_is_final() -> None:
     produce(p, ["r0", "r1"])
     sent = run(p, svc, {"r1"}, retriable=False)
     assert sorted(i for ids in sent for i in ids) == ["r0", "r1"]
-    book = svc.core.ledger.jobs[JOB]
+    book = svc.core.view.job_book(JOB)
     assert (book.retried.items, book.failed.items) == (0, 1)
 
 
@@ -116,7 +116,7 @@ def test_a_processor_restarted_after_a_retry_still_has_the_item_waiting() -> Non
     assert [[it.item_id for it in b.items] for b in p.batches()][1] == ["r1"]
     second = p.started()  # fences the first; restores r1's batch in flight from the changelog
     run(p, second, set())  # answers both batches again: the first is a duplicate by now
-    book = second.core.ledger.jobs[JOB]
+    book = second.core.view.job_book(JOB)
     # the ledger resumes from the first's checkpoint: r0 completed there, r1 retried once, then here
     assert (book.adopted_in_flight.items, book.retried.items, book.completed.items) == (1, 1, 2)
     assert book.queued.items == book.in_flight.items == 0
@@ -131,7 +131,7 @@ def test_a_batch_whose_only_item_is_retried_frees_its_slot() -> None:
     produce(p, ["r0", "r1"])
     sent = run(p, svc, {"r0"})
     assert sorted(i for ids in sent for i in ids) == ["r0", "r0", "r0", "r1"]  # r0: three attempts
-    book = svc.core.ledger.jobs[JOB]
+    book = svc.core.view.job_book(JOB)
     assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
     svc.core.check(deep=True)
 
@@ -161,7 +161,7 @@ def test_a_retried_item_waiting_at_a_restart_keeps_its_attempt() -> None:
     run(p, second, {"r1"})
     assert attempts_of(p, "r1") == [1, 2, 3]
     assert live_attempt_records(p) == {}  # tombstoned as r1 went out again
-    book = second.core.ledger.jobs[JOB]
+    book = second.core.view.job_book(JOB)
     assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
     assert book.queued.items == book.in_flight.items == 0
     second.core.check(deep=True)
@@ -175,7 +175,7 @@ def test_a_retried_item_in_flight_at_a_restart_keeps_its_attempt() -> None:
     second = p.started()
     run(p, second, {"r1"})
     assert attempts_of(p, "r1") == [1, 2, 3]  # lost, the restored batch would read 1 and retry twice more
-    book = second.core.ledger.jobs[JOB]
+    book = second.core.view.job_book(JOB)
     assert (book.retried.items, book.failed.items, book.completed.items) == (2, 1, 1)
     second.core.check(deep=True)
 
@@ -198,7 +198,7 @@ def test_a_retried_item_handed_over_to_another_instance_keeps_its_attempt() -> N
                 answer(p, batch, set())
     assert one.owned | two.owned == {0, 1} and one.owned and two.owned
     assert attempts_of(p, "r1") == [1, 2]
-    books = [svc.core.ledger.jobs[JOB] for svc in (one, two) if JOB in svc.core.ledger.jobs]
+    books = [svc.core.view.job_book(JOB) for svc in (one, two) if JOB in dict(svc.core.view.job_books())]
     assert sum(b.retried.items for b in books) == 1  # counted once, by the instance that retried it
     assert sum(b.completed.items for b in books) == 2 and sum(b.failed.items for b in books) == 0
     for svc in (one, two):

@@ -47,20 +47,20 @@ def test_ingest_pauses_at_the_cap_and_every_item_completes_once_a_consumer_comes
             assert not errors, errors
             time.sleep(0.2)
         time.sleep(2)  # paused: nothing more comes in while no consumer drains the lanes
-        waiting = service.core.table.waiting_tokens
+        waiting = service.core.view.waiting().tokens
         assert CAP <= waiting < CAP + CONSUME_BATCH * MAX_LEN  # one consume call may overshoot
-        assert service.core.ledger.total("received").tokens == waiting  # nothing dropped, nothing routed
+        assert service.core.view.total("received").tokens == waiting  # nothing dropped, nothing routed
         rig.add_consumer(contract)
         deadline = time.monotonic() + 180
-        while service.core.ledger.total("completed").tokens < total:
+        while service.core.view.total("completed").tokens < total:
             assert time.monotonic() < deadline, "the backlog never drained"
             assert not errors, errors
             time.sleep(0.5)
     finally:
         rig.close()
     assert not errors, errors
-    ledger = service.core.ledger
-    ledger.check()
+    service.core.check(deep=False)
+    ledger = service.core.view
     assert ledger.total("received").items == ledger.total("completed").items == len(records)
     assert service.counters.backpressure_pauses >= 1
     assert not service.ingest_paused

@@ -135,7 +135,7 @@ def test_each_item_gets_its_own_choice_and_shared_prefixes_come_from_the_cache(
     rig.start()
     try:
         produce(rig.conf, rig.topics, items)
-        ledger = rig.processor.core.ledger
+        ledger = rig.processor.core.view
         wait_for(lambda: ledger.total("completed").items + ledger.total("failed").items == len(items), 60,
                  "every item answered")  # fmt: skip
     finally:
@@ -167,7 +167,7 @@ def test_each_item_gets_its_own_choice_and_shared_prefixes_come_from_the_cache(
     status = report(gather(rig.conf, rig.topics, rig.processor.settings.group_id), rig.topics)
     # The processor books the cached counts (its scheduler is given them): the audit compared them
     # with the checkpoints (clean above), and status shows the measured figures.
-    assert rig.processor.core.ledger.prompts_counted
+    assert rig.processor.core.view.prompts_counted()
     assert audited.prompts_compared and status.prompts.counted
     assert (status.prompts.cached_tokens, status.prompts.prefill_tokens) == (
         audited.cached_prompt_tokens,
@@ -200,7 +200,7 @@ def test_a_killed_server_fails_its_batches_and_the_consumer_carries_on_when_it_i
         child_env(kafka_bootstrap),
     )  # fmt: skip
     waves = [prompts(wave, shapes=2, per_shape=4, seed=n) for n, wave in enumerate(("k1", "k2", "k3"))]
-    ledger = rig.processor.core.ledger
+    ledger = rig.processor.core.view
 
     def answered() -> int:
         return ledger.total("completed").items + ledger.total("failed").items

@@ -72,8 +72,8 @@ def test_a_real_trace_goes_from_producer_to_results_exactly_once(pipeline: Runni
     assert back.batches[SMALL.consumer] > 10 and back.batches[LARGE.consumer] > 10, back.batches
     _assert_batches_within_contracts(pipeline)
 
-    ledger = pipeline.processor.core.ledger
-    ledger.check()
+    pipeline.processor.core.check(deep=False)
+    ledger = pipeline.processor.core.view
     for stage, expected in (("received", sent_tokens), ("routed", sent_tokens), ("completed", sent_tokens)):
         assert ledger.total(stage).tokens == expected, stage
     assert ledger.total("received").items == ledger.total("completed").items == len(records)
@@ -113,8 +113,8 @@ def test_malformed_messages_are_dead_lettered_and_the_processor_keeps_going(pipe
             assert d.reason.startswith(expected), d.reason
             assert d.reason == expected and d.detail, (d.reason, d.detail)  # the code alone, then why
         assert d.source_topic == pipeline.topics.ingest
-    wait_for(lambda: pipeline.processor.core.ledger.total("completed").items >= 1, 60, "the good item")
-    assert pipeline.processor.core.ledger.dead_lettered == len(bad)
+    wait_for(lambda: pipeline.processor.core.view.total("completed").items >= 1, 60, "the good item")
+    assert pipeline.processor.core.view.dead_lettered() == len(bad)
 
 
 def _item_fields(**overrides: object) -> dict[str, object]:

@@ -71,7 +71,7 @@ def test_requests_travel_to_the_consumer_and_invalid_ones_are_dead_lettered(pipe
     for value, (reason, why) in bad.items():
         assert letters[value].reason == reason
         assert why in (letters[value].detail or ""), letters[value].detail
-    wait_for(lambda: pipeline.processor.core.ledger.total("completed").items >= 3, 60, "the good items")
+    wait_for(lambda: pipeline.processor.core.view.total("completed").items >= 3, 60, "the good items")
 
     items = {
         item.item_id: item

@@ -47,8 +47,8 @@ def test_a_weighted_small_job_behind_a_backlog_is_served_first_and_counted_per_j
                 producer.send(f"big:{i}", "default", synthetic_tokens(f"big:{i}", n), shape=1, job_id="big")
                 sent["big"] += n
         core = rig.processor.core
-        wait_for(lambda: core.ledger.job("big").received.items == 1500, 60, "the backlog to be read")
-        assert core.ledger.job("big").queued.items > 500  # a backlog is waiting
+        wait_for(lambda: core.view.job_book("big").received.items == 1500, 60, "the backlog to be read")
+        assert core.view.job_book("big").queued.items > 500  # a backlog is waiting
         with TokenProducer(rig.conf, rig.topics) as producer:
             for i in range(60):
                 n = 100 + (i * 53) % 300
@@ -56,21 +56,20 @@ def test_a_weighted_small_job_behind_a_backlog_is_served_first_and_counted_per_j
                     f"small:{i}", "default", synthetic_tokens(f"small:{i}", n), shape=2, job_id="small"
                 )
                 sent["small"] += n
-        wait_for(lambda: core.ledger.job("small").completed.items == 60, 60, "the small job to complete")
-        assert core.ledger.job("big").queued.items > 0, "the backlog drained first: no sharing to see"
-        assert core.shares.policy("small").weight == 4
+        wait_for(lambda: core.view.job_book("small").completed.items == 60, 60, "the small job to complete")
+        assert core.view.job_book("big").queued.items > 0, "the backlog drained first: no sharing to see"
+        assert core.view.policy("small").weight == 4
         writer.write_share("small", JobPolicy(weight=2), int(time.time() * 1000))
-        wait_for(lambda: core.shares.policy("small").weight == 2, 30, "the new weight to reach the processor")
-        wait_for(lambda: core.ledger.job("big").completed.items == 1500, 120, "the backlog to complete")
+        wait_for(lambda: core.view.policy("small").weight == 2, 30, "the new weight to reach the processor")
+        wait_for(lambda: core.view.job_book("big").completed.items == 1500, 120, "the backlog to complete")
     finally:
         rig.close()
         writer.close()
     assert not rig.errors, rig.errors
-    ledger = rig.processor.core.ledger
-    ledger.check()
-    ledger.check_jobs()
+    core = rig.processor.core
+    core.check(deep=False)  # the ledger's equations, the jobs' books among them
     for job, tokens in sent.items():
-        book = ledger.job(job)
+        book = core.view.job_book(job)
         assert (book.received.tokens, book.routed.tokens, book.completed.tokens) == (
             tokens,
             tokens,

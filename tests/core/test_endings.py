@@ -42,7 +42,7 @@ def test_cancel_mid_job_withdraws_exactly_the_waiting_items_and_in_flight_batche
     assert {it.id for it, _ in ended} == {it.id for it in drop} - in_flight
     assert n == len(ended) and all(e == "cancelled" for _, e in ended)
     assert sched.take_ended() == []  # taken once
-    book = sched.ledger.jobs["drop"]
+    book = sched.view.job_book("drop")
     assert (book.cancelled.items, book.queued.items) == (len(ended), 0)
     assert book.cancelled.tokens == sum(it.length for it, _ in ended)
     batches = first
@@ -53,7 +53,7 @@ def test_cancel_mid_job_withdraws_exactly_the_waiting_items_and_in_flight_batche
         batches = sched.dispatch(10)
         assert not {it.id for b in batches for it in b.items} & {it.id for it, _ in ended}
     assert book.completed.items == len(in_flight)
-    assert sched.ledger.jobs["keep"].completed.items == 40
+    assert sched.view.job_book("keep").completed.items == 40
 
 
 def test_items_of_an_ended_job_that_arrive_later_or_come_back_undone_leave_as_they_arrive() -> None:
@@ -73,7 +73,7 @@ def test_items_of_an_ended_job_that_arrive_later_or_come_back_undone_leave_as_th
         sched.check()
         back = {it.id for it, _ in sched.take_ended()}
         assert back == {it.id for b in returned if b.items[0].job == "drop" for it in b.items}
-    assert sched.ledger.jobs["drop"].queued.items == 0
+    assert sched.view.job_book("drop").queued.items == 0
 
 
 def test_a_deadline_expires_the_items_not_dispatched_by_then_and_the_first_ending_stays() -> None:
@@ -89,9 +89,9 @@ def test_a_deadline_expires_the_items_not_dispatched_by_then_and_the_first_endin
     expired = {it.id for it, e in sched.take_ended() if e == "expired"}
     assert expired == {it.id for it in drop} - dispatched
     assert sched.end_job("drop", "cancelled", 101) == 0  # already ended: stays expired
-    assert sched.endings.ended["drop"] == "expired"
-    assert sched.ledger.jobs["drop"].expired.items == len(expired)
-    assert sched.ledger.jobs["drop"].cancelled.items == 0
+    assert sched.view.ended("drop") == "expired"
+    assert sched.view.job_book("drop").expired.items == len(expired)
+    assert sched.view.job_book("drop").cancelled.items == 0
 
 
 def test_a_deadline_already_past_expires_at_once_and_a_cleared_one_never() -> None:
@@ -101,15 +101,15 @@ def test_a_deadline_already_past_expires_at_once_and_a_cleared_one_never() -> No
     sched.set_deadline("drop", 5, 20)
     assert {e for _, e in sched.take_ended()} == {"expired"}
     sched.dispatch(10_000)
-    assert sched.ledger.jobs["keep"].expired.items == 0
+    assert sched.view.job_book("keep").expired.items == 0
     sched.check()
 
 
 def test_the_ending_stages_survive_a_checkpoint_and_a_handover() -> None:
     sched, _keep, _drop = two_jobs()
     sched.end_job("drop", "cancelled", 1)
-    restored = Ledger.restore(sched.ledger.snapshot())
-    assert restored.snapshot() == sched.ledger.snapshot()
+    restored = Ledger.restore(sched.view.ledger_snapshot())
+    assert restored.snapshot() == sched.view.ledger_snapshot()
     assert restored.snapshot()["cancelled_items"] == 40
     assert restored.snapshot()["job:cancelled_items:drop"] == 40
     sched.release_all()

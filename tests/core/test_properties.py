@@ -193,7 +193,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def lanes_only_grow_and_never_merge(self) -> None:
         if not hasattr(self, "sched"):
             return
-        table = self.sched.table
+        table = self.sched._table
         live = set()
         for sl in table.shapes.values():
             for lane in sl.lanes.values():
@@ -227,11 +227,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             for b in flying:
                 self.finish(b.batch_id, set(self.outstanding[b.batch_id]))
             sched.check()
-        assert sched.table.waiting_items == 0 and not self.outstanding
+        assert sched.view.waiting().items == 0 and not self.outstanding
         for item_id in self.items:
             assert self.finished[item_id] == 1, item_id
             assert self.dispatched[item_id] == 1 + self.requeued[item_id], item_id
-        ledger = sched.ledger
+        ledger = sched._ledger
         received, completed, failed = (ledger.total(s) for s in ("received", "completed", "failed"))
         assert received.items == len(self.items) == completed.items + failed.items
         assert received.tokens == completed.tokens + failed.tokens
@@ -282,7 +282,7 @@ def test_single_consumer_wait_is_bounded_under_continuous_arrivals(
 
     worst = 0
     step = 0
-    while step < len(hot_per_step) or unserved or sched.table.waiting_items:
+    while step < len(hot_per_step) or unserved or sched.view.waiting().items:
         assert step < 10_000, "items still waiting after 10,000 steps"
         now = step * STEP_MS
         complete_all(sched, list(sched.in_flight_batches()), now)

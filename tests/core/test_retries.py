@@ -50,24 +50,26 @@ def test_a_retriable_failure_goes_back_to_the_lanes_and_completes_on_a_later_att
     again = sched.take_retried()
     assert sorted(it.id for it in again) == ["j-1", "j-3"] and all(it.attempt == 2 for it in again)
     assert sched.take_retried() == []  # taken once
-    book = sched.ledger.jobs["j"]
+    book = sched.view.job_book("j")
     assert (book.retried.items, book.queued.items, book.failed.items, book.completed.items) == (2, 2, 0, 2)
     assert book.retried.tokens == 11 + 13
     sent = answer_all(sched, 5, set(), set())  # the second attempt succeeds
     assert sorted(sent) == ["j-1", "j-3"]
     assert (book.completed.items, book.routed.items, book.failed.items) == (4, 6, 0)
-    assert sched.ledger.models[MODEL].retried.items == 2 and sched.ledger.consumers["c0"].retried.items == 2
+    assert (
+        sched.view.model_book(MODEL).retried.items == 2 and sched.view.consumer_book("c0").retried.items == 2
+    )
     assert {it.id: it.attempt for it in its} == {"j-0": 1, "j-1": 2, "j-2": 1, "j-3": 2}
 
 
 def test_an_item_gets_max_attempts_dispatches_then_its_failure_is_final() -> None:
     sched, its = scheduler_with(1)
     attempts = 0
-    while sched.table.waiting_items:
+    while sched.view.waiting().items:
         answer_all(sched, attempts, {"j-0"}, {"j-0"})
         attempts += 1
     assert attempts == 3 and its[0].attempt == 3
-    book = sched.ledger.jobs["j"]
+    book = sched.view.job_book("j")
     assert (book.routed.items, book.retried.items, book.failed.items) == (3, 2, 1)
 
 
@@ -75,11 +77,11 @@ def test_max_attempts_per_job_and_non_retriable_failures_are_final_at_once() -> 
     sched, _its = scheduler_with(3)
     sched.set_max_attempts("j", 1)
     answer_all(sched, 0, {"j-0"}, {"j-0"})  # retriable, but the job allows one attempt
-    assert sched.take_retried() == [] and sched.ledger.jobs["j"].failed.items == 1
+    assert sched.take_retried() == [] and sched.view.job_book("j").failed.items == 1
     sched2, _ = scheduler_with(3)
     answer_all(sched2, 0, {"j-0", "j-1"}, {"j-1"})  # j-0 failed for a reason not worth a retry
     assert [it.id for it in sched2.take_retried()] == ["j-1"]
-    assert sched2.ledger.jobs["j"].failed.items == 1
+    assert sched2.view.job_book("j").failed.items == 1
 
 
 def test_complete_takes_retriable_too() -> None:
@@ -88,7 +90,7 @@ def test_complete_takes_retriable_too() -> None:
     sched.complete(batch.batch_id, 0, failed={"j-0", "j-2"}, retriable={"j-2"})
     sched.check()
     assert [it.id for it in sched.take_retried()] == ["j-2"]
-    book = sched.ledger.jobs["j"]
+    book = sched.view.job_book("j")
     assert (book.completed.items, book.failed.items, book.retried.items, book.queued.items) == (1, 1, 1, 1)
 
 
@@ -101,7 +103,7 @@ def test_a_retried_item_of_a_cancelled_job_leaves_as_cancelled() -> None:
     )
     sched.check()
     assert [(it.id, e) for it, e in sched.take_ended()] == [("j-0", "cancelled")]
-    book = sched.ledger.jobs["j"]
+    book = sched.view.job_book("j")
     assert (book.retried.items, book.cancelled.items, book.queued.items) == (1, 1, 0)
     assert sched.dispatch(3) == []
 
@@ -109,7 +111,7 @@ def test_a_retried_item_of_a_cancelled_job_leaves_as_cancelled() -> None:
 def test_the_retried_counters_survive_a_checkpoint() -> None:
     sched, _its = scheduler_with(2)
     answer_all(sched, 0, {"j-0"}, {"j-0"})
-    snap = sched.ledger.snapshot()
+    snap = sched.view.ledger_snapshot()
     assert snap["retried_items"] == 1 and snap["job:retried_items:j"] == 1
     assert snap[f"retried_items@{MODEL}"] == 1 and snap["retried_items#c0"] == 1
     restored = Ledger.restore(snap)

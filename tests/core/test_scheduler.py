@@ -86,21 +86,21 @@ def test_an_oversized_item_goes_alone_and_is_counted() -> None:
         [(big1.id, 1, True), (big2.id, 1, True), (small.id, 1, False)]
     )
     assert sched.oversized == 2
-    assert sched.ledger.consumer("c").oversized == 2
+    assert sched.view.consumer_book("c").oversized == 2
     # their padded tokens are kept apart, so that a budget fill can leave them out (status)
-    book = sched.ledger.consumer("c")
+    book = sched.view.consumer_book("c")
     assert book.oversized_padded_tokens == 2 * 5000
     assert book.padded_tokens - book.oversized_padded_tokens == 104
-    assert sched.ledger.snapshot()["oversized_padded_tokens#c"] == 2 * 5000
+    assert sched.view.ledger_snapshot()["oversized_padded_tokens#c"] == 2 * 5000
     for b in batches:
-        assert_batch_ok(b, sched.consumers["c"].contract)
+        assert_batch_ok(b, sched.view.consumer("c").contract)
 
 
 def test_submit_rejects_an_empty_item() -> None:
     sched = make_scheduler(make_contract())
     with pytest.raises(ValueError, match="length must be >= 1"):
         sched.submit(make_item(0), 0)
-    assert sched.table.waiting_items == 0 and sched.ledger.total("received").items == 0
+    assert sched.view.waiting().items == 0 and sched.view.total("received").items == 0
 
 
 # ------------------------------------------------------------------------------ which lane next
@@ -122,7 +122,7 @@ def test_a_consumer_sticks_to_its_shape_then_moves_to_the_shape_with_most_waitin
         served.append(batch.shape)
     # A until it is empty (although B holds far more), then B (most tokens), then C.
     assert served == [SHAPE_A, SHAPE_A, SHAPE_B, SHAPE_B, SHAPE_C]
-    assert sched.consumers["c"].shape_switches == 2
+    assert sched.view.consumer("c").shape_switches == 2
 
 
 def test_lanes_of_the_current_shape_are_served_round_robin() -> None:
@@ -204,7 +204,7 @@ def test_max_inflight_is_never_exceeded() -> None:
     first = sched.dispatch(0)
     assert len(first) == 2
     assert sched.dispatch(0) == [] and sched.next_batch("c", 0) is None
-    assert sched.consumers["c"].free_slots == 0
+    assert sched.view.consumer("c").free_slots == 0
     sched.complete(first[0].batch_id, 1)
     assert len(sched.dispatch(1)) == 1
     assert sched.next_batch("c", 1) is None
@@ -226,7 +226,7 @@ def test_complete_frees_the_slot_and_a_duplicate_returns_none() -> None:
     assert sched.complete(batch.batch_id, 1) is batch
     assert sched.complete(batch.batch_id, 2) is None
     assert sched.complete("no-such-batch", 2) is None
-    done = sched.ledger.total("completed")
+    done = sched.view.total("completed")
     assert (done.items, done.tokens) == (2, 200)
     sched.check()
 
@@ -236,7 +236,7 @@ def test_complete_counts_named_failures_as_failed() -> None:
     ok, bad = submit_all(sched, make_items([100, 300]))
     (batch,) = sched.dispatch(0)
     sched.complete(batch.batch_id, 1, failed={bad.id})
-    book = sched.ledger.consumer("c")
+    book = sched.view.consumer_book("c")
     assert (book.completed.items, book.completed.tokens) == (1, ok.length)
     assert (book.failed.items, book.failed.tokens) == (1, bad.length)
     sched.check()
@@ -251,12 +251,12 @@ def test_item_done_finishes_the_batch_with_its_last_item() -> None:
     assert sched.item_done(batch.batch_id, "stranger", True, 1) is None
     assert sched.item_done(batch.batch_id, b.id, False, 1) is False
     sched.check()
-    assert sched.consumers["c"].free_slots == 0
+    assert sched.view.consumer("c").free_slots == 0
     assert sched.item_done(batch.batch_id, c.id, True, 2) is True
-    assert sched.consumers["c"].free_slots == 1
+    assert sched.view.consumer("c").free_slots == 1
     assert sched.item_done(batch.batch_id, c.id, True, 2) is None
     assert sched.complete(batch.batch_id, 3) is None
-    book = sched.ledger.consumer("c")
+    book = sched.view.consumer_book("c")
     assert (book.completed.items, book.failed.items, book.in_flight.items) == (2, 1, 0)
     sched.check()
 
@@ -267,7 +267,7 @@ def test_complete_after_some_item_done_counts_only_the_outstanding_items() -> No
     (batch,) = sched.dispatch(0)
     sched.item_done(batch.batch_id, a.id, True, 1)
     sched.complete(batch.batch_id, 2)
-    done = sched.ledger.total("completed")
+    done = sched.view.total("completed")
     assert (done.items, done.tokens) == (3, 600)
     sched.check()
 
@@ -280,8 +280,8 @@ def test_requeue_puts_outstanding_items_back_and_counts_them_redelivered() -> No
     back = sched.requeue(batch.batch_id, 2)
     assert back == items[1:]
     assert all(not it.dispatched for it in back)
-    assert sched.table.waiting_items == 2
-    red = sched.ledger.consumer("c").redelivered
+    assert sched.view.waiting().items == 2
+    red = sched.view.consumer_book("c").redelivered
     assert (red.items, red.tokens) == (2, 500)
     sched.check()
     again = drain(sched, 3)
@@ -300,8 +300,8 @@ def test_retire_returns_the_consumers_batches_and_they_are_dispatched_again_exac
 
     returned = sched.retire("leaving", 1)
     assert {b.batch_id for b in returned} == {b.batch_id for b in held}
-    assert "leaving" not in sched.consumers
-    red = sched.ledger.consumer("leaving").redelivered
+    assert sched.view.consumer("leaving") is None
+    red = sched.view.consumer_book("leaving").redelivered
     assert red.items == sum(len(b.items) for b in held) == 6
     sched.check()
 
@@ -310,7 +310,7 @@ def test_retire_returns_the_consumers_batches_and_they_are_dispatched_again_exac
     assert all(b.consumer == "staying" for b in rest)
     dispatched_again = Counter(it.id for b in rest for it in b.items)
     assert dispatched_again == Counter(it.id for b in held for it in b.items)
-    total = sched.ledger.total("completed")
+    total = sched.view.total("completed")
     assert (total.items, total.tokens) == (8, sum(it.length for it in items))
     sched.check()
 
@@ -384,7 +384,7 @@ def test_dispatch_stops_rather_than_emit_a_mixed_batch() -> None:
     (item,) = submit_all(sched, make_items([100]))
     stray = make_item(100, shape=SHAPE_B)
     stray.lane = item.lane
-    sl = sched.table.shapes[(MODEL, SHAPE_A)]
+    sl = sched._table.shapes[(MODEL, SHAPE_A)]
     lane_items = sl.lanes[item.lane].items
     assert isinstance(lane_items, ByLength)
     lane_items.buckets[100].append(stray)  # corrupt the lane by hand
@@ -401,7 +401,7 @@ def test_check_detects_a_phantom_queued_item() -> None:
     sched = make_scheduler(make_contract())
     submit_all(sched, make_items([100]))
     sched.check()
-    book = sched.ledger.models[MODEL]
+    book = sched.view.model_book(MODEL)
     book.received.add(1, 50)  # the ledger believes a second item arrived and waits
     book.queued.add(1, 50)
     with pytest.raises(LedgerImbalance) as info:
@@ -412,7 +412,7 @@ def test_check_detects_a_phantom_queued_item() -> None:
 def test_check_detects_a_queued_counter_bumped_alone() -> None:
     sched = make_scheduler(make_contract())
     submit_all(sched, make_items([100]))
-    sched.ledger.models[MODEL].queued.add(1, 0)
+    sched.view.model_book(MODEL).queued.add(1, 0)
     with pytest.raises(
         LedgerImbalance,
         match=r"received\+adopted_queued\+retried 1 items / 100 tokens, "
@@ -441,7 +441,7 @@ def test_scheduler_without_consumers_holds_items() -> None:
     sched = Scheduler()
     submit_all(sched, make_items([100, 200]))
     assert sched.dispatch(0) == []
-    assert sched.table.waiting_items == 2
+    assert sched.view.waiting().items == 2
     sched.check()
 
 
@@ -473,9 +473,9 @@ def test_items_done_agrees_with_item_done_one_by_one(messages: list[list[tuple[i
         results = [(ids2[index], ok, False) for index, ok in message]
         assert many.items_done(batch2.batch_id, results, 1) == (expect_applied, expect_finished)
     for attr in ("completed", "failed", "in_flight"):
-        a, b = getattr(one.ledger.consumer("c"), attr), getattr(many.ledger.consumer("c"), attr)
+        a, b = getattr(one.view.consumer_book("c"), attr), getattr(many.view.consumer_book("c"), attr)
         assert (a.items, a.tokens) == (b.items, b.tokens), attr
-    assert one.consumers["c"].free_slots == many.consumers["c"].free_slots
+    assert one.view.consumer("c").free_slots == many.view.consumer("c").free_slots
     one.check()
     many.check()
 
@@ -487,7 +487,7 @@ def test_a_whole_batch_in_one_message_finishes_it() -> None:
     results = [(it.id, i != 1, False) for i, it in enumerate(batch.items)]
     assert sched.items_done(batch.batch_id, results, 1) == (3, True)
     assert sched.items_done(batch.batch_id, results, 1) == (0, False)  # the message again
-    book = sched.ledger.consumer("c")
+    book = sched.view.consumer_book("c")
     assert (book.completed.items, book.failed.items, book.in_flight.items) == (2, 1, 0)
     sched.check()
 

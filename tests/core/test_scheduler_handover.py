@@ -27,8 +27,8 @@ def test_release_slots_stops_every_consumer_until_a_contract_gives_it_a_share_ag
 
     sched.release_slots()
     assert sched.dispatch(2) == []  # items wait, but no consumer holds a slot here
-    assert sched.table.waiting_items == 4
-    assert set(sched.consumers) == {"a", "b"}  # the contracts stay
+    assert sched.view.waiting().items == 4
+    assert set(sched.view.consumers()) == {"a", "b"}  # the contracts stay
 
     sched.set_contract(make_contract("a", items=1, inflight=4), slots=1)
     batches = sched.dispatch(3)
@@ -81,7 +81,7 @@ def test_adopting_a_batch_whose_consumer_is_gone_puts_its_items_back_as_waiting(
     assert not other.adopt_in_flight(batch, 2)
     assert not any(it.dispatched for it in batch.items)  # waiting again, in the lane they joined
     assert {it.lane for it in batch.items} == {
-        lane.id for lane in other.table.shapes[(MODEL, SHAPE_A)].lanes.values()
+        lane.id for lane in other._table.shapes[(MODEL, SHAPE_A)].lanes.values()
     }
     assert other.oldest_waiting_ms(MODEL, 10) == 0  # by their arrival, not the restore
     other.check(deep=True)

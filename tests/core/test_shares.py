@@ -92,7 +92,7 @@ def test_waiting_jobs_virtual_times_stay_within_slack_times_cards_plus_a_batch(
     budget = 8192
     worst = 0.0
     while run.step():
-        waiting = {j for j in jobs if sched.ledger.job(j).queued.items > 0}
+        waiting = {j for j in jobs if sched.view.job_book(j).queued.items > 0}
         if len(waiting) < len(jobs):
             break
         times = {j: shares.vtime[MODEL].get(j, 0.0) for j in jobs}
@@ -120,9 +120,9 @@ def test_shares_over_a_window_follow_the_weights_within_the_stated_tolerance() -
             sched.submit(it, 0)
     run = Run(sched)
     while run.step():
-        if any(sched.ledger.job(j).queued.items == 0 for j in weights):
+        if any(sched.view.job_book(j).queued.items == 0 for j in weights):
             break
-    routed = {j: sched.ledger.job(j).routed.tokens for j in weights}
+    routed = {j: sched.view.job_book(j).routed.tokens for j in weights}
     total = sum(routed.values())
     tolerance = (slack * 2 * sum(weights.values()) + 8192 * len(weights)) / total
     assert tolerance < 0.05  # the window is long enough for the check to mean something
@@ -230,7 +230,7 @@ def test_quotas_are_never_exceeded_and_nothing_is_dropped(
     run = Run(sched)
     for _ in range(20_000):  # time passes even when only the capped job waits: tick in 50 ms steps
         if not run.step():
-            if sched.ledger.job("capped").queued.items == 0 or run.now > 200_000:
+            if sched.view.job_book("capped").queued.items == 0 or run.now > 200_000:
                 break
             run.now += 50
     capped = [(t, b.real_tokens) for t, b in run.log if b.items[0].job == "capped"]
@@ -243,10 +243,10 @@ def test_quotas_are_never_exceeded_and_nothing_is_dropped(
         for t1, n in capped[i:]:
             window += n
             assert window <= bucket + rate * (t1 - t0) / 1000 + 1e-6, (t0, t1, window)
-    book = sched.ledger.job("capped")
+    book = sched.view.job_book("capped")
     assert book.routed.tokens == routed
     assert book.queued.items + book.routed.items == 300  # what did not go waits
-    assert sched.ledger.job("free").completed.items == 300  # the other job was not held back
+    assert sched.view.job_book("free").completed.items == 300  # the other job was not held back
     sched.check()
 
 
@@ -260,13 +260,13 @@ def test_a_job_capped_in_total_waits_until_its_quota_is_raised() -> None:
         sched.submit(it, 0)
     run = Run(sched)
     run.run()
-    book = sched.ledger.job("j")
+    book = sched.view.job_book("j")
     assert 0 < book.routed.tokens <= 5_000
     assert book.queued.items > 0
     assert shares.capped_now("j", run.now)
     shares.set_policy("j", JobPolicy())
     run.run()
-    assert sched.ledger.job("j").completed.items == 100
+    assert sched.view.job_book("j").completed.items == 100
     sched.check()
 
 
@@ -313,7 +313,7 @@ def test_per_job_ledgers_balance_through_failures_partial_answers_and_requeues(s
             sched.set_contract(make_contract("c1", budget=8192, items=64, inflight=1))
         sched.check()
     for j in jobs:
-        assert sched.ledger.job(j).received.tokens == sent[j]
+        assert sched.view.job_book(j).received.tokens == sent[j]
     for batch in list(sched.in_flight_batches()):
         assert len({it.job for it in batch.items}) == 1  # a batch is one job's
 
@@ -338,11 +338,11 @@ def test_a_ledger_from_before_jobs_restores_into_job_none_and_keeps_balancing() 
     for it in job_items("", 30, random.Random(1)):
         old.submit(it, 0)
     old.dispatch(0)
-    snapshot = {k: v for k, v in old.ledger.snapshot().items() if not k.startswith("job:")}
+    snapshot = {k: v for k, v in old.view.ledger_snapshot().items() if not k.startswith("job:")}
     sched = Scheduler()
     sched.resume_ledger(snapshot)
-    assert sched.ledger.job("").received.items == 30
-    sched.ledger.check_jobs()
+    assert sched.view.job_book("").received.items == 30
+    sched._ledger.check_jobs()
 
 
 def test_a_total_quota_counts_what_was_routed_before_a_restart() -> None:
@@ -352,11 +352,11 @@ def test_a_total_quota_counts_what_was_routed_before_a_restart() -> None:
     for it in job_items("j", 50, random.Random(4)):
         sched.submit(it, 0)
     sched.dispatch(0)
-    routed = sched.ledger.job("j").routed.tokens
+    routed = sched.view.job_book("j").routed.tokens
     again = Shares()
     again.set_policy("j", JobPolicy(max_tokens=100_000))
     restarted = Scheduler(shares=again)
-    restarted.resume_ledger(sched.ledger.snapshot())
+    restarted.resume_ledger(sched.view.ledger_snapshot())
     assert again.routed_tokens["j"] == routed > 0
 
 
@@ -369,9 +369,9 @@ def test_jobs_past_max_jobs_count_as_no_job_so_lanes_and_books_stay_bounded() ->
     for i in range(20):
         sched.submit(Item(f"i{i}", MODEL, 1, 100, 0, job=f"session-{i}"), 0)
     sched.submit(Item("v", MODEL, 1, 100, 0, job="vip"), 0)
-    assert set(sched.ledger.jobs) == {"session-0", "session-1", "", "vip"}
-    assert sched.ledger.job("").received.items == 18
-    assert len(sched.table.shapes) == 4
+    assert set(dict(sched.view.job_books())) == {"session-0", "session-1", "", "vip"}
+    assert sched.view.job_book("").received.items == 18
+    assert len(sched._table.shapes) == 4
     sched.check()
     with pytest.raises(ValueError, match="max_jobs"):
         ShareSettings(max_jobs=-1)
@@ -384,12 +384,12 @@ def test_a_restored_batch_that_mixes_jobs_is_counted_item_by_item() -> None:
     items = [Item(f"x{i}", MODEL, 1, 10 + i, 0, job="ab"[i % 2]) for i in range(6)]
     batch = Batch("old-1", "c0", MODEL, 1, 0, 8, 16, items, 0)
     sched.adopt_in_flight(batch, 0, done={"x0"})
-    assert sched.ledger.job("a").adopted_in_flight.items == 2  # x2, x4 (x0 was answered before)
+    assert sched.view.job_book("a").adopted_in_flight.items == 2  # x2, x4 (x0 was answered before)
     sched.items_done("old-1", [("x1", True, False)], 0)
     sched.complete("old-1", 0, failed={"x2"})
     sched.check()
-    assert sched.ledger.job("b").completed.items == 3
-    assert sched.ledger.job("a").failed.tokens == 12
+    assert sched.view.job_book("b").completed.items == 3
+    assert sched.view.job_book("a").failed.tokens == 12
 
 
 def test_a_gate_is_made_only_while_two_jobs_of_the_model_wait_or_a_quota_is_set() -> None:

@@ -90,13 +90,13 @@ def reference_switch_key(
 
 def switch_target(sched: Scheduler, consumer: str, now_ms: int) -> tuple[ShapeKey, int] | None:
     """Rule 3's choice for ``consumer`` now (the shape and lane), by ``sched``'s own rules."""
-    state = sched.consumers[consumer]
+    state = sched._consumers[consumer]
     model = state.contract.model
     active = sched._active.get(model)
     if not active:
         return None
     peers = sched._by_model[model]
-    gate = sched.shares.gate(model, now_ms)
+    gate = sched._shares.gate(model, now_ms)
     rules = sched._rules
     if gate is None:
         found = rules._switch_target(state, peers)
@@ -240,7 +240,7 @@ def batch_row(b: Batch) -> tuple[str, str, ShapeKey, int, list[str]]:
 def reference_target(sched: Scheduler, consumer: str, now_ms: int) -> tuple[ShapeKey, int] | None:
     """:func:`switch_target` by the reference scan; on a copy of ``sched`` when a job has a quota
     (asking a quota's lanes updates its bookkeeping, so each side must ask its own)."""
-    if sched.shares.quota_count:
+    if sched._shares.quota_count:
         return switch_target(with_reference(copy.deepcopy(sched)), consumer, now_ms)
     sched._rules.__class__ = ReferenceRules
     try:
@@ -251,9 +251,9 @@ def reference_target(sched: Scheduler, consumer: str, now_ms: int) -> tuple[Shap
 
 def assert_same_targets(sched: Scheduler, now_ms: int) -> None:
     """For every consumer: the kept order's switch target equals the reference scan's."""
-    for consumer in list(sched.consumers):
+    for consumer in list(sched._consumers):
         expected = reference_target(sched, consumer, now_ms)
-        kept = copy.deepcopy(sched) if sched.shares.quota_count else sched
+        kept = copy.deepcopy(sched) if sched._shares.quota_count else sched
         assert switch_target(kept, consumer, now_ms) == expected
 
 

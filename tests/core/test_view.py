@@ -56,7 +56,7 @@ def test_lane_figures_are_the_lane_tables_and_carry_on_over_a_release() -> None:
     sched = make_scheduler(make_contract(items=1, inflight=8), lanes=NARROW)
     submit_all(sched, make_items([100, 1000, 5000]) + make_items([100], shape=SHAPE_B))
     lanes = sched.view.lanes()
-    st = sched.table.stats
+    st = sched._table.stats
     assert lanes.lanes_in_use == st.lanes_in_use == 4  # three lengths far apart, and shape B's
     assert (lanes.new_lanes, lanes.reuses, lanes.shapes, lanes.lane_budget) == (4, 0, 2, NARROW.lane_budget)
     assert lanes.lanes_in_use_peak == 4 and lanes.lane_pressure_peak == st.lane_pressure_peak > 0
@@ -123,7 +123,7 @@ def test_items_done_takes_item_outcomes_or_plain_tuples(typed: bool) -> None:
     outcomes = [ItemOutcome(*a) for a in answers] if typed else answers
     assert sched.items_done(batch.batch_id, outcomes, 1) == (2, False)
     assert sched.items_done(batch.batch_id, [ItemOutcome(third.id, True)], 2) == (1, True)
-    book = sched.ledger.consumer("c")
+    book = sched.view.consumer_book("c")
     assert (book.completed.items, book.completed.tokens, book.failed.items, book.failed.tokens) == (
         2,
         first.length + third.length,

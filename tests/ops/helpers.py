@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from processor.apps.observe import ServiceCounters, ServiceObserver
+from processor.apps.observe import ServiceCounters, ServiceObserver, ServiceStatus
 from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger
 from processor.core.scheduler import Scheduler
@@ -54,6 +54,11 @@ class FakeService:
 
     def now_ms(self) -> int:
         return self.clock_ms
+
+    @property
+    def status(self) -> ServiceStatus:
+        """As the service takes it at the end of each step, from ``owned`` and ``lag`` now."""
+        return ServiceStatus.of(self.owned, self.lag)
 
 
 def parse(text: str) -> Samples:

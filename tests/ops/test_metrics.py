@@ -41,7 +41,7 @@ def test_the_collector_reports_the_ledger_lanes_and_consumers() -> None:
     for it in batch.items[:-1]:
         assert core.item_done(batch.batch_id, it.id, True, 2500) is False
     assert core.item_done(batch.batch_id, batch.items[-1].id, False, 2500) is True
-    core.ledger.cache("card", True)
+    core.cache_reported("card", True)
     svc.counters.consumed = 6
     svc.lag = {0: 3, 1: 0}
     registry = processor_registry(svc, pipeline_in_background=False)
@@ -76,9 +76,9 @@ def test_the_collector_reports_the_ledger_lanes_and_consumers() -> None:
     assert value(m, "tokenfabric_ledger_ok") == 1
     # m2 has no consumer: its first item (arrived at 1000 ms) has waited 5 s at 6000 ms.
     assert value(m, "tokenfabric_oldest_waiting_age_seconds", model="m2") == pytest.approx(5.0)
-    assert value(m, "tokenfabric_lanes_in_use") == core.table.stats.lanes_in_use
-    assert value(m, "tokenfabric_lanes_budget") == core.table.settings.lane_budget
-    assert value(m, "tokenfabric_lanes_opened_total") == core.table.stats.new_lanes
+    assert value(m, "tokenfabric_lanes_in_use") == core.view.lanes().lanes_in_use
+    assert value(m, "tokenfabric_lanes_budget") == core.view.lanes().lane_budget
+    assert value(m, "tokenfabric_lanes_opened_total") == core.view.lanes().new_lanes
     assert value(m, "tokenfabric_ingest_messages_total") == 6
     assert value(m, "tokenfabric_ingest_lag_messages", partition="0") == 3
     assert value(m, "tokenfabric_commit_seconds_count") == 1
@@ -117,7 +117,7 @@ def test_the_collector_reports_the_ledger_lanes_and_consumers() -> None:
 def test_a_ledger_that_does_not_balance_reads_non_zero() -> None:
     svc = FakeService()
     svc.core.submit(Item("a", "m", 1, 100, 0), 0)
-    svc.core.ledger.models["m"].queued.tokens -= 7  # a leak: tokens counted received, held nowhere
+    svc.core.view.model_book("m").queued.tokens -= 7  # a planted leak: counted received, held nowhere
     m = read_registry(processor_registry(svc, pipeline_in_background=False))
     assert value(m, "tokenfabric_ledger_imbalance_tokens", model="m", equation="received") == 7
     assert value(m, "tokenfabric_ledger_imbalance_tokens", model="m", equation="routed") == 0
@@ -266,7 +266,7 @@ def test_jobs_tokens_and_shares_are_exposed_per_job() -> None:
 
     svc = FakeService()
     svc.core.set_contract(Contract("c", "m", budget_tokens=1024, max_items=4))
-    svc.core.shares.set_policy("big", JobPolicy(weight=3, max_tokens=15))
+    svc.core.set_policy("big", JobPolicy(weight=3, max_tokens=15))
     svc.core.submit(Item("a", "m", 1, 10, 0, job="big"), 0)
     svc.core.submit(Item("b", "m", 1, 10, 0, job="big"), 0)
     svc.core.dispatch(0)

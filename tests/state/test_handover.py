@@ -52,21 +52,21 @@ def test_release_then_adopt_restores_the_same_work_and_balances() -> None:
     done = sched.done_items(batch.batch_id)
     assert done == [first.id]
     waiting = [it for it in items if not it.dispatched]
-    before = sched.ledger.handover_delta()
+    before = sched.view.handover_delta()
 
     sched.release_all()
     sched.check(deep=True)
-    assert sched.table.waiting_items == 0 and not list(sched.in_flight_batches())
+    assert sched.view.waiting().items == 0 and not list(sched.in_flight_batches())
 
     for it in waiting:
         sched.adopt_waiting(it, 2)
     assert sched.adopt_in_flight(batch, 2, set(done))
     sched.check(deep=True)
-    assert sched.ledger.handover_delta() == before  # adopted exactly what was released
+    assert sched.view.handover_delta() == before  # adopted exactly what was released
     # the answered item stays answered: its replayed completion is not counted twice
     assert sched.item_done(batch.batch_id, first.id, True, 3) is None
     assert sched.item_done(batch.batch_id, batch.items[1].id, True, 3) is True
-    completed = sched.ledger.total("completed")
+    completed = sched.view.total("completed")
     assert completed.items == 2
     sched.check(deep=True)
 
@@ -90,7 +90,7 @@ def test_adopting_a_batch_of_a_retired_consumer_puts_its_outstanding_items_back(
     other = Scheduler()
     other.set_contract(make_contract("alive", model=MODEL))
     assert not other.adopt_in_flight(batch, 2, done)
-    assert other.table.waiting_items == 1  # only the unanswered item waits again
+    assert other.view.waiting().items == 1  # only the unanswered item waits again
     other.check(deep=True)
 
 
@@ -225,8 +225,8 @@ def test_an_assignment_adopts_exactly_what_the_changelog_of_its_partitions_holds
     assert svc.owned == frozenset({0, 1}) and svc.credits.owned_partitions == frozenset({0, 1})
     core = svc.core
     # the three waiting items, and the retired consumer's item put back in a lane: four wait
-    assert core.table.waiting_items == 4
-    assert core.table.waiting_tokens == 100 + 50 + 20 + 60
+    assert core.view.waiting().items == 4
+    assert core.view.waiting().tokens == 100 + 50 + 20 + 60
     assert core.is_in_flight("b1") and not core.is_in_flight("b2")
     assert core.done_items("b1") == ["b1-a"]  # the answered item stays answered
     assert core.item_done("b1", "b1-a", True, 2_000) is None  # its replayed completion counts nothing
@@ -237,7 +237,7 @@ def test_an_assignment_adopts_exactly_what_the_changelog_of_its_partitions_holds
     assert svc.credits.take("c", CARD.max_inflight, "next") == (0, 0)
     with pytest.raises(RuntimeError, match="no free in-flight slot"):
         svc.credits.take("c", CARD.max_inflight, "one-too-many")
-    assert core.consumers["c"].slots == 2  # the contract was set with this instance's share
+    assert core.view.consumer("c").slots == 2  # the contract was set with this instance's share
     # completions are read again from where b1's could first appear, only where that is earlier
     assert svc.results.next == {0: 17, 1: 1, 2: 20} and svc.control_assignments == 1
     assert svc.restored == [Restored([0, 1], 3, 2, 0.5)]
@@ -247,7 +247,7 @@ def test_an_assignment_adopts_exactly_what_the_changelog_of_its_partitions_holds
 def test_adopted_waiting_items_are_logged_where_their_records_live(restored: Changelog) -> None:
     svc = Service()
     assign(svc, [0, 1])
-    waiting = {it.id: it for it in svc.core.table.waiting()}
+    waiting = {it.id: it for it in svc.core.view.waiting_list()}
     assert {i: (it.home, it.logged) for i, it in waiting.items() if i.startswith("w")} == {
         "w1": (0, True),
         "w2": (0, True),
@@ -266,7 +266,7 @@ def test_restored_items_keep_their_first_arrival_and_are_adopted_oldest_first(re
     restored.stamps = {(0, 10): 700, (1, 5): 300, (0, 11): 5_000}  # w2's producer clock runs fast
     svc = Service()
     assign(svc, [0, 1])
-    arrival = {it.id: it.arrival_ms for it in svc.core.table.waiting()}
+    arrival = {it.id: it.arrival_ms for it in svc.core.view.waiting_list()}
     assert (arrival["w1"], arrival["w3"], arrival["w2"]) == (700, 300, 1_000)
     assert svc.core.oldest_waiting_ms(MODEL, 10) == 300  # the arrival queue starts with the oldest
 
@@ -274,16 +274,16 @@ def test_restored_items_keep_their_first_arrival_and_are_adopted_oldest_first(re
 def test_a_revocation_commits_then_lets_go_of_everything(restored: Changelog) -> None:
     svc = Service()
     assign(svc, [0, 1])
-    before = svc.core.ledger.handover_delta()
+    before = svc.core.view.handover_delta()
     revoke(svc, [0, 1])
     assert svc.commits == [True]  # forced, while the partitions are still ours
     core = svc.core
-    assert core.table.waiting_items == 0 and not list(core.in_flight_batches())
+    assert core.view.waiting().items == 0 and not list(core.in_flight_batches())
     assert svc.owned == frozenset() and svc.credits.held("c") == 0 and svc.credits.share(4) == 0
-    assert core.consumers["c"].slots == 0 and core.dispatch(5_000) == []  # nothing more may be sent
+    assert core.view.consumer("c").slots == 0 and core.dispatch(5_000) == []  # nothing more may be sent
     core.check(deep=True)
     # what this instance adopted it released again, to the item and token: the next owner adopts it
-    after = core.ledger.handover_delta()
+    after = core.view.handover_delta()
     assert before["m"] == (5, 100 + 50 + 20 + 40 + 60) and after["m"] == (0, 0)
     assert restored.asked == [("handover-proc", [0, 1])]
 
@@ -293,7 +293,7 @@ def test_a_revocation_while_closing_does_nothing(restored: Changelog) -> None:
     assign(svc, [0, 1])
     svc.handover.closing = True
     revoke(svc, [0, 1])
-    assert svc.commits == [] and svc.core.table.waiting_items == 4 and svc.owned == frozenset({0, 1})
+    assert svc.commits == [] and svc.core.view.waiting().items == 4 and svc.owned == frozenset({0, 1})
 
 
 def test_at_least_once_keeps_its_lanes_and_forgets_only_the_revoked_offsets() -> None:
@@ -305,11 +305,11 @@ def test_at_least_once_keeps_its_lanes_and_forgets_only_the_revoked_offsets() ->
         lanes.item_seen(item)
         svc.core.submit(item, 0)
     assign(svc, [0, 1])  # at-least-once restores nothing
-    assert svc.owned == frozenset() and svc.core.table.waiting_items == 2
+    assert svc.owned == frozenset() and svc.core.view.waiting().items == 2
     revoke(svc, [1])
     assert svc.commits == [True]
     assert lanes.offsets.committable() == {0: 7}  # partition 1's offsets are the next owner's
-    assert svc.core.table.waiting_items == 2  # the items stay: they are re-read and deduplicated
+    assert svc.core.view.waiting().items == 2  # the items stay: they are re-read and deduplicated
 
 
 def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_counted(
@@ -321,7 +321,7 @@ def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_c
         before = Service()
         for item_id, length in held:
             before.core.submit(IngestItem.from_head(head(item_id, length), 0, 0, 0), 0)
-        counters = {**before.core.ledger.snapshot(), "owned_partitions": PARTITIONS}
+        counters = {**before.core.view.ledger_snapshot(), "owned_partitions": PARTITIONS}
         svc = Service()
         svc.handover.resume(
             LedgerSnapshotRecord(
@@ -335,7 +335,7 @@ def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_c
     counted = [("w1", 100), ("w2", 50), ("w3", 20), ("w4", 8)]
     svc = restart(counted)
     assign(svc, list(range(PARTITIONS)))  # the changelog holds exactly what was counted: fine
-    assert svc.handover._counted_at_start is None and svc.core.table.waiting_items == 4
+    assert svc.handover._counted_at_start is None and svc.core.view.waiting().items == 4
 
     phantom = restart([*counted, ("w5", 30)])  # the checkpoint claims an item the changelog lacks
     with pytest.raises(
@@ -345,4 +345,4 @@ def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_c
 
     partial = restart([*counted, ("w5", 30)])
     assign(partial, [0, 1, 2])  # not every partition came back: state may rightly be elsewhere
-    assert partial.core.table.waiting_items == 4
+    assert partial.core.view.waiting().items == 4
