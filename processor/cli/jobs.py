@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     from confluent_kafka import KafkaException
 
-    from processor.jobs.collect import CollectError, max_attempts_by_job, scan_progress
+    from processor.jobs.collect import CollectError, max_attempts_by_job
+    from processor.jobs.progress_scan import scan_progress
     from processor.jobs.states import openai_view
     from processor.jobs.topic import read_job_share_records, read_jobs
     from processor.kafka.config import ConfigError
