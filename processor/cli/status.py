@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
 from processor.core.accounting import cached_prompt_share
+from processor.kafka.topics import TopicNames
 from processor.ops.status import (
     DEFAULT_STALE_S,
     SCHEMA_PATH,
@@ -296,7 +297,6 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.kafka.config import ConfigError
-    from processor.ops.retire import StillAlive, forget_processor, retire_consumer
 
     if args.schema:
         print(SCHEMA_PATH.read_text(), end="")
@@ -311,33 +311,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.forget_processor or args.retire_consumer:
-            try:
-                if args.forget_processor:
-                    forget_processor(conf, topics, args.forget_processor, args.stale_s)
-                    print(f"processor {args.forget_processor} forgotten: its counters stay, status omits it")
-                else:
-                    retire_consumer(conf, topics, args.retire_consumer, args.stale_s)
-                    print(f"consumer {args.retire_consumer} retired: tombstone on {topics.contracts}")
-            except (KeyError, StillAlive) as exc:
-                print(f"tokenfabric status: {exc.args[0]}", file=sys.stderr)
-                return 1
-            return 0
-        previous = None
-        clear = args.watch and not args.json and sys.stdout.isatty()
-        stop = threading.Event()
-        if args.watch:
-            install_stop_handlers(stop, announce=_quietly)
-        while not stop.is_set():
-            view = gather(conf, topics, args.group, groups=True)
-            rep = with_rates(report(view, topics, args.stale_s), previous)
-            _emit(rep, args.json, clear)
-            if not args.watch:
-                return 0
-            previous = rep
-            if not clear and not args.json:
-                print(flush=True)  # one blank line between refreshes in a pipe or a log
-            stop.wait(args.interval_s)
-        return 0
+            return _retire(args, conf, topics)
+        return _show(args, conf, topics)
     except KafkaException as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 1
@@ -346,3 +321,40 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the reader went away (``| head``): nothing more to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _retire(args: argparse.Namespace, conf: dict[str, str], topics: TopicNames) -> int:
+    """``--forget-processor`` or ``--retire-consumer``: 1 when it is still alive or unknown."""
+    from processor.ops.retire import StillAlive, forget_processor, retire_consumer
+
+    try:
+        if args.forget_processor:
+            forget_processor(conf, topics, args.forget_processor, args.stale_s)
+            print(f"processor {args.forget_processor} forgotten: its counters stay, status omits it")
+        else:
+            retire_consumer(conf, topics, args.retire_consumer, args.stale_s)
+            print(f"consumer {args.retire_consumer} retired: tombstone on {topics.contracts}")
+    except (KeyError, StillAlive) as exc:
+        print(f"tokenfabric status: {exc.args[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _show(args: argparse.Namespace, conf: dict[str, str], topics: TopicNames) -> int:
+    """One status, or (``--watch``) one every ``--interval-s``, with the rates since the last."""
+    previous = None
+    clear = args.watch and not args.json and sys.stdout.isatty()
+    stop = threading.Event()
+    if args.watch:
+        install_stop_handlers(stop, announce=_quietly)
+    while not stop.is_set():
+        view = gather(conf, topics, args.group, groups=True)
+        rep = with_rates(report(view, topics, args.stale_s), previous)
+        _emit(rep, args.json, clear)
+        if not args.watch:
+            return 0
+        previous = rep
+        if not clear and not args.json:
+            print(flush=True)  # one blank line between refreshes in a pipe or a log
+        stop.wait(args.interval_s)
+    return 0
