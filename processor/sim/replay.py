@@ -96,21 +96,24 @@ class Replay:
 
     def run(self) -> int:
         """Replay every event; returns the time of the last."""
-        times, completions, n_arrivals = self.times, self.completions, len(self.items)
+        times, completions, n_arrivals, slots = self.times, self.completions, len(self.items), self.slots
+        arrive, complete_due, tick = self._arrive, self._complete_due, self._tick
+        dispatch, submit_while_busy = self._dispatch, self._submit_while_busy
         now = 0
         while self.next_arrival < n_arrivals or completions:
             t_arr = times[self.next_arrival] if self.next_arrival < n_arrivals else math.inf
             t_done = completions[0][0] if completions else math.inf
             now = math.ceil(min(t_arr, t_done))
             if t_arr <= now:
-                self._arrive(now)
-            self._complete_due(now)
+                arrive(now)
+            if completions and completions[0][0] <= now:
+                complete_due(now)
             if now >= self.next_tick:
-                self._tick(now)
-            if len(completions) < self.slots:
-                self._dispatch(now)
-            if len(completions) >= self.slots:  # every slot is taken until the next completion
-                self._submit_while_busy()
+                tick(now)
+            if len(completions) < slots:
+                dispatch(now)
+            if len(completions) >= slots:  # every slot is taken until the next completion
+                submit_while_busy()
         return now
 
     def _arrive(self, now: int) -> None:
