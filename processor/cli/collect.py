@@ -38,6 +38,7 @@ from processor.cli.options import add_kafka_arguments, install_stop_handlers, ka
 
 if TYPE_CHECKING:
     from processor.jobs.collect import Collection, JobCollector
+    from processor.jobs.model import JobRecord
     from processor.jobs.topic import JobWriter
     from processor.kafka.topics import TopicNames
 
@@ -81,20 +82,13 @@ def run(args: argparse.Namespace) -> int:
         attempts_of,
         max_attempts_by_job,
     )
-    from processor.jobs.datasets import DatasetError, need_pyarrow, output_format
+    from processor.jobs.datasets import DatasetError
     from processor.jobs.journal import JournalError
     from processor.jobs.topic import JobsTopicError, JobWriter, read_job_share_records, read_jobs
     from processor.kafka.config import ConfigError
 
     try:
-        if args.timeout_s is not None and not args.timeout_s > 0:
-            raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
-        if not args.poll_s > 0:
-            raise ValueError(f"--poll-s must be > 0, got {args.poll_s}")
-        _check_format(args)
-        if output_format(args.out) == "parquet":
-            need_pyarrow()
-        conf, topics = kafka_settings(args, pipeline=True)
+        conf, topics = _settings(args)
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -104,13 +98,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = read_jobs(conf, topics)
         job = jobs.get(args.job)
         if job is None or job.retry_of is not None:
-            why = (
-                "('tokenfabric jobs' lists them)"
-                if job is None
-                else f"is attempt {job.attempt} of job {job.retry_of}: 'collect --job {job.retry_of}' "
-                "merges it into that job's output"
-            )
-            print(f"{PROG}: error: no job {args.job!r} on {topics.jobs} {why}", file=sys.stderr)
+            print(f"{PROG}: error: {_not_a_job(args.job, job, topics)}", file=sys.stderr)
             return 2
         try:
             limits = max_attempts_by_job(read_job_share_records(conf, topics))
@@ -138,6 +126,46 @@ def run(args: argparse.Namespace) -> int:
             collection.close()
         if writer is not None:
             writer.close()
+    complete = _print_summary(collector, conf, topics, args, written, errors)
+    if stopped_by:
+        return 128 + stopped_by[0].value
+    return 0 if complete else 3
+
+
+def _settings(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
+    """The Kafka settings, once the flags and the output's format are checked (ValueError says what)."""
+    from processor.jobs.datasets import need_pyarrow, output_format
+
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
+    if not args.poll_s > 0:
+        raise ValueError(f"--poll-s must be > 0, got {args.poll_s}")
+    _check_format(args)
+    if output_format(args.out) == "parquet":
+        need_pyarrow()
+    return kafka_settings(args, pipeline=True)
+
+
+def _not_a_job(name: str, job: JobRecord | None, topics: TopicNames) -> str:
+    """Why ``name`` cannot be collected: no such job, or it is a retry attempt of another."""
+    why = (
+        "('tokenfabric jobs' lists them)"
+        if job is None
+        else f"is attempt {job.attempt} of job {job.retry_of}: 'collect --job {job.retry_of}' "
+        "merges it into that job's output"
+    )
+    return f"no job {name!r} on {topics.jobs} {why}"
+
+
+def _print_summary(
+    collector: JobCollector,
+    conf: dict[str, str],
+    topics: TopicNames,
+    args: argparse.Namespace,
+    written: int,
+    errors: int | None,
+) -> bool:
+    """The job's figures, why rows are missing, what was written; returns whether it is complete."""
     summary = collector.summary()
     for line in summary.lines():
         print(line)
@@ -148,9 +176,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {written:,} rows to {args.out}")
     else:
         print(f"wrote {written:,} rows to {args.out} and {errors:,} to {_errors_path(args)}")
-    if stopped_by:
-        return 128 + stopped_by[0].value
-    return 0 if summary.complete else 3
+    return summary.complete
 
 
 def _collect(

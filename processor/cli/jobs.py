@@ -33,6 +33,7 @@ from processor.sim.columns import fitted
 
 if TYPE_CHECKING:
     from processor.jobs.model import JobRecord
+    from processor.kafka.topics import TopicNames
     from processor.ops.status import StatusView
     from processor.wire.job_share import JobShareRecord
 
@@ -56,12 +57,9 @@ def _missing(job: JobRecord) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from confluent_kafka import KafkaException
 
-    from processor.jobs.collect import CollectError, max_attempts_by_job, scan_progress
-    from processor.jobs.states import openai_view
+    from processor.jobs.collect import CollectError
     from processor.jobs.topic import read_job_share_records, read_jobs
     from processor.kafka.config import ConfigError
     from processor.ops.status import gather
@@ -80,19 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{PROG}: error: no job {args.name!r} on {topics.jobs}", file=sys.stderr)
                 return 2
         if args.scan:
-            now_ms = time.time_ns() // 1_000_000
-            open_jobs = {k: v for k, v in jobs.items() if v.state != "finished"}
-            limits = max_attempts_by_job(costs.records)
-            for name, p in scan_progress(conf, topics, open_jobs, max_attempts=limits).items():
-                jobs[name] = replace(
-                    jobs[name],
-                    results_ok=p.ok,
-                    results_failed=p.failed,
-                    results_cancelled=p.cancelled,
-                    results_expired=p.expired,
-                    output_tokens=p.output_tokens,
-                    progress_ms=now_ms,
-                )
+            _count_results_now(conf, topics, jobs, costs)
     except CollectError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -100,20 +86,55 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     if args.name is not None:
-        job = jobs[args.name]
-        _detail(job, costs.cancelled(job.name))
-        print(f"{'retries':<10} {costs.retries(args.name)}")
-        print(f"{'share':<10} {costs.share(args.name)}")
-        print(f"{'cost':<10} {costs.cost(args.name)}")
-        if job.is_submitted and job.items > job.results_ok + job.results_failed:
-            from processor.ops.missing import why_missing
-
-            for line in why_missing(costs.view, job.name, job.model):
-                print(f"{'missing':<10} {line}")
-        return 0
-    if not jobs:
+        _print_job(jobs[args.name], costs)
+    elif not jobs:
         print(f"no jobs on {topics.jobs}")
-        return 0
+    else:
+        _print_table(jobs, costs)
+    return 0
+
+
+def _count_results_now(
+    conf: dict[str, str], topics: TopicNames, jobs: dict[str, JobRecord], costs: _Costs
+) -> None:
+    """``--scan``: the result counts of the jobs not finished, from the results topic, into ``jobs``."""
+    from dataclasses import replace
+
+    from processor.jobs.collect import max_attempts_by_job
+    from processor.jobs.progress_scan import scan_progress
+
+    now_ms = time.time_ns() // 1_000_000
+    open_jobs = {k: v for k, v in jobs.items() if v.state != "finished"}
+    limits = max_attempts_by_job(costs.records)
+    for name, p in scan_progress(conf, topics, open_jobs, max_attempts=limits).items():
+        jobs[name] = replace(
+            jobs[name],
+            results_ok=p.ok,
+            results_failed=p.failed,
+            results_cancelled=p.cancelled,
+            results_expired=p.expired,
+            output_tokens=p.output_tokens,
+            progress_ms=now_ms,
+        )
+
+
+def _print_job(job: JobRecord, costs: _Costs) -> None:
+    """One job in full, with its retries, share, cost and why rows are missing."""
+    _detail(job, costs.cancelled(job.name))
+    print(f"{'retries':<10} {costs.retries(job.name)}")
+    print(f"{'share':<10} {costs.share(job.name)}")
+    print(f"{'cost':<10} {costs.cost(job.name)}")
+    if job.is_submitted and job.items > job.results_ok + job.results_failed:
+        from processor.ops.missing import why_missing
+
+        for line in why_missing(costs.view, job.name, job.model):
+            print(f"{'missing':<10} {line}")
+
+
+def _print_table(jobs: dict[str, JobRecord], costs: _Costs) -> None:
+    """Every job, one line each, fitted to the terminal."""
+    from processor.jobs.states import openai_view
+
     ordered = sorted(jobs.values(), key=lambda j: _listing_order(j, jobs))
     views = {job.name: openai_view(job, cancel_requested=costs.cancelled(job.name)) for job in ordered}
     header = (
@@ -142,7 +163,6 @@ def run(args: argparse.Namespace) -> int:
     ]
     for line in fitted([header, *lines], shutil.get_terminal_size((120, 24)).columns, left=(0, 1, 2, 10, 11)):
         print(line)
-    return 0
 
 
 def _listing_order(job: JobRecord, jobs: dict[str, JobRecord]) -> tuple[int, int, str]:

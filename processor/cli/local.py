@@ -59,34 +59,52 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from processor.local.broker import default_state_dir
-    from processor.local.jars import KafkaLocalError
-    from processor.local.stack import Stack, StackSettings, default_stack_dir, stack_down, stack_up
+    from processor.local.stack import default_stack_dir
 
     state_dir = (args.state_dir or default_stack_dir()).resolve()
     broker_dir = default_state_dir()
     if args.action == "down":
-        try:
-            stopped = stack_down(state_dir, broker_dir)
-        except KafkaLocalError as exc:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 1
-        print(f"stopped: {', '.join(stopped)}" if stopped else "no local stack was up")
-        return 0
+        return _down(state_dir, broker_dir)
     if args.action == "status":
-        try:
-            stack = Stack.load(state_dir)
-        except KafkaLocalError as exc:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 1
-        if stack is None:
-            print("no local stack is up ('tokenfabric local up' starts one)")
-            return 0
-        print(
-            f"prefix {stack.prefix}  model {stack.model}  bootstrap {stack.bootstrap}  logs {stack.log_dir}"
-        )
-        for p in stack.processes:
-            print(f"  {p.name:<10} {'up  ' if p.alive() else 'DOWN'}  pid {p.pid}")
+        return _status(state_dir)
+    return _up(args, state_dir, broker_dir)
+
+
+def _down(state_dir: Path, broker_dir: Path) -> int:
+    from processor.local.jars import KafkaLocalError
+    from processor.local.stack import stack_down
+
+    try:
+        stopped = stack_down(state_dir, broker_dir)
+    except KafkaLocalError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"stopped: {', '.join(stopped)}" if stopped else "no local stack was up")
+    return 0
+
+
+def _status(state_dir: Path) -> int:
+    from processor.local.jars import KafkaLocalError
+    from processor.local.stack import Stack
+
+    try:
+        stack = Stack.load(state_dir)
+    except KafkaLocalError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    if stack is None:
+        print("no local stack is up ('tokenfabric local up' starts one)")
         return 0
+    print(f"prefix {stack.prefix}  model {stack.model}  bootstrap {stack.bootstrap}  logs {stack.log_dir}")
+    for p in stack.processes:
+        print(f"  {p.name:<10} {'up  ' if p.alive() else 'DOWN'}  pid {p.pid}")
+    return 0
+
+
+def _up(args: argparse.Namespace, state_dir: Path, broker_dir: Path) -> int:
+    from processor.local.jars import KafkaLocalError
+    from processor.local.stack import StackSettings, stack_up
+
     try:
         for pair in args.engine_opt:
             engine_opt(pair)

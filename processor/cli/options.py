@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from processor.core.lanes import CUT_ORDERS, LaneSettings
 from processor.core.scheduler import DEADLINES, DispatchSettings
@@ -94,85 +95,46 @@ def check_plot(path: str, *, need_matplotlib: bool = True) -> None:
         raise ValueError("--plot needs matplotlib: pip install 'tokenfabric[plot]'")
 
 
-def add_lane_arguments(p: argparse.ArgumentParser) -> None:
-    d = LaneSettings()
-    g = p.add_argument_group("lanes (docs/lanes.md)")
-    g.add_argument(
-        "--lane-budget",
-        type=int,
-        default=d.lane_budget,
-        help="lanes per (model, shape) (default: %(default)s)",
-    )
-    g.add_argument(
-        "--floor-tokens",
-        type=int,
-        default=d.floor_tokens,
-        help="padding that never opens a lane (default: %(default)s)",
-    )
-    g.add_argument(
-        "--cap-tokens",
-        type=int,
-        default=d.cap_tokens,
-        help="padding never accepted while a lane can open (default: %(default)s)",
-    )
-    g.add_argument(
-        "--start-ratio",
-        type=float,
-        default=d.start_ratio,
-        help="threshold/length with no lanes (default: %(default)s)",
-    )
-    g.add_argument(
-        "--full-ratio",
-        type=float,
-        default=d.full_ratio,
-        help="threshold/length with the budget full (default: %(default)s)",
-    )
-    g.add_argument(
-        "--idle-ms",
-        type=int,
-        default=d.idle_ms,
-        help="empty lanes go quiet after this long (default: %(default)s)",
-    )
-    g.add_argument(
-        "--cut",
-        choices=CUT_ORDERS,
-        default=d.cut,
-        help="cut batches from a lane longest first or in arrival order (default: %(default)s)",
-    )
-    g.add_argument(
-        "--cut-tokens",
-        type=int,
-        default=d.cut_tokens,
-        help="cut by length: most padding an item may add (default: %(default)s)",
-    )
-    g.add_argument(
+_LANE_FLAGS: tuple[tuple[str, type | tuple[str, ...], str, str], ...] = (
+    # flag, its type (or its choices), the LaneSettings or DispatchSettings field of its default, help
+    ("--lane-budget", int, "lane_budget", "lanes per (model, shape)"),
+    ("--floor-tokens", int, "floor_tokens", "padding that never opens a lane"),
+    ("--cap-tokens", int, "cap_tokens", "padding never accepted while a lane can open"),
+    ("--start-ratio", float, "start_ratio", "threshold/length with no lanes"),
+    ("--full-ratio", float, "full_ratio", "threshold/length with the budget full"),
+    ("--idle-ms", int, "idle_ms", "empty lanes go quiet after this long"),
+    ("--cut", CUT_ORDERS, "cut", "cut batches from a lane longest first or in arrival order"),
+    ("--cut-tokens", int, "cut_tokens", "cut by length: most padding an item may add"),
+    (
         "--cut-ratio",
-        type=float,
-        default=d.cut_ratio,
-        help="cut by length: most padding an item may add, as a fraction of the batch's longest "
-        "(default: %(default)s)",
-    )
-    dd = DispatchSettings()
-    g.add_argument(
+        float,
+        "cut_ratio",
+        "cut by length: most padding an item may add, as a fraction of the batch's longest",
+    ),
+    (
         "--lane-pad-multiple",
-        type=int,
-        default=d.pad_multiple,
-        help="rounding used to measure padding when choosing a lane (1 for consumers that pad to 1) "
-        "(default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-wait-ms",
-        type=int,
-        default=dd.max_wait_ms,
-        help="an item waiting this long overrides shape stickiness (default: %(default)s)",
-    )
-    g.add_argument(
+        int,
+        "pad_multiple",
+        "rounding used to measure padding when choosing a lane (1 for consumers that pad to 1)",
+    ),
+    ("--max-wait-ms", int, "max_wait_ms", "an item waiting this long overrides shape stickiness"),
+    (
         "--deadline",
-        choices=DEADLINES,
-        default=dd.deadline,
-        help="overtaking: an overdue item preempts only batches of items max-wait-ms younger; absolute: "
-        "all (default: %(default)s)",
-    )
+        DEADLINES,
+        "deadline",
+        "overtaking: an overdue item preempts only batches of items max-wait-ms younger; absolute: all",
+    ),
+)
+
+
+def add_lane_arguments(p: argparse.ArgumentParser) -> None:
+    """The lanes' and dispatch's settings, one flag each (:data:`_LANE_FLAGS`), then ``--no-spread``."""
+    defaults = (LaneSettings(), DispatchSettings())
+    g = p.add_argument_group("lanes (docs/lanes.md)")
+    for flag, kind, field_name, text in _LANE_FLAGS:
+        default = next(getattr(d, field_name) for d in defaults if hasattr(d, field_name))
+        typed: dict[str, Any] = {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
+        g.add_argument(flag, **typed, default=default, help=f"{text} (default: %(default)s)")
     g.add_argument(
         "--no-spread",
         dest="spread",

@@ -26,6 +26,8 @@ from processor.cli.options import add_kafka_arguments, add_trace_reading_argumen
 from processor.sim.traces import FORMATS, SHIPPED
 
 if TYPE_CHECKING:  # Kafka loads only when the command runs
+    from rich.progress import Progress
+
     from processor.apps.producer import TokenProducer
     from processor.sim.traces import TraceRecord
 
@@ -135,25 +137,13 @@ def _replay(
     show_progress: bool,
     tokens: str = "synthetic",
 ) -> None:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+    from rich.progress import TaskID
 
     from processor.apps.producer import synthetic_tokens
     from processor.sim.templated import wordpiece_tokens
 
     make_tokens = wordpiece_tokens if tokens == "wordpiece" else synthetic_tokens
-
-    progress = Progress(
-        TextColumn("producing"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("items"),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=not show_progress,
-        transient=False,
-    )
+    progress = _progress_bar(show_progress)
     t0_trace = records[0].t_ms if records else 0
     t0_wall = time.monotonic()
     last_update = 0.0
@@ -184,6 +174,24 @@ def _replay(
         # Sending only queues: the rate that counts includes waiting for the broker's acks.
         producer.close(timeout=120.0)
         show(task, len(records))
+
+
+def _progress_bar(show: bool) -> Progress:
+    """Items produced of all, and the token rate, on stderr (disabled: nothing shown)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("producing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("items"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not show,
+        transient=False,
+    )
 
 
 def _wait_until(producer: TokenProducer, due: float) -> None:

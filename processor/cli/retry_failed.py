@@ -28,6 +28,9 @@ from typing import TYPE_CHECKING
 from processor.jobs.topic import JobWriter
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from processor.cli.submit_plan import SubmitPlan
     from processor.jobs.model import JobRecord, JobSummary, RowResult
     from processor.kafka.topics import TopicNames
 
@@ -86,23 +89,13 @@ def run_retry_failed(args: argparse.Namespace) -> int:
 
     from processor.apps.producer import MissingTopicError, ProduceError, TokenProducer
     from processor.cli.options import kafka_settings
-    from processor.cli.submit import Aborted, plan_from, submit
-    from processor.core.shares import JobPolicy
+    from processor.cli.submit import Aborted, submit
     from processor.jobs.collect import CollectError, attempts_of
     from processor.jobs.datasets import DatasetError
     from processor.jobs.journal import JournalError
-    from processor.jobs.retry import (
-        RowSubset,
-        attempt_name,
-        next_attempt,
-        options_namespace,
-        recorded_options,
-        retry_problem,
-        rows_to_retry,
-    )
-    from processor.jobs.topic import JobsTopicError, read_job_share_records, read_jobs
+    from processor.jobs.retry import attempt_name, next_attempt, retry_problem, rows_to_retry
+    from processor.jobs.topic import JobsTopicError, read_jobs
     from processor.kafka.config import ConfigError
-    from processor.ops.lifecycle import max_attempts_from
 
     name = args.retry_failed
     try:
@@ -136,19 +129,11 @@ def run_retry_failed(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        settings = options_namespace(vars(args), recorded_options(job))
-        plan = plan_from(argparse.Namespace(**{**settings, "job": attempt_job, "dataset": dataset}))
-        plan = replace(plan, dataset=RowSubset(plan.dataset.path, rows))
+        plan = _attempt_plan(args, job, attempt_job, dataset, rows)
         producer = TokenProducer(conf, topics)
         producer.check_topic()
         writer = AttemptWriter(conf, topics, retry_of=job, attempt=attempt)
-        share = read_job_share_records(conf, topics).get(name)
-        max_attempts = max_attempts_from(getattr(args, "max_attempts", None))
-        if max_attempts is None and share is not None:
-            max_attempts = share.max_attempts
-        if share is not None or max_attempts is not None:  # from the attempt's first item: the job's
-            policy = share.policy if share is not None else JobPolicy()  # share, and its attempts
-            writer.write_share(attempt_job, policy, time.time_ns() // 1_000_000, max_attempts)
+        _write_attempt_share(conf, topics, args, name, attempt_job, writer)
         final = submit(plan, producer, writer)
     except (ValueError, DatasetError, JournalError, CollectError, MissingTopicError, JobsTopicError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -164,3 +149,38 @@ def run_retry_failed(args: argparse.Namespace) -> int:
         f"failed or expired rows, {final.input_tokens:,} tokens; 'tokenfabric collect --job {name}' merges it"
     )
     return 3 if final.bad_rows else 0
+
+
+def _attempt_plan(
+    args: argparse.Namespace, job: JobRecord, attempt_job: str, dataset: str, rows: Sequence[int]
+) -> SubmitPlan:
+    """The attempt's plan: ``job``'s recorded options over the command line's, only ``rows``."""
+    from processor.cli.submit import plan_from
+    from processor.jobs.retry import RowSubset, options_namespace, recorded_options
+
+    settings = options_namespace(vars(args), recorded_options(job))
+    plan = plan_from(argparse.Namespace(**{**settings, "job": attempt_job, "dataset": dataset}))
+    return replace(plan, dataset=RowSubset(plan.dataset.path, rows))
+
+
+def _write_attempt_share(
+    conf: dict[str, str],
+    topics: TopicNames,
+    args: argparse.Namespace,
+    name: str,
+    attempt_job: str,
+    writer: AttemptWriter,
+) -> None:
+    """From the attempt's first item: the job's share, and its attempts (``--max-attempts`` over the
+    job's own), when it has either."""
+    from processor.core.shares import JobPolicy
+    from processor.jobs.topic import read_job_share_records
+    from processor.ops.lifecycle import max_attempts_from
+
+    share = read_job_share_records(conf, topics).get(name)
+    max_attempts = max_attempts_from(getattr(args, "max_attempts", None))
+    if max_attempts is None and share is not None:
+        max_attempts = share.max_attempts
+    if share is not None or max_attempts is not None:
+        policy = share.policy if share is not None else JobPolicy()
+        writer.write_share(attempt_job, policy, time.time_ns() // 1_000_000, max_attempts)

@@ -22,8 +22,8 @@ from processor.cli.options import (
 )
 from processor.core.contract import BATCHING_MODES
 from processor.sim.report import render_table
-from processor.sim.simulator import DEFAULT_CONSUMERS, POLICIES, parse_consumer_spec, simulate
-from processor.sim.traces import FORMATS, SHIPPED, TraceError, read_trace, shipped_trace
+from processor.sim.simulator import DEFAULT_CONSUMERS, POLICIES, ConsumerSpec, parse_consumer_spec, simulate
+from processor.sim.traces import FORMATS, SHIPPED, TraceError, TraceRecord, read_trace, shipped_trace
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -81,65 +81,29 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     prog = "tokenfabric simulate"
     try:
-        policies = _policies(args.policy)
-        modes = _modes(args.batching)
-        if args.emit_batches and len(policies) * len(modes) > 1:
-            raise ValueError("--emit-batches needs a single --policy and --batching mode")
-        if args.plot and len(modes) > 1:
-            raise ValueError("--plot compares policies: give a single --batching mode")
-        if args.plot:
-            check_plot(args.plot)
-        if "memory" in modes and not args.consumer:
-            missing = [f"--{n.replace('_', '-')}" for n in MEMORY_NUMBERS[:2] if getattr(args, n) is None]
-            if missing:
-                raise ValueError(f"--batching memory needs {' and '.join(missing)}")
-        numbers = {n: getattr(args, n) for n in MEMORY_NUMBERS if getattr(args, n) is not None}
-        runs = [
-            (
-                mode,
-                [
-                    parse_consumer_spec(s, {**numbers, **_mode(mode)})
-                    for s in (args.consumer or DEFAULT_CONSUMERS)
-                ],
-            )
-            for mode in modes
-        ]
+        policies, runs = _plan(args)
         lanes, dispatch = lanes_from(args)
         shares = shares_from(args)
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {args.limit}")
-        if args.shape_blocks < 0:
-            raise ValueError(f"--shape-blocks must be >= 0, got {args.shape_blocks}")
-        trace, fmt = Path(args.trace), args.format
-        if not trace.exists() and args.trace in SHIPPED:  # a shipped trace by name: its own format
-            trace, fmt = shipped_trace(args.trace), SHIPPED[args.trace][1]
-        records = read_trace(
-            trace,
-            fmt,
-            shape_blocks=args.shape_blocks,
-            default_model=args.model,
-            limit=args.limit,
-        )
-        reports = []
+        trace, records = _read(args)
         with _open_or_none(args.emit_batches) as emit:
-            for mode, consumers in runs:
-                for policy in policies:
-                    reports.append(
-                        simulate(
-                            records,
-                            consumers,
-                            policy,
-                            backlog=args.backlog,
-                            speed=args.speed,
-                            lanes=lanes,
-                            dispatch=dispatch,
-                            window=args.window,
-                            seed=args.seed,
-                            emit=emit,
-                            batching=mode,
-                            shares=shares,
-                        )
-                    )
+            reports = [
+                simulate(
+                    records,
+                    consumers,
+                    policy,
+                    backlog=args.backlog,
+                    speed=args.speed,
+                    lanes=lanes,
+                    dispatch=dispatch,
+                    window=args.window,
+                    seed=args.seed,
+                    emit=emit,
+                    batching=mode,
+                    shares=shares,
+                )
+                for mode, consumers in runs
+                for policy in policies
+            ]
     except (TraceError, ValueError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -158,6 +122,43 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[str], list[tuple[str | None, list[ConsumerSpec]]]]:
+    """The policies, and each batching mode with its consumers; ValueError for a combination the
+    outputs cannot take (one file of batches, one chart) or memory batching without its numbers."""
+    policies = _policies(args.policy)
+    modes = _modes(args.batching)
+    if args.emit_batches and len(policies) * len(modes) > 1:
+        raise ValueError("--emit-batches needs a single --policy and --batching mode")
+    if args.plot and len(modes) > 1:
+        raise ValueError("--plot compares policies: give a single --batching mode")
+    if args.plot:
+        check_plot(args.plot)
+    if "memory" in modes and not args.consumer:
+        missing = [f"--{n.replace('_', '-')}" for n in MEMORY_NUMBERS[:2] if getattr(args, n) is None]
+        if missing:
+            raise ValueError(f"--batching memory needs {' and '.join(missing)}")
+    numbers = {n: getattr(args, n) for n in MEMORY_NUMBERS if getattr(args, n) is not None}
+    specs = args.consumer or DEFAULT_CONSUMERS
+    return policies, [
+        (mode, [parse_consumer_spec(s, {**numbers, **_mode(mode)}) for s in specs]) for mode in modes
+    ]
+
+
+def _read(args: argparse.Namespace) -> tuple[Path, list[TraceRecord]]:
+    """The trace's path and its records (a shipped trace by name is read in its own format)."""
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.shape_blocks < 0:
+        raise ValueError(f"--shape-blocks must be >= 0, got {args.shape_blocks}")
+    trace, fmt = Path(args.trace), args.format
+    if not trace.exists() and args.trace in SHIPPED:  # a shipped trace by name: its own format
+        trace, fmt = shipped_trace(args.trace), SHIPPED[args.trace][1]
+    records = read_trace(
+        trace, fmt, shape_blocks=args.shape_blocks, default_model=args.model, limit=args.limit
+    )
+    return trace, records
 
 
 MEMORY_NUMBERS = ("memory_bytes", "kv_bytes_per_token", "default_output_tokens")

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
 from processor.core.accounting import cached_prompt_share
+from processor.kafka.topics import TopicNames
 from processor.ops.status import (
     DEFAULT_STALE_S,
     SCHEMA_PATH,
@@ -169,22 +170,44 @@ def _prompts(p: PromptFigures) -> str:
 
 def render_text(rep: StatusReport, width: int = 80) -> str:
     """The report as lines no wider than ``width`` (folded, never cut)."""
-    lines = [f"tokenfabric status  {rep.prefix}  {rep.time}"]
-    if rep.rates is not None:
-        r = rep.rates
-        eta = "- (nothing completes)" if r.eta_s is None else _age(r.eta_s)
-        lines += [
-            f"rates    received {r.received_tokens_per_s:,.0f} tok/s, completed "
-            f"{r.completed_tokens_per_s:,.0f} tok/s (last {r.interval_s:.1f} s)",
-            f"backlog  {r.backlog_tokens:,} tokens queued or in flight, ETA {eta}",
-        ]
-    lines.append("")
+    lines = [f"tokenfabric status  {rep.prefix}  {rep.time}", *_rate_lines(rep), ""]
+    lines += _ledger_lines(rep)
+    lines += ["", *_flow_lines(rep), ""]
+    lines += _processor_lines(rep)
+    lines += _unserved_lines(rep)
+    lines += _job_lines(rep)
+    lines += ["", f"consumers (last sign of life; STALE past {rep.stale_after_s:g} s)"]
+    for row in rep.consumers:
+        lines += _consumer_lines(row, rep.stale_after_s)
+    if not rep.consumers:
+        lines.append("  none has announced a contract")
+    return "\n".join(fold(lines, width))
+
+
+def _rate_lines(rep: StatusReport) -> list[str]:
+    """``--watch``: the token rates since the last refresh and the backlog's ETA (none before)."""
+    if rep.rates is None:
+        return []
+    r = rep.rates
+    eta = "- (nothing completes)" if r.eta_s is None else _age(r.eta_s)
+    return [
+        f"rates    received {r.received_tokens_per_s:,.0f} tok/s, completed "
+        f"{r.completed_tokens_per_s:,.0f} tok/s (last {r.interval_s:.1f} s)",
+        f"backlog  {r.backlog_tokens:,} tokens queued or in flight, ETA {eta}",
+    ]
+
+
+def _ledger_lines(rep: StatusReport) -> list[str]:
     ledger = [["ledger", "items", "tokens"]]
     ledger += [
         [f"  {stage.replace('_', ' ')}", f"{t.items:,}", f"{t.tokens:,}"] for stage, t in rep.ledger.items()
     ]
     ledger.append(["  dead-lettered", f"{rep.dead_lettered_items:,}", ""])
-    lines += _columns(ledger, "", right=(1, 2))
+    return _columns(ledger, "", right=(1, 2))
+
+
+def _flow_lines(rep: StatusReport) -> list[str]:
+    """Ingest, lanes, padding and prompts: one line each."""
     ing = rep.ingest
     state = {
         "flowing": "flowing",
@@ -196,16 +219,17 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
     }[ing.state]
     lag = "-" if ing.uncommitted_messages is None else f"{ing.uncommitted_messages:,}"
     lanes = rep.lanes
-    lines += [
-        "",
+    return [
         f"ingest   {state}; {lag} of {ing.messages:,} messages not yet committed",
         f"lanes    {lanes.in_use:,} in use (pressure {_pct(lanes.pressure)}), "
         f"{lanes.shape_switches:,} shape switches",
         f"padding  {_pct(rep.padding_waste)} waste; cache hit rate {_pct(rep.cache_hit_rate)}",
         f"prompts  {_prompts(rep.prompts)}",
-        "",
-        f"processors (age of the last checkpoint; STALE past {rep.stale_after_s:g} s)",
     ]
+
+
+def _processor_lines(rep: StatusReport) -> list[str]:
+    lines = [f"processors (age of the last checkpoint; STALE past {rep.stale_after_s:g} s)"]
     rows = [
         [p.instance, "live" if p.state == "live" else "STALE", _age(p.checkpoint_age_s),
          f"{p.owned_partitions}/{p.ingest_partitions} partitions"
@@ -215,38 +239,41 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
     lines += _columns(rows, "  ", right=(2,)) or ["  none has checkpointed"]
     if rep.retired_processors:
         lines.append("  retired (--forget-processor): " + ", ".join(rep.retired_processors))
-    if rep.unserved:
-        lines += ["", "UNSERVED: items wait for a model (or model@adapter) no live consumer serves"]
-        rows = [
-            [u.model, f"{u.items:,} items", f"{u.tokens:,} tokens",
-             f"({', '.join(u.consumers)} not up)" if u.consumers else "(no contract)"]
-            for u in rep.unserved
-        ]  # fmt: skip
-        lines += _columns(rows, "  ", right=(1, 2))
-    if rep.jobs:
-        lines += ["", "jobs (token shares: docs/shares.md)"]
-        rows = [["job", "weight", "quota", "received", "routed", "completed", "cached", "padding"]]
-        for j in rep.jobs:
-            quota = (
-                ", ".join(
-                    [
-                        *([f"{j.max_tokens_per_s:,}/s"] if j.max_tokens_per_s is not None else []),
-                        *([f"{j.max_tokens:,} in all"] if j.max_tokens is not None else []),
-                    ]
-                )
-                or "-"
+    return lines
+
+
+def _unserved_lines(rep: StatusReport) -> list[str]:
+    if not rep.unserved:
+        return []
+    rows = [
+        [u.model, f"{u.items:,} items", f"{u.tokens:,} tokens",
+         f"({', '.join(u.consumers)} not up)" if u.consumers else "(no contract)"]
+        for u in rep.unserved
+    ]  # fmt: skip
+    header = "UNSERVED: items wait for a model (or model@adapter) no live consumer serves"
+    return ["", header, *_columns(rows, "  ", right=(1, 2))]
+
+
+def _job_lines(rep: StatusReport) -> list[str]:
+    """Each job's weight, quota, tokens by stage, cached share and padding (docs/shares.md)."""
+    if not rep.jobs:
+        return []
+    rows = [["job", "weight", "quota", "received", "routed", "completed", "cached", "padding"]]
+    for j in rep.jobs:
+        quota = (
+            ", ".join(
+                [
+                    *([f"{j.max_tokens_per_s:,}/s"] if j.max_tokens_per_s is not None else []),
+                    *([f"{j.max_tokens:,} in all"] if j.max_tokens is not None else []),
+                ]
             )
-            tokens = [f"{j.tokens[stage]:,}" for stage in ("received", "routed", "completed")]
-            cap = quota + (" CAPPED" if j.capped else "")
-            cached = _pct(cached_prompt_share(j.tokens["cached_prompt"], j.tokens["prefill"]))
-            rows.append([j.job or "(no job)", f"{j.weight:g}", cap, *tokens, cached, _pct(j.padding_waste)])
-        lines += _columns(rows, "  ", right=(1, 3, 4, 5, 6, 7))
-    lines += ["", f"consumers (last sign of life; STALE past {rep.stale_after_s:g} s)"]
-    for row in rep.consumers:
-        lines += _consumer_lines(row, rep.stale_after_s)
-    if not rep.consumers:
-        lines.append("  none has announced a contract")
-    return "\n".join(fold(lines, width))
+            or "-"
+        )
+        tokens = [f"{j.tokens[stage]:,}" for stage in ("received", "routed", "completed")]
+        cap = quota + (" CAPPED" if j.capped else "")
+        cached = _pct(cached_prompt_share(j.tokens["cached_prompt"], j.tokens["prefill"]))
+        rows.append([j.job or "(no job)", f"{j.weight:g}", cap, *tokens, cached, _pct(j.padding_waste)])
+    return ["", "jobs (token shares: docs/shares.md)", *_columns(rows, "  ", right=(1, 3, 4, 5, 6, 7))]
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -270,7 +297,6 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.kafka.config import ConfigError
-    from processor.ops.retire import StillAlive, forget_processor, retire_consumer
 
     if args.schema:
         print(SCHEMA_PATH.read_text(), end="")
@@ -285,33 +311,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.forget_processor or args.retire_consumer:
-            try:
-                if args.forget_processor:
-                    forget_processor(conf, topics, args.forget_processor, args.stale_s)
-                    print(f"processor {args.forget_processor} forgotten: its counters stay, status omits it")
-                else:
-                    retire_consumer(conf, topics, args.retire_consumer, args.stale_s)
-                    print(f"consumer {args.retire_consumer} retired: tombstone on {topics.contracts}")
-            except (KeyError, StillAlive) as exc:
-                print(f"tokenfabric status: {exc.args[0]}", file=sys.stderr)
-                return 1
-            return 0
-        previous = None
-        clear = args.watch and not args.json and sys.stdout.isatty()
-        stop = threading.Event()
-        if args.watch:
-            install_stop_handlers(stop, announce=_quietly)
-        while not stop.is_set():
-            view = gather(conf, topics, args.group, groups=True)
-            rep = with_rates(report(view, topics, args.stale_s), previous)
-            _emit(rep, args.json, clear)
-            if not args.watch:
-                return 0
-            previous = rep
-            if not clear and not args.json:
-                print(flush=True)  # one blank line between refreshes in a pipe or a log
-            stop.wait(args.interval_s)
-        return 0
+            return _retire(args, conf, topics)
+        return _show(args, conf, topics)
     except KafkaException as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 1
@@ -320,3 +321,40 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the reader went away (``| head``): nothing more to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _retire(args: argparse.Namespace, conf: dict[str, str], topics: TopicNames) -> int:
+    """``--forget-processor`` or ``--retire-consumer``: 1 when it is still alive or unknown."""
+    from processor.ops.retire import StillAlive, forget_processor, retire_consumer
+
+    try:
+        if args.forget_processor:
+            forget_processor(conf, topics, args.forget_processor, args.stale_s)
+            print(f"processor {args.forget_processor} forgotten: its counters stay, status omits it")
+        else:
+            retire_consumer(conf, topics, args.retire_consumer, args.stale_s)
+            print(f"consumer {args.retire_consumer} retired: tombstone on {topics.contracts}")
+    except (KeyError, StillAlive) as exc:
+        print(f"tokenfabric status: {exc.args[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _show(args: argparse.Namespace, conf: dict[str, str], topics: TopicNames) -> int:
+    """One status, or (``--watch``) one every ``--interval-s``, with the rates since the last."""
+    previous = None
+    clear = args.watch and not args.json and sys.stdout.isatty()
+    stop = threading.Event()
+    if args.watch:
+        install_stop_handlers(stop, announce=_quietly)
+    while not stop.is_set():
+        view = gather(conf, topics, args.group, groups=True)
+        rep = with_rates(report(view, topics, args.stale_s), previous)
+        _emit(rep, args.json, clear)
+        if not args.watch:
+            return 0
+        previous = rep
+        if not clear and not args.json:
+            print(flush=True)  # one blank line between refreshes in a pipe or a log
+        stop.wait(args.interval_s)
+    return 0

@@ -34,9 +34,8 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from processor.cli.options import (
@@ -45,18 +44,18 @@ from processor.cli.options import (
     job_policy_from,
     kafka_settings,
 )
-from processor.jobs.model import MAX_BAD_ROWS, BadRow, JobRecord, check_job_name, item_id
+from processor.cli.submit_plan import SubmitPlan, plan_from
+from processor.jobs.model import MAX_BAD_ROWS, BadRow, JobRecord, item_id
 from processor.jobs.prepare import JobRows, prepare
-from processor.jobs.templates import Template
 
 if TYPE_CHECKING:
     from processor.apps.producer import TokenProducer
-    from processor.jobs.chat import ChatTemplate, Message
-    from processor.jobs.datasets import Dataset, DatasetRow
-    from processor.jobs.prepare import RowReader, SettingsSource
-    from processor.jobs.textprep import TextTokenizer
+    from processor.core.shares import JobPolicy
+    from processor.jobs.datasets import DatasetRow
     from processor.jobs.topic import JobWriter
     from processor.kafka.topics import TopicNames
+
+__all__ = ["PROG", "Aborted", "SubmitPlan", "configure", "plan_from", "run", "submit"]
 
 PROG = "tokenfabric submit"
 CHUNK_ROWS = 512
@@ -64,6 +63,16 @@ PRINTED_BAD_ROWS = 20
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    _add_input_arguments(p)
+    _add_item_arguments(p)
+    _add_limit_arguments(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_job_policy_arguments(p)
+    add_kafka_arguments(p)
+
+
+def _add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """What is submitted and how its rows are read: the dataset, the job, the kind of input."""
     p.add_argument(
         "dataset",
         nargs="?",
@@ -99,6 +108,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="openai: an OpenAI batch input .jsonl; auto (default): openai when the first line has "
         "custom_id and body and no --template/--messages-column is given",
     )
+
+
+def _add_item_arguments(p: argparse.ArgumentParser) -> None:
+    """How a row becomes an item: its generation settings, model, tokenizer and output budget."""
     p.add_argument(
         "--request",
         metavar="JSON",
@@ -125,6 +138,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="output tokens per item (default: the template's, or none)",
     )
+
+
+def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """What the job tolerates: bad rows, its completion window or deadline, attempts per row."""
     p.add_argument("--allow-bad-rows", action="store_true", help="exit 0 even if some rows were bad")
     p.add_argument(
         "--max-bad-rows",
@@ -151,182 +168,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="dispatches each row gets in all when its engine fails it for a reason worth another try "
         "(a timeout, a server error; not a rejected prompt): default 3, 1 for no retry",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_job_policy_arguments(p)
-    add_kafka_arguments(p)
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitPlan:
-    """Everything submit needs, checked before anything is produced.
-
-    ``rows`` says how rows become items; None means the prompt ``template`` with no settings.
-    ``output_budget`` is every item's unless the row's settings give ``max_tokens``.
-    """
-
-    job: str
-    template: Template | None
-    dataset: Dataset
-    tokenizer: TextTokenizer
-    model: str
-    output_budget: int | None
-    max_bad_rows: int
-    rows: JobRows | None = None
-    options: str | None = None
-    """The options that decide how rows become items, as the job record keeps them (for retries)."""
-    adapter: str = ""
-    """The job-wide ``--request``'s LoRA adapter ("" for the base model): what submit warns about
-    when no consumer serves it (an adapter a row's own settings name is not known before its row)."""
-
-    @property
-    def job_rows(self) -> JobRows:
-        if self.rows is not None:
-            return self.rows
-        if self.template is None:
-            raise ValueError("a plan needs a template or rows")
-        return JobRows.from_template(self.template)
 
 
 class Aborted(RuntimeError):
     """Submit stopped early; the job record says ``aborted`` with this message as its error."""
-
-
-def plan_from(args: argparse.Namespace) -> SubmitPlan:
-    """Raises ValueError (TemplateError, DatasetError, TokenizerError, ChatTemplateError,
-    SettingsError) with one line to print. Chat and OpenAI inputs are read once here (prepare.scan)."""
-    from processor.jobs.datasets import Dataset
-    from processor.jobs.prepare import SettingsSource
-    from processor.jobs.retry import item_options
-    from processor.jobs.settings import load_job_settings
-    from processor.jobs.templates import load_template
-    from processor.jobs.textprep import TextTokenizer
-
-    if args.dataset is None or args.job is None:
-        raise ValueError("give DATASET and --job NAME (or --retry-failed NAME)")
-    job = check_job_name(args.job)
-    if not 0 <= args.max_bad_rows <= MAX_BAD_ROWS:
-        raise ValueError(f"--max-bad-rows must be 0-{MAX_BAD_ROWS:,} (the job record lists every bad row)")
-    if args.output_budget is not None and args.output_budget < 0:
-        raise ValueError(f"--output-budget must be >= 0, got {args.output_budget}")
-    dataset = Dataset(args.dataset)
-    tokenizer = TextTokenizer(args.tokenizer)
-    settings = SettingsSource(load_job_settings(args.request) if args.request else {}, args.request_column)
-    kind = _input_kind(args, dataset)
-    budget = args.output_budget
-    if kind == "openai":
-        rows, model = _openai_rows(args, dataset, tokenizer, settings)
-        template = None
-    elif kind == "chat":
-        _check_columns(dataset, [args.messages_column], f"--messages-column {args.messages_column}")
-        rows, model, template = _chat_rows(args, dataset, tokenizer, settings), args.model or "default", None
-    else:
-        template = load_template(Path(args.template).resolve())
-        _check_columns(dataset, template.columns, f"template {args.template}")
-        rows = JobRows.from_template(template, settings)
-        model = args.model or template.model or "default"
-        budget = budget if budget is not None else template.output_budget
-    if args.request_column is not None:
-        _check_columns(dataset, [args.request_column], f"--request-column {args.request_column}")
-    options = item_options(args)
-    adapter = str(settings.job.get("adapter") or "")
-    return SubmitPlan(
-        job, template, dataset, tokenizer, model, budget, args.max_bad_rows, rows, options, adapter
-    )
-
-
-def _input_kind(args: argparse.Namespace, dataset: Dataset) -> str:
-    """``openai``, ``chat`` or ``template``, from the arguments and (``--input-format auto``) the
-    first parsed line of a JSONL dataset."""
-    from processor.jobs.openai_input import looks_like_openai_batch
-
-    prompt_args = [a for a in ("template", "messages_column") if getattr(args, a) is not None]
-    openai = args.input_format == "openai"
-    if args.input_format == "auto" and not prompt_args and dataset.format == "jsonl":
-        first = next((r for r in dataset.rows() if r.values is not None), None)
-        openai = first is not None and looks_like_openai_batch(first.values)
-    if openai:
-        if dataset.format != "jsonl":
-            raise ValueError(f"an OpenAI batch input is a .jsonl file, not {dataset.path.name}")
-        extra = prompt_args + (["request_column"] if args.request_column is not None else [])
-        if extra:
-            flags = ", ".join("--" + a.replace("_", "-") for a in extra)
-            raise ValueError(f"{flags}: an OpenAI batch input carries its prompts and settings in each body")
-        return "openai"
-    if len(prompt_args) != 1:
-        raise ValueError(
-            "give --template T (rows rendered with a prompt template) or --messages-column COL (chat rows), "
-            "not both; an OpenAI batch input .jsonl needs neither"
-        )
-    return "template" if args.template is not None else "chat"
-
-
-def _check_columns(dataset: Dataset, columns: Iterable[str], user: str) -> None:
-    """A setup error when a CSV's or Parquet's header lacks a column ``user`` needs (JSONL has none)."""
-    if dataset.columns is None:
-        return
-    absent = [c for c in columns if c not in dataset.columns]
-    if absent:
-        raise ValueError(
-            f"{user} uses column(s) {', '.join(map(repr, absent))} that {dataset.path.name} "
-            f"does not have (its columns: {', '.join(dataset.columns)})"
-        )
-
-
-def _chat_template(args: argparse.Namespace, tokenizer: TextTokenizer) -> ChatTemplate:
-    """``--chat-template``, else the one in the tokenizer's folder (a Hugging Face model folder's)."""
-    from processor.jobs.chat import find_chat_template, load_chat_template
-
-    if args.chat_template is not None:
-        return load_chat_template(Path(args.chat_template))
-    found = find_chat_template(tokenizer.path.parent)
-    if found is None:
-        raise ValueError(
-            f"chat messages need the model's chat template: pass --chat-template (a tokenizer_config.json, "
-            f"a .jinja file or the model's folder); {tokenizer.path.parent} has none"
-        )
-    return load_chat_template(found)
-
-
-def _chat_rows(
-    args: argparse.Namespace, dataset: Dataset, tokenizer: TextTokenizer, settings: SettingsSource
-) -> JobRows:
-    from processor.jobs.prepare import ChatRows, scan
-
-    reader = ChatRows(args.messages_column, settings)
-    return _with_chat(args, tokenizer, reader, scan(reader, dataset.rows()).leading, str)
-
-
-def _openai_rows(
-    args: argparse.Namespace, dataset: Dataset, tokenizer: TextTokenizer, settings: SettingsSource
-) -> tuple[JobRows, str]:
-    """The rows of an OpenAI batch input and the job's model: ``--model``, else the first line's."""
-    from processor.jobs.chat import NO_SHAPE
-    from processor.jobs.openai_input import job_template_field
-    from processor.jobs.prepare import OpenAIRows, Shaper, scan
-
-    reader = OpenAIRows(settings, model=args.model, override=args.model is not None)
-    found = scan(reader, dataset.rows())
-    model = args.model or found.first_model or "default"
-    reader.model = model
-    if not found.has_messages:
-        return JobRows(reader, Shaper(), NO_SHAPE, job_template_field(None)), model
-    return _with_chat(args, tokenizer, reader, found.leading, job_template_field), model
-
-
-def _with_chat(
-    args: argparse.Namespace,
-    tokenizer: TextTokenizer,
-    reader: RowReader,
-    leading: Sequence[Message],
-    source: Callable[[str], str],
-) -> JobRows:
-    """Rows read by ``reader`` rendered with the chat template, shaped by the ``leading`` messages
-    they share; ``source(chat template path)`` is the job record's ``template``."""
-    from processor.jobs.prepare import chat_shaper
-
-    chat = _chat_template(args, tokenizer)
-    shaper = chat_shaper(chat, leading, tokenizer)
-    return JobRows(reader, shaper, shaper.prefix.shape, source(chat.source))
 
 
 def _chunks(rows: Iterable[DatasetRow], size: int) -> Iterator[list[DatasetRow]]:
@@ -337,6 +182,16 @@ def _chunks(rows: Iterable[DatasetRow], size: int) -> Iterator[list[DatasetRow]]
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class _Counts:
+    """What a submission has read and produced so far (the job record's figures)."""
+
+    rows: int = 0
+    items: int = 0
+    tokens: int = 0
+    bad: list[BadRow] = field(default_factory=list)
 
 
 def submit(
@@ -352,11 +207,32 @@ def submit(
     Raises :class:`Aborted` past ``max_bad_rows`` (after recording the job as aborted); Kafka errors
     propagate after the same attempt to record it.
     """
-    from processor.jobs.datasets import file_sha256
-    from processor.wire.records import tokens_from_ids
-
     job_rows = plan.job_rows
-    record = JobRecord(
+    record = _submitting(plan, job_rows)
+    writer.write(record)
+    counts = _Counts()
+
+    def finish(state: str, error: str | None) -> JobRecord:
+        return _finish(writer, record, counts, state, error)
+
+    try:
+        for chunk in _chunks(plan.dataset.rows(), CHUNK_ROWS):
+            _produce_chunk(plan, job_rows, chunk, producer, counts, on_bad)
+            on_rows(counts.rows, counts.tokens)
+            if len(counts.bad) > plan.max_bad_rows:
+                raise Aborted(f"more than {plan.max_bad_rows} bad rows (--max-bad-rows): check the template")
+        producer.close(timeout=120.0)
+    except BaseException as exc:
+        _record_failure(producer, finish, exc)
+        raise
+    return finish("submitted", None)
+
+
+def _submitting(plan: SubmitPlan, job_rows: JobRows) -> JobRecord:
+    """The job record written before the first item: state ``submitting``, no figures yet."""
+    from processor.jobs.datasets import file_sha256
+
+    return JobRecord(
         name=plan.job,
         state="submitting",
         dataset=str(plan.dataset.path),
@@ -368,50 +244,53 @@ def submit(
         tokenizer=str(plan.tokenizer.path),
         started_ms=_now_ms(),
     )
-    writer.write(record)
-    rows = items = tokens = 0
-    bad: list[BadRow] = []
 
-    def finish(state: str, error: str | None) -> JobRecord:
-        listed = tuple(sorted(bad, key=lambda b: b.row)[:MAX_BAD_ROWS])
-        final = replace(record, rows=rows, items=items, input_tokens=tokens, bad_rows=listed, error=error)
-        if state == "submitted":
-            final = replace(final, state="submitted", submitted_ms=_now_ms())
-        else:
-            final = replace(final, state="aborted")
-        writer.write(final)
-        return final
 
-    try:
-        for chunk in _chunks(plan.dataset.rows(), CHUNK_ROWS):
-            rows += len(chunk)
-            ready, found = prepare(
-                [job_rows.reader.read(drow) for drow in chunk], plan.tokenizer, job_rows.shaper
-            )
-            for item in ready:
-                budget = item.settings.output_budget
-                producer.send(
-                    item_id(plan.job, item.row),
-                    plan.model,
-                    tokens_from_ids(item.ids),
-                    shape=item.shape,
-                    job_id=plan.job,
-                    output_budget=plan.output_budget if budget is None else budget,
-                    request=item.settings.request,
-                )
-                items += 1
-                tokens += len(item.ids)
-            for b in found:
-                bad.append(b)
-                on_bad(b)
-            on_rows(rows, tokens)
-            if len(bad) > plan.max_bad_rows:
-                raise Aborted(f"more than {plan.max_bad_rows} bad rows (--max-bad-rows): check the template")
-        producer.close(timeout=120.0)
-    except BaseException as exc:
-        _record_failure(producer, finish, exc)
-        raise
-    return finish("submitted", None)
+def _produce_chunk(
+    plan: SubmitPlan,
+    job_rows: JobRows,
+    chunk: list[DatasetRow],
+    producer: TokenProducer,
+    counts: _Counts,
+    on_bad: Callable[[BadRow], None],
+) -> None:
+    """Prepare ``chunk``'s rows; produce each good one as an item, count and report each bad one."""
+    from processor.wire.records import tokens_from_ids
+
+    counts.rows += len(chunk)
+    ready, found = prepare([job_rows.reader.read(drow) for drow in chunk], plan.tokenizer, job_rows.shaper)
+    for item in ready:
+        budget = item.settings.output_budget
+        producer.send(
+            item_id(plan.job, item.row),
+            plan.model,
+            tokens_from_ids(item.ids),
+            shape=item.shape,
+            job_id=plan.job,
+            output_budget=plan.output_budget if budget is None else budget,
+            request=item.settings.request,
+        )
+        counts.items += 1
+        counts.tokens += len(item.ids)
+    for b in found:
+        counts.bad.append(b)
+        on_bad(b)
+
+
+def _finish(
+    writer: JobWriter, record: JobRecord, counts: _Counts, state: str, error: str | None
+) -> JobRecord:
+    """Write and return ``record`` with ``counts``, ``submitted`` or (any other ``state``) ``aborted``."""
+    listed = tuple(sorted(counts.bad, key=lambda b: b.row)[:MAX_BAD_ROWS])
+    final = replace(
+        record, rows=counts.rows, items=counts.items, input_tokens=counts.tokens, bad_rows=listed, error=error
+    )
+    if state == "submitted":
+        final = replace(final, state="submitted", submitted_ms=_now_ms())
+    else:
+        final = replace(final, state="aborted")
+    writer.write(final)
+    return final
 
 
 def _record_failure(
@@ -432,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.apps.producer import MissingTopicError, ProduceError, TokenProducer
     from processor.jobs.topic import JobsTopicError, JobWriter, read_jobs
     from processor.kafka.config import ConfigError
-    from processor.ops.lifecycle import LifecycleError, deadline_from, max_attempts_from, record_deadline
+    from processor.ops.lifecycle import LifecycleError, deadline_from, max_attempts_from
 
     if args.retry_failed is not None:
         from processor.cli.retry_failed import run_retry_failed
@@ -447,14 +326,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    printed = 0
-
-    def on_bad(b: BadRow) -> None:
-        nonlocal printed
-        printed += 1
-        if printed <= PRINTED_BAD_ROWS:
-            print(f"{PROG}: bad row {b.row}: {b.reason}", file=sys.stderr)
-
+    on_bad = _BadRowPrinter()
     writer: JobWriter | None = None
     try:
         try:
@@ -474,11 +346,7 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         _warn_if_unserved(plan.model, plan.adapter, conf, topics)
-        if policy is not None:  # before the first item, so the processors weigh it from the start
-            writer.write_share(plan.job, policy, time.time_ns() // 1_000_000)
-        if deadline_ms is not None or max_attempts is not None:  # after the share, which writes neither
-            now_ms = time.time_ns() // 1_000_000
-            record_deadline(conf, topics, plan.job, deadline_ms, now_ms, max_attempts=max_attempts)
+        _record_terms(writer, conf, topics, plan.job, policy, deadline_ms, max_attempts)
         with _progress(not args.no_progress) as on_rows:
             final = submit(plan, producer, writer, on_bad=on_bad, on_rows=on_rows)
     except (Aborted, KafkaException, ProduceError, JobsTopicError, LifecycleError) as exc:
@@ -490,11 +358,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:
             writer.close()
-    if printed > PRINTED_BAD_ROWS:
-        print(
-            f"{PROG}: ... {printed - PRINTED_BAD_ROWS} more bad rows: 'tokenfabric jobs {plan.job}'",
-            file=sys.stderr,
-        )
+    on_bad.close(plan.job)
     print(
         f"submitted job {final.name}: {final.items:,} of {final.rows:,} rows, {final.input_tokens:,} tokens, "
         f"model {final.model}, shape {final.shape:016x}, {len(final.bad_rows)} bad rows; "
@@ -503,6 +367,45 @@ def run(args: argparse.Namespace) -> int:
     if final.bad_rows and not args.allow_bad_rows:
         return 3
     return 0
+
+
+class _BadRowPrinter:
+    """Prints the first :data:`PRINTED_BAD_ROWS` bad rows to stderr, then how many more there were."""
+
+    def __init__(self) -> None:
+        self.printed = 0
+
+    def __call__(self, b: BadRow) -> None:
+        self.printed += 1
+        if self.printed <= PRINTED_BAD_ROWS:
+            print(f"{PROG}: bad row {b.row}: {b.reason}", file=sys.stderr)
+
+    def close(self, job: str) -> None:
+        if self.printed > PRINTED_BAD_ROWS:
+            print(
+                f"{PROG}: ... {self.printed - PRINTED_BAD_ROWS} more bad rows: 'tokenfabric jobs {job}'",
+                file=sys.stderr,
+            )
+
+
+def _record_terms(
+    writer: JobWriter,
+    conf: dict[str, str],
+    topics: TopicNames,
+    job: str,
+    policy: JobPolicy | None,
+    deadline_ms: int | None,
+    max_attempts: int | None,
+) -> None:
+    """The job's share policy, then its deadline and attempts, before its first item (so the
+    processors weigh and time it from the start)."""
+    from processor.ops.lifecycle import record_deadline
+
+    if policy is not None:
+        writer.write_share(job, policy, time.time_ns() // 1_000_000)
+    if deadline_ms is not None or max_attempts is not None:  # after the share, which writes neither
+        now_ms = time.time_ns() // 1_000_000
+        record_deadline(conf, topics, job, deadline_ms, now_ms, max_attempts=max_attempts)
 
 
 def _warn_if_unserved(model: str, adapter: str, conf: dict[str, str], topics: TopicNames) -> None:

@@ -15,6 +15,9 @@ Pieces, each with one job:
 * :class:`Collection` runs several collectors over one tail, so the collector service reads each
   completion once however many jobs are open.
 
+The tail and :class:`CollectError` live in processor/jobs/results_tail.py (re-exported here); counting
+progress from the results topic alone is processor/jobs/progress_scan.py.
+
 Where reading starts: from the journal's checkpoint when there is one; otherwise from the results
 written since the job started (``offsets_for_times(started_ms - START_SLACK_MS)``), not from the
 beginning of a topic that keeps a week of every job's outputs. The slack covers clocks that disagree
@@ -23,14 +26,10 @@ between the submitting machine and the consumer apps that stamp the completions.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.core.retries import DEFAULT_MAX_ATTEMPTS, may_retry
 from processor.jobs.datasets import Dataset, DatasetError, file_sha256, output_format, write_output
@@ -45,7 +44,7 @@ from processor.jobs.model import (
     summarize,
 )
 from processor.jobs.openai_output import request_of_job, write_openai
-from processor.kafka.factory import KAFKA
+from processor.jobs.results_tail import START_SLACK_MS, CollectError, ResultsTail
 from processor.kafka.reader import position
 from processor.kafka.topics import TopicNames
 from processor.wire.completions import COMPLETION_BATCH_HEADERS, decode_completions
@@ -54,103 +53,21 @@ from processor.wire.job_share import JobShareRecord
 from processor.wire.records import CompletionRecord
 from processor.wire.schemas import HEADER_SIZE
 
-#: How far before a job's ``started_ms`` a fresh collect starts reading results.
-START_SLACK_MS = 10 * 60 * 1000
+__all__ = [
+    "START_SLACK_MS",
+    "CollectError",
+    "Collection",
+    "JobCollector",
+    "ResultsTail",
+    "attempts_of",
+    "journal_path",
+    "max_attempts_by_job",
+    "provisional",
+    "row_result",
+]
 
 
-class CollectError(RuntimeError):
-    """Collecting cannot start (missing topic, changed dataset, ...); the message says what to do."""
-
-
-class ResultsTail:
-    """One ``read_committed`` consumer over the results topic, assigned (not in a group), never committing.
-
-    Its throwaway group id starts with the pipeline's prefix (``<prefix>-collect-<hex>``), so one
-    prefixed ACL covers every pipeline's collectors (docs/operations.md)."""
-
-    def __init__(self, conf: Mapping[str, str], topics: TopicNames) -> None:
-        self.topic = topics.results
-        self._consumer = KAFKA.consumer(
-            {
-                **conf,
-                "group.id": f"{topics.prefix}-collect-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": "false",
-                "enable.partition.eof": "true",
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": "100",
-            }
-        )
-        self._eof: dict[int, bool] = {}
-        self._positions: dict[int, int] = {}
-
-    def partitions(self, timeout_s: float = 10.0) -> list[int]:
-        meta = self._consumer.list_topics(self.topic, timeout=timeout_s).topics.get(self.topic)
-        if meta is None or meta.error is not None:
-            raise CollectError(
-                f"topic {self.topic} does not exist: create it with 'tokenfabric topics create'"
-            )
-        return sorted(meta.partitions)
-
-    def offsets_at(self, ms: int, timeout_s: float = 10.0) -> dict[int, int]:
-        """Per partition, the first offset whose timestamp is ``ms`` or later (the end when none is)."""
-        wanted = [TopicPartition(self.topic, p, max(0, ms)) for p in self.partitions()]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                found = self._consumer.offsets_for_times(wanted, timeout=timeout_s)
-                break
-            except KafkaException:  # e.g. a topic created a moment ago has no leader yet
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        out: dict[int, int] = {}
-        for tp in found:
-            if tp.offset >= 0:
-                out[tp.partition] = tp.offset
-            else:
-                _, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, tp.partition), timeout=timeout_s
-                )
-                out[tp.partition] = high
-        return out
-
-    def assign(self, starts: Mapping[int, int]) -> None:
-        self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in sorted(starts.items())])
-        self._eof = {p: False for p in starts}
-        self._positions = dict(starts)
-
-    @property
-    def positions(self) -> dict[int, int]:
-        """Per partition, the offset after the last message read (what a checkpoint records)."""
-        return dict(self._positions)
-
-    def drain(self, max_s: float = 5.0) -> Iterator[Any]:
-        """Messages from where the last call stopped to the end of every partition (or ``max_s``).
-
-        A generator, so a long backlog streams through instead of piling up in memory; ``positions``
-        covers exactly the messages yielded so far.
-        """
-        deadline = time.monotonic() + max_s
-        while True:
-            for msg in self._consumer.consume(num_messages=5000, timeout=0.2):
-                err = msg.error()
-                partition, offset = position(msg)
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        self._eof[partition] = True
-                        continue
-                    raise KafkaException(err)
-                self._eof[partition] = False
-                yield msg
-                self._positions[partition] = offset + 1
-            if all(self._eof.values()) or time.monotonic() >= deadline:
-                return
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
-def _row_result(row: int, c: CompletionRecord, attempt: int) -> RowResult:
+def row_result(row: int, c: CompletionRecord, attempt: int) -> RowResult:
     """``c`` as the result of ``row`` from job attempt ``attempt``; ``tries`` is the completion's
     attempt count where the wire carries one (retries inside the pipeline), else 1."""
     tries = getattr(c, "attempt", 1)
@@ -297,7 +214,7 @@ class JobCollector:
             self.provisional += 1  # the item goes out again: its next completion is the row's
         elif opened is not None:
             row, attempt = opened
-            self._pending.append(_row_result(row, completion, attempt))
+            self._pending.append(row_result(row, completion, attempt))
 
     def attempts_allowed(self, job_name: str) -> int:
         """The ``max_attempts`` of the items of job ``job_name`` (this job or one of its attempts)."""
@@ -498,58 +415,3 @@ class Collection:
         self.collectors.clear()
         self._routes.clear()
         self.tail.close()
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """A job's progress counted from the results topic (``tokenfabric jobs --scan``); ``failed``
-    counts every result that is not ok, ``cancelled`` and ``expired`` are parts of it."""
-
-    ok: int = 0
-    failed: int = 0
-    output_tokens: int = 0
-    cancelled: int = 0
-    expired: int = 0
-
-
-def scan_progress(
-    conf: Mapping[str, str],
-    topics: TopicNames,
-    jobs: Mapping[str, JobRecord],
-    max_s: float = 120.0,
-    max_attempts: Mapping[str, int] | None = None,
-) -> dict[str, Progress]:
-    """Count each job's distinct rows with a result, reading results since the oldest job started.
-
-    A row's result is its completion of the greatest attempt (a retry inside the pipeline), and a
-    completion another attempt follows is none (:func:`provisional`; ``max_attempts`` by job, as
-    :func:`max_attempts_by_job` gives it)."""
-    limits = max_attempts or {}
-    if not jobs:
-        return {}
-    tail = ResultsTail(conf, topics)
-    seen: dict[str, dict[int, RowResult]] = {name: {} for name in jobs}
-    try:
-        tail.assign(tail.offsets_at(min(j.started_ms for j in jobs.values()) - START_SLACK_MS))
-        for msg in tail.drain(max_s):
-            try:
-                completions = decode_completions(msg.value())
-            except DecodeError:
-                continue
-            for c in completions:
-                name = job_of(c.item_id)
-                rows = seen.get(name)
-                row = row_of(name, c.item_id) if rows is not None else None
-                if rows is not None and row is not None:
-                    if provisional(c, limits.get(name, DEFAULT_MAX_ATTEMPTS)):
-                        continue
-                    result = _row_result(row, c, attempt=1)
-                    if result.supersedes(rows.get(row)):
-                        rows[row] = result
-    finally:
-        tail.close()
-    out: dict[str, Progress] = {}
-    for name, rows in seen.items():
-        s = summarize(jobs[name], rows.values())
-        out[name] = Progress(s.ok, s.failed, s.output_tokens, s.cancelled, s.expired)
-    return out

@@ -357,13 +357,6 @@ def summarize(
             batched_in += r.input_tokens
     missing = max(0, job.items - ok - failed) if job.is_submitted else None
     retries = sorted(attempts, key=lambda a: a.attempt)
-    # Rows of attempt k are a subset of attempt k-1's (docs/jobs.md, "Retrying failed rows"), so
-    # every result from attempt k or later is one of attempt k's rows.
-    retrying: int | None = sum(
-        max(0, a.items - sum(n for k, n in from_attempt.items() if k >= a.attempt)) for a in retries
-    )
-    if not all(a.is_submitted for a in retries):
-        retrying = None
     return JobSummary(
         job=job.name,
         rows=job.rows if job.is_submitted else None,
@@ -378,9 +371,19 @@ def summarize(
         extra=dict(extra or {}),
         cancelled=cancelled,
         expired=expired,
-        retrying=retrying,
+        retrying=_retrying(retries, from_attempt),
         attempts=1 + len(retries),
     )
+
+
+def _retrying(retries: Sequence[JobRecord], from_attempt: Mapping[int, int]) -> int | None:
+    """Rows of the retry attempts still waiting for a result (None while an attempt is being
+    submitted); ``from_attempt`` counts the results by the attempt that produced them."""
+    if not all(a.is_submitted for a in retries):
+        return None
+    # Rows of attempt k are a subset of attempt k-1's (docs/jobs.md, "Retrying failed rows"), so
+    # every result from attempt k or later is one of attempt k's rows.
+    return sum(max(0, a.items - sum(n for k, n in from_attempt.items() if k >= a.attempt)) for a in retries)
 
 
 def bad_rows_text(bad: Sequence[BadRow], limit: int = 20) -> list[str]:

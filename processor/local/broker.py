@@ -27,17 +27,14 @@ mounted noexec, zstd/snappy cannot load their native code, and
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,30 +42,47 @@ from typing import Any
 
 from processor.kafka.config import ConfigError
 from processor.kafka.factory import KAFKA, AdminClientLike
-from processor.local.jars import KAFKA_VERSION, PACKAGE_KAFKA_DIR, KafkaLocalError, jars_dir, write_atomic
+from processor.local.broker_files import (
+    HOST,
+    NODE_ID,
+    Ports,
+    format_storage,
+    java_executable,
+    jvm_logging_opts,
+    pick_ports,
+    random_cluster_id,
+    reset_dirs,
+    write_properties,
+)
+from processor.local.jars import KAFKA_VERSION, KafkaLocalError, jars_dir, write_atomic
 from processor.local.processes import (
     CHILDREN,
     is_our_java,
     log_tail,
     read_log,
-    tail_text,
     terminate,
     wait_exit,
 )
 from processor.local.sasl import SaslSetup
 from processor.local.secure import ADMIN_USER, LISTENERS, TLS, SecureSetup
 
-HOST = "127.0.0.1"  # bind and advertise the IPv4 loopback address, never "localhost"
-
-NODE_ID = 1
-
-_LOG4J_CONFIG = PACKAGE_KAFKA_DIR / "log4j2.xml"
-
 _STATE_FILE = "broker.json"
 
 _MAX_START_ATTEMPTS = 5  # new ports after a bind failure: picking a free port and binding it race
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "HOST",
+    "BrokerInfo",
+    "broker_status",
+    "default_state_dir",
+    "java_executable",
+    "local_bootstrap",
+    "restart_broker",
+    "start_broker",
+    "stop_broker",
+]
 
 
 class _BindError(KafkaLocalError):
@@ -157,18 +171,18 @@ def start_broker(
     java = java_executable()
     deadline = time.monotonic() + timeout_s
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
-    _reset_dirs(state_dir, data_dir, log_dir)
+    reset_dirs(state_dir, data_dir, log_dir)
     secure = (
         SecureSetup.create(state_dir / "security", secure_users, expired=expired_users)
         if secure_users is not None
         else None
     )
-    cluster_id = _random_cluster_id()
+    cluster_id = random_cluster_id()
     props = state_dir / "server.properties"
-    ports = _pick_ports(port, len(LISTENERS) if secure else 1)
-    _write_properties(props, data_dir, ports=ports, sasl=sasl, secure=secure)
+    ports = pick_ports(port, len(LISTENERS) if secure else 1)
+    write_properties(props, data_dir, ports=ports, sasl=sasl, secure=secure)
     # Formatting does not record the ports (static quorum), so one format serves every attempt.
-    _format_storage(java, jars, props, cluster_id, log_dir, secure.format_args() if secure else [])
+    format_storage(java, jars, props, cluster_id, log_dir, secure.format_args() if secure else [])
     for attempt in range(1, _MAX_START_ATTEMPTS + 1):
         try:
             return _launch_and_wait(
@@ -178,22 +192,9 @@ def start_broker(
             if port is not None or attempt == _MAX_START_ATTEMPTS:
                 raise KafkaLocalError(str(exc)) from exc
             log.warning("port taken (attempt %d), retrying with other ports", attempt)
-        ports = _pick_ports(port, len(ports.clients))
-        _write_properties(props, data_dir, ports=ports, sasl=sasl, secure=secure)
+        ports = pick_ports(port, len(ports.clients))
+        write_properties(props, data_dir, ports=ports, sasl=sasl, secure=secure)
     raise AssertionError("unreachable")
-
-
-@dataclass(frozen=True)
-class _Ports:
-    """The client listeners' ports (one, or one per secured listener, in LISTENERS order) and the
-    controller's."""
-
-    clients: tuple[int, ...]
-    controller: int
-
-    @property
-    def client(self) -> int:
-        return self.clients[0]
 
 
 def _launch_and_wait(
@@ -202,30 +203,24 @@ def _launch_and_wait(
     jars: Path,
     props: Path,
     cluster_id: str,
-    ports: _Ports,
+    ports: Ports,
     heap_mb: int,
     deadline: float,
     sasl: SaslSetup | None = None,
     secure: SecureSetup | None = None,
 ) -> BrokerInfo:
+    """Start the JVM, record it in the state file, and wait until it serves (or kill it)."""
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
-    cmd = [
-        java, f"-Xms{min(256, heap_mb)}m", f"-Xmx{heap_mb}m", "-XX:+UseG1GC",
-        "-XX:MaxGCPauseMillis=20", "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
-        *_jvm_logging_opts(log_dir), *shlex.split(os.environ.get("TOKENFABRIC_KAFKA_JVM_OPTS", "")),
-        "-cp", f"{jars}{os.sep}*", "kafka.Kafka", str(props),
-    ]  # fmt: skip
     for name in ("stdout.log", "server.log"):  # a previous attempt's bind error must not count again
         (log_dir / name).unlink(missing_ok=True)
     started = time.monotonic()
     with (log_dir / "stdout.log").open("ab") as out:
         proc = subprocess.Popen(
-            cmd, cwd=state_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            _jvm_command(java, jars, props, heap_mb, log_dir), cwd=state_dir, stdin=subprocess.DEVNULL,
+            stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,  # detached: no Ctrl-C from the terminal, outlives this process
         )  # fmt: skip
     CHILDREN[proc.pid] = proc
-    client_port, controller_port = ports.client, ports.controller
-    bootstrap = f"{HOST}:{client_port}"
     protocol = "PLAINTEXT" if sasl is None else "SASL_PLAINTEXT"
     listeners: dict[str, str] = {}
     if secure is not None:
@@ -233,7 +228,7 @@ def _launch_and_wait(
         listeners = {name: f"{HOST}:{p}" for name, p in zip(LISTENERS, ports.clients, strict=True)}
         secure.write_client_files(listeners)
     info = BrokerInfo(
-        bootstrap=bootstrap,
+        bootstrap=f"{HOST}:{ports.client}",
         pid=proc.pid,
         data_dir=data_dir,
         log_dir=log_dir,
@@ -242,38 +237,46 @@ def _launch_and_wait(
         secure=secure,
     )
     # Written before waiting, so that `stop` finds the JVM even if this process is interrupted.
-    write_atomic(
-        state_dir / _STATE_FILE,
-        json.dumps(
-            {
-                "bootstrap": bootstrap,
-                "pid": proc.pid,
-                "client_port": client_port,
-                "controller_port": controller_port,
-                "cluster_id": cluster_id,
-                "kafka_version": KAFKA_VERSION,
-                "security_protocol": protocol,  # never a password: this file is read by status
-                "listeners": listeners,
-                "state_dir": str(state_dir),
-                "data_dir": str(data_dir),
-                "log_dir": str(log_dir),
-                "properties": str(props),
-                "started_at": time.time(),
-            },
-            indent=2,
-        )
-        + "\n",
-    )
+    _write_state(state_dir, info, ports, cluster_id, props)
     try:
         ready_conf = sasl.client_conf() if sasl else info.client_conf() if secure else {}
-        _wait_ready(proc, client_port, log_dir, deadline, ready_conf)
+        _wait_ready(proc, ports.client, log_dir, deadline, ready_conf)
     except BaseException:
         terminate(proc.pid, timeout_s=1)  # a failed instance: no need for a clean shutdown
         (state_dir / _STATE_FILE).unlink(missing_ok=True)
         raise
-    log.info("Kafka %s ready at %s in %.1f s (pid %d)", KAFKA_VERSION, bootstrap,
+    log.info("Kafka %s ready at %s in %.1f s (pid %d)", KAFKA_VERSION, info.bootstrap,
              time.monotonic() - started, proc.pid)  # fmt: skip
     return info
+
+
+def _jvm_command(java: str, jars: Path, props: Path, heap_mb: int, log_dir: Path) -> list[str]:
+    return [
+        java, f"-Xms{min(256, heap_mb)}m", f"-Xmx{heap_mb}m", "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20", "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+        *jvm_logging_opts(log_dir), *shlex.split(os.environ.get("TOKENFABRIC_KAFKA_JVM_OPTS", "")),
+        "-cp", f"{jars}{os.sep}*", "kafka.Kafka", str(props),
+    ]  # fmt: skip
+
+
+def _write_state(state_dir: Path, info: BrokerInfo, ports: Ports, cluster_id: str, props: Path) -> None:
+    """``broker.json``: what status, stop and restart read back (never a password)."""
+    record = {
+        "bootstrap": info.bootstrap,
+        "pid": info.pid,
+        "client_port": ports.client,
+        "controller_port": ports.controller,
+        "cluster_id": cluster_id,
+        "kafka_version": KAFKA_VERSION,
+        "security_protocol": info.security_protocol,  # never a password: this file is read by status
+        "listeners": dict(info.listeners),
+        "state_dir": str(state_dir),
+        "data_dir": str(info.data_dir),
+        "log_dir": str(info.log_dir),
+        "properties": str(props),
+        "started_at": time.time(),
+    }
+    write_atomic(state_dir / _STATE_FILE, json.dumps(record, indent=2) + "\n")
 
 
 def _wait_ready(
@@ -332,141 +335,6 @@ def _is_bind_failure(log_dir: Path) -> bool:
     return "Socket server failed to bind" in text or "java.net.BindException" in text
 
 
-def _reset_dirs(state_dir: Path, data_dir: Path, log_dir: Path) -> None:
-    """A formatted data dir refuses a second format, so every start gets a clean one."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    if data_dir.exists():
-        shutil.rmtree(data_dir)
-    data_dir.mkdir()
-    log_dir.mkdir(exist_ok=True)
-    for old in log_dir.glob("*.log"):  # logs of the previous instance
-        old.unlink()
-
-
-def _random_cluster_id() -> str:
-    """A cluster id as ``kafka.tools.StorageTool random-uuid`` makes it, without a JVM start (~0.8 s).
-
-    Kafka's Uuid.randomUuid(): 16 random bytes, base64url without padding, re-drawn if the text
-    starts with '-' (reserved values ZERO and ONE cannot come out of uuid4, which fixes version bits).
-    """
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
-        if not text.startswith("-"):
-            return text
-
-
-def _write_properties(
-    props: Path,
-    data_dir: Path,
-    *,
-    ports: _Ports,
-    sasl: SaslSetup | None = None,
-    secure: SecureSetup | None = None,
-) -> None:
-    client_port, controller_port = ports.client, ports.controller
-    settings: dict[str, str | int] = {
-        "process.roles": "broker,controller",
-        "node.id": NODE_ID,
-        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{client_port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{client_port}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(data_dir),
-        # One node: every internal topic must ask for a single replica, or it cannot be created.
-        # Without the transaction.state.log.* pair init_transactions() times out.
-        "num.partitions": 1,
-        "default.replication.factor": 1,
-        "min.insync.replicas": 1,
-        "offsets.topic.replication.factor": 1,
-        "offsets.topic.num.partitions": 1,
-        "transaction.state.log.replication.factor": 1,
-        "transaction.state.log.min.isr": 1,
-        "transaction.state.log.num.partitions": 1,
-        "share.coordinator.state.topic.replication.factor": 1,
-        "share.coordinator.state.topic.min.isr": 1,
-        "group.initial.rebalance.delay.ms": 0,
-        # The project creates its topics explicitly; a typo should fail, not create a topic.
-        "auto.create.topics.enable": "false",
-        # Small machine (2 cores): fewer threads, smaller cleaner buffer than the defaults.
-        "num.network.threads": 2,
-        "num.io.threads": 4,
-        "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
-    }
-    if sasl is not None:
-        # One client listener, SASL_PLAINTEXT: clients and the broker's own inter-broker requests
-        # (transaction markers go to the partition leader, itself) must log in.
-        settings.update(
-            {
-                "listeners": f"SASL_PLAINTEXT://{HOST}:{client_port},CONTROLLER://{HOST}:{controller_port}",
-                "advertised.listeners": f"SASL_PLAINTEXT://{HOST}:{client_port}",
-                "inter.broker.listener.name": "SASL_PLAINTEXT",
-                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-                "sasl.enabled.mechanisms": "PLAIN",
-                "sasl.mechanism.inter.broker.protocol": "PLAIN",
-                "listener.name.sasl_plaintext.plain.sasl.jaas.config": sasl.jaas(),
-            }
-        )
-    if secure is not None:
-        settings.update(
-            secure.broker_properties(dict(zip(LISTENERS, ports.clients, strict=True)), controller_port, HOST)
-        )
-    lines = [f"# written by processor/local/broker.py for Kafka {KAFKA_VERSION}"]
-    lines += [f"{key}={value}" for key, value in settings.items()]
-    write_atomic(props, "\n".join(lines) + "\n")
-    if sasl is not None or secure is not None:
-        props.chmod(0o600)  # it holds the users' passwords (or the key store's)
-
-
-def _format_storage(
-    java: str, jars: Path, props: Path, cluster_id: str, log_dir: Path, extra: list[str] | None = None
-) -> None:
-    """``kafka-storage format``; ``extra`` adds arguments (a secured broker's ``--add-scram`` users,
-    whose passwords are never quoted in the error)."""
-    cmd = [
-        java, *_jvm_logging_opts(log_dir), "-cp", f"{jars}{os.sep}*",
-        "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), *(extra or []),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    if proc.returncode != 0:
-        output = tail_text(proc.stdout + proc.stderr, 30)
-        raise KafkaLocalError(f"kafka-storage format failed (exit {proc.returncode}):\n{output}")
-
-
-def _jvm_logging_opts(log_dir: Path) -> list[str]:
-    return [f"-Dkafka.logs.dir={log_dir}", f"-Dlog4j2.configurationFile={_LOG4J_CONFIG}"]
-
-
-def java_executable() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise KafkaLocalError("java is not on PATH (nor in $JAVA_HOME): the Kafka broker needs Java 17+")
-    return java
-
-
-def _pick_ports(client_port: int | None, clients: int = 1) -> _Ports:
-    """``clients`` client ports (the first *client_port* if given) and a controller port, free ones
-    otherwise; never the same twice."""
-    taken: list[int] = [client_port] if client_port else []
-    while len(taken) < clients + 1:
-        taken.append(_free_port(avoid=set(taken)))
-    return _Ports(tuple(taken[:clients]), taken[clients])
-
-
-def _free_port(avoid: set[int] | None = None) -> int:
-    """A loopback port that is free right now (it can be taken before the broker binds it)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port: int = sock.getsockname()[1]
-        if port not in (avoid or ()):
-            return port
-
-
 def broker_status(state_dir: Path) -> BrokerInfo | None:
     """The broker of *state_dir* if its recorded pid is alive and is that broker's JVM, else None."""
     record = _read_state(Path(state_dir).resolve())
@@ -520,7 +388,7 @@ def restart_broker(
         jars_dir(),
         Path(record["properties"]),
         str(record["cluster_id"]),
-        _Ports((int(record["client_port"]),), int(record["controller_port"])),
+        Ports((int(record["client_port"]),), int(record["controller_port"])),
         heap_mb,
         time.monotonic() + timeout_s,
     )

@@ -132,12 +132,7 @@ def stack_up(
         )
     started_broker = False
     if bootstrap is None:
-        info = broker_status(broker_dir)
-        if info is None:
-            on_step("starting the local Kafka broker")
-            info = start_broker(broker_dir)
-            started_broker = True
-        bootstrap = info.bootstrap
+        bootstrap, started_broker = _local_broker(broker_dir, on_step)
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(bootstrap, settings.prefix, settings.model, str(log_dir), started_broker)
@@ -150,19 +145,33 @@ def stack_up(
         )
         create_topics(conf, specs)
         on_step(f"topics of prefix {settings.prefix} ready")
-        kafka = ["--bootstrap", bootstrap, "--topic-prefix", settings.prefix, "--metrics-port", "0"]
-        _spawn(stack, state_dir, "processor", ["processor", *kafka, "--instance", "local-p0"])
-        for name in settings.consumer_names():
-            engine = ["--engine", settings.engine, *(f"--engine-opt={o}" for o in settings.engine_opts)]
-            contract = ["--id", name, "--model", settings.model]
-            contract += ["--budget", str(CONSUMER_BUDGET_TOKENS), "--items", str(CONSUMER_MAX_ITEMS)]
-            _spawn(stack, state_dir, name, ["consumer", *kafka, *contract, *engine])
+        _spawn_all(stack, state_dir, settings)
         on_step(f"processor and {settings.consumers} consumers started; waiting for their contracts")
         _wait_announced(stack, settings, conf, topics, ready_timeout_s)
     except BaseException:
         stack_down(state_dir, broker_dir)
         raise
     return stack
+
+
+def _local_broker(broker_dir: Path, on_step: Callable[[str], None]) -> tuple[str, bool]:
+    """The local broker's bootstrap, and whether it was started for this stack (not running yet)."""
+    info = broker_status(broker_dir)
+    if info is not None:
+        return info.bootstrap, False
+    on_step("starting the local Kafka broker")
+    return start_broker(broker_dir).bootstrap, True
+
+
+def _spawn_all(stack: Stack, state_dir: Path, settings: StackSettings) -> None:
+    """The processor, then each consumer, against the stack's bootstrap and prefix."""
+    kafka = ["--bootstrap", stack.bootstrap, "--topic-prefix", settings.prefix, "--metrics-port", "0"]
+    _spawn(stack, state_dir, "processor", ["processor", *kafka, "--instance", "local-p0"])
+    for name in settings.consumer_names():
+        engine = ["--engine", settings.engine, *(f"--engine-opt={o}" for o in settings.engine_opts)]
+        contract = ["--id", name, "--model", settings.model]
+        contract += ["--budget", str(CONSUMER_BUDGET_TOKENS), "--items", str(CONSUMER_MAX_ITEMS)]
+        _spawn(stack, state_dir, name, ["consumer", *kafka, *contract, *engine])
 
 
 def _spawn(stack: Stack, state_dir: Path, name: str, args: Sequence[str]) -> None:

@@ -16,6 +16,7 @@ and an alert's ``for:`` clock is not restarted by the death of the instance that
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -66,139 +67,173 @@ def duration(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def _rule(alert: str, expr: str, for_s: int, severity: str, summary: str, description: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    """One alert rule as written, before its thresholds are filled in.
+
+    ``expr``, ``summary`` and ``description`` name settings as ``${field}`` (the number) or
+    ``${duration field}`` (a Prometheus duration); Prometheus's own ``{{ $labels.x }}`` and ``$value``
+    pass through untouched. ``for_setting`` names the setting that is the rule's ``for:`` ("" for 0s).
+    """
+
+    alert: str
+    expr: str
+    for_setting: str
+    severity: str
+    summary: str
+    description: str
+
+
+_SETTING = re.compile(r"\$\{(duration )?([a-z_]+)\}")
+
+
+def _fill(text: str, s: AlertSettings) -> str:
+    """``text`` with each ``${field}`` / ``${duration field}`` replaced by ``s``'s value."""
+
+    def value(m: re.Match[str]) -> str:
+        number: int = getattr(s, m.group(2))
+        return duration(number) if m.group(1) else str(number)
+
+    return _SETTING.sub(value, text)
+
+
+def render_rule(spec: RuleSpec, s: AlertSettings) -> dict[str, Any]:
+    """``spec`` with the thresholds of ``s``: one entry of a Prometheus rule group."""
     return {
-        "alert": alert,
-        "expr": expr,
-        "for": duration(for_s),
-        "labels": {"severity": severity},
-        "annotations": {"summary": summary, "description": description},
+        "alert": spec.alert,
+        "expr": _fill(spec.expr, s),
+        "for": duration(getattr(s, spec.for_setting) if spec.for_setting else 0),
+        "labels": {"severity": spec.severity},
+        "annotations": {"summary": _fill(spec.summary, s), "description": _fill(spec.description, s)},
     }
+
+
+RULES: tuple[RuleSpec, ...] = (
+    RuleSpec(
+        "TokenfabricTargetDown",
+        "up == 0 and on (job, instance) max_over_time(tokenfabric_build_info[${duration seen_within_s}])",
+        "down_for_s",
+        "critical",
+        "tokenfabric target {{ $labels.instance }} ({{ $labels.job }}) is down or unscraped",
+        "Prometheus cannot scrape {{ $labels.instance }}: the process is dead, hung before it serves "
+        "/metrics, or unreachable. A processor's partitions wait for the group to hand them over "
+        "(session timeout); a consumer's batches in flight wait for it. Check the pod (kubectl "
+        "describe, logs, exit code 75 means restart me) and `tokenfabric status`.",
+    ),
+    RuleSpec(
+        "TokenfabricNoProcessor",
+        "absent(tokenfabric_step_age_seconds)",
+        "no_processor_for_s",
+        "critical",
+        "no tokenfabric processor is scraped",
+        "No processor exports metrics, so nothing takes ingest and nothing dispatches. Check the "
+        "StatefulSet and the scrape configuration; `tokenfabric status` reads Kafka directly.",
+    ),
+    RuleSpec(
+        "TokenfabricProcessorStale",
+        "min by (processor) (tokenfabric_pipeline_checkpoint_age_seconds) > ${stale_s}",
+        "stale_for_s",
+        "critical",
+        "processor {{ $labels.processor }} is STALE: last checkpoint {{ $value | humanizeDuration }} ago",
+        "The instance has not checkpointed for over ${stale_s} s: dead, stuck, or restoring for "
+        "that long (status shows it STALE). Its partitions and waiting items are held until it "
+        "comes back or the group hands them over. Restart it; if it is gone for good, "
+        "`tokenfabric status --forget-processor {{ $labels.processor }}`.",
+    ),
+    RuleSpec(
+        "TokenfabricIngestPartitionsUnowned",
+        "max(tokenfabric_pipeline_ingest_partitions)\n"
+        "- (sum(tokenfabric_ingest_owned_partitions) or vector(0)) > 0",
+        "unowned_for_s",
+        "critical",
+        "{{ $value }} ingest partitions have no live owner",
+        "No scraped processor owns these ingest partitions: their items are neither read nor "
+        "dispatched. After a crash the group hands them over once the session timeout expires; if "
+        "this lasts, look for a STALE or down processor and restart it, or add an instance.",
+    ),
+    RuleSpec(
+        "TokenfabricIngestLagGrowing",
+        "min by (partition) (tokenfabric_pipeline_ingest_lag_messages) > ${lag_min_messages}\n"
+        "and min by (partition) (\n"
+        "  delta(tokenfabric_pipeline_ingest_lag_messages[${duration lag_window_s}])\n"
+        ") > 0",
+        "lag_for_s",
+        "warning",
+        "ingest partition {{ $labels.partition }} lag is growing ({{ $value }} messages)",
+        "The processors' group falls behind on this partition: its owner is dead, stuck, paused by "
+        "backpressure, or slower than the producers. Check TokenfabricIngestPartitionsUnowned, "
+        "tokenfabric_ingest_paused and the processors' CPU; add instances (up to the partition count).",
+    ),
+    RuleSpec(
+        "TokenfabricWorkNobodyServes",
+        "max by (model) (tokenfabric_pipeline_unserved_items) > 0",
+        "unserved_for_s",
+        "warning",
+        "{{ $value }} items of model {{ $labels.model }} wait and no consumer serves the model",
+        "Items wait for a model no consumer has announced a contract for. Start a consumer for "
+        "the model (or fix the producers' model name); `tokenfabric status` lists them.",
+    ),
+    RuleSpec(
+        "TokenfabricItemsWaitTooLong",
+        "max by (model) (tokenfabric_oldest_waiting_age_seconds) > ${wait_s}",
+        "wait_for_s",
+        "warning",
+        "the oldest item of model {{ $labels.model }} has waited {{ $value | humanizeDuration }}",
+        "Items of this model wait longer than expected: too few consumers for the load, consumers "
+        "stalled, or a job capped by its quota. Compare the model's queued tokens with its "
+        "consumers' completed rate; add consumers or lift the quota.",
+    ),
+    RuleSpec(
+        "TokenfabricConsumerStalled",
+        "sum by (consumer) (tokenfabric_consumer_in_flight_batches) > 0\n"
+        "unless on (consumer) (\n"
+        "  sum by (consumer) (increase(tokenfabric_consumer_completed_items_total"
+        "[${duration consumer_silent_s}]))\n"
+        "  + sum by (consumer) (increase(tokenfabric_consumer_failed_items_total"
+        "[${duration consumer_silent_s}])) > 0\n"
+        ")",
+        "consumer_silent_s",
+        "critical",
+        "consumer {{ $labels.consumer }} holds {{ $value }} batches and answered nothing for "
+        "${duration consumer_silent_s}",
+        "The consumer has batches in flight and no completion came back: its process is dead or "
+        "hung, its engine is stuck, or it cannot write to the results topic. Its batches wait "
+        "for it. Check its pod and logs; if it is gone for good, `tokenfabric status "
+        "--retire-consumer {{ $labels.consumer }}` hands its batches to the others.",
+    ),
+    RuleSpec(
+        "TokenfabricLedgerImbalance",
+        "abs(tokenfabric_ledger_imbalance_tokens) > 0 or tokenfabric_ledger_ok == 0",
+        "imbalance_for_s",
+        "critical",
+        "the ledger of {{ $labels.instance }} does not balance",
+        "A ledger equation fails (tokens counted in and out differ): a bug. The processor stops "
+        "without committing and restarts from its last commit. Keep its logs, run "
+        "`tokenfabric audit`, and report it.",
+    ),
+    RuleSpec(
+        "TokenfabricDeadLetters",
+        "(sum(increase(tokenfabric_dead_lettered_messages_total"
+        "[${duration dead_letter_window_s}])) or vector(0))\n"
+        "+ (\n"
+        "  sum(increase(tokenfabric_consumer_app_dead_lettered_batches_total"
+        "[${duration dead_letter_window_s}])) or vector(0)\n"
+        ")\n"
+        "> 0",
+        "",
+        "warning",
+        "{{ $value }} messages dead-lettered in the last ${duration dead_letter_window_s}",
+        "Messages went to the dead-letter topic: undecodable or invalid ingest messages, repeated "
+        "item ids, or batches a consumer could not decode. Read the dead-letter topic (each record "
+        "says its reason) and fix the producer.",
+    ),
+)
 
 
 def rules(s: AlertSettings | None = None) -> list[dict[str, Any]]:
     """The alert rules, in the order docs/alerts.md describes them."""
     s = s or AlertSettings()
-    silent = duration(s.consumer_silent_s)
-    seen, lag_window, dead_window = (
-        duration(x) for x in (s.seen_within_s, s.lag_window_s, s.dead_letter_window_s)
-    )
-    return [
-        _rule(
-            "TokenfabricTargetDown",
-            f"up == 0 and on (job, instance) max_over_time(tokenfabric_build_info[{seen}])",
-            s.down_for_s,
-            "critical",
-            "tokenfabric target {{ $labels.instance }} ({{ $labels.job }}) is down or unscraped",
-            "Prometheus cannot scrape {{ $labels.instance }}: the process is dead, hung before it serves "
-            "/metrics, or unreachable. A processor's partitions wait for the group to hand them over "
-            "(session timeout); a consumer's batches in flight wait for it. Check the pod (kubectl "
-            "describe, logs, exit code 75 means restart me) and `tokenfabric status`.",
-        ),
-        _rule(
-            "TokenfabricNoProcessor",
-            "absent(tokenfabric_step_age_seconds)",
-            s.no_processor_for_s,
-            "critical",
-            "no tokenfabric processor is scraped",
-            "No processor exports metrics, so nothing takes ingest and nothing dispatches. Check the "
-            "StatefulSet and the scrape configuration; `tokenfabric status` reads Kafka directly.",
-        ),
-        _rule(
-            "TokenfabricProcessorStale",
-            f"min by (processor) (tokenfabric_pipeline_checkpoint_age_seconds) > {s.stale_s}",
-            s.stale_for_s,
-            "critical",
-            "processor {{ $labels.processor }} is STALE: last checkpoint {{ $value | humanizeDuration }} ago",
-            f"The instance has not checkpointed for over {s.stale_s} s: dead, stuck, or restoring for "
-            "that long (status shows it STALE). Its partitions and waiting items are held until it "
-            "comes back or the group hands them over. Restart it; if it is gone for good, "
-            "`tokenfabric status --forget-processor {{ $labels.processor }}`.",
-        ),
-        _rule(
-            "TokenfabricIngestPartitionsUnowned",
-            "max(tokenfabric_pipeline_ingest_partitions)\n"
-            "- (sum(tokenfabric_ingest_owned_partitions) or vector(0)) > 0",
-            s.unowned_for_s,
-            "critical",
-            "{{ $value }} ingest partitions have no live owner",
-            "No scraped processor owns these ingest partitions: their items are neither read nor "
-            "dispatched. After a crash the group hands them over once the session timeout expires; if "
-            "this lasts, look for a STALE or down processor and restart it, or add an instance.",
-        ),
-        _rule(
-            "TokenfabricIngestLagGrowing",
-            f"min by (partition) (tokenfabric_pipeline_ingest_lag_messages) > {s.lag_min_messages}\n"
-            "and min by (partition) (\n"
-            f"  delta(tokenfabric_pipeline_ingest_lag_messages[{lag_window}])\n"
-            ") > 0",
-            s.lag_for_s,
-            "warning",
-            "ingest partition {{ $labels.partition }} lag is growing ({{ $value }} messages)",
-            "The processors' group falls behind on this partition: its owner is dead, stuck, paused by "
-            "backpressure, or slower than the producers. Check TokenfabricIngestPartitionsUnowned, "
-            "tokenfabric_ingest_paused and the processors' CPU; add instances (up to the partition count).",
-        ),
-        _rule(
-            "TokenfabricWorkNobodyServes",
-            "max by (model) (tokenfabric_pipeline_unserved_items) > 0",
-            s.unserved_for_s,
-            "warning",
-            "{{ $value }} items of model {{ $labels.model }} wait and no consumer serves the model",
-            "Items wait for a model no consumer has announced a contract for. Start a consumer for "
-            "the model (or fix the producers' model name); `tokenfabric status` lists them.",
-        ),
-        _rule(
-            "TokenfabricItemsWaitTooLong",
-            f"max by (model) (tokenfabric_oldest_waiting_age_seconds) > {s.wait_s}",
-            s.wait_for_s,
-            "warning",
-            "the oldest item of model {{ $labels.model }} has waited {{ $value | humanizeDuration }}",
-            "Items of this model wait longer than expected: too few consumers for the load, consumers "
-            "stalled, or a job capped by its quota. Compare the model's queued tokens with its "
-            "consumers' completed rate; add consumers or lift the quota.",
-        ),
-        _rule(
-            "TokenfabricConsumerStalled",
-            "sum by (consumer) (tokenfabric_consumer_in_flight_batches) > 0\n"
-            "unless on (consumer) (\n"
-            f"  sum by (consumer) (increase(tokenfabric_consumer_completed_items_total[{silent}]))\n"
-            f"  + sum by (consumer) (increase(tokenfabric_consumer_failed_items_total[{silent}])) > 0\n"
-            ")",
-            s.consumer_silent_s,
-            "critical",
-            "consumer {{ $labels.consumer }} holds {{ $value }} batches and answered nothing for " + silent,
-            "The consumer has batches in flight and no completion came back: its process is dead or "
-            "hung, its engine is stuck, or it cannot write to the results topic. Its batches wait "
-            "for it. Check its pod and logs; if it is gone for good, `tokenfabric status "
-            "--retire-consumer {{ $labels.consumer }}` hands its batches to the others.",
-        ),
-        _rule(
-            "TokenfabricLedgerImbalance",
-            "abs(tokenfabric_ledger_imbalance_tokens) > 0 or tokenfabric_ledger_ok == 0",
-            s.imbalance_for_s,
-            "critical",
-            "the ledger of {{ $labels.instance }} does not balance",
-            "A ledger equation fails (tokens counted in and out differ): a bug. The processor stops "
-            "without committing and restarts from its last commit. Keep its logs, run "
-            "`tokenfabric audit`, and report it.",
-        ),
-        _rule(
-            "TokenfabricDeadLetters",
-            f"(sum(increase(tokenfabric_dead_lettered_messages_total[{dead_window}])) or vector(0))\n"
-            "+ (\n"
-            "  sum(increase(tokenfabric_consumer_app_dead_lettered_batches_total"
-            f"[{dead_window}])) or vector(0)\n"
-            ")\n"
-            "> 0",
-            0,
-            "warning",
-            "{{ $value }} messages dead-lettered in the last " + dead_window,
-            "Messages went to the dead-letter topic: undecodable or invalid ingest messages, repeated "
-            "item ids, or batches a consumer could not decode. Read the dead-letter topic (each record "
-            "says its reason) and fix the producer.",
-        ),
-    ]
+    return [render_rule(spec, s) for spec in RULES]
 
 
 def rule_groups(s: AlertSettings | None = None) -> dict[str, Any]:

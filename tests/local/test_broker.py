@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from processor.local import broker as kafka_local
+from processor.local import broker_files
 
 
 def test_stale_state_file_is_not_a_running_broker(tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ def test_stale_state_file_is_not_a_running_broker(tmp_path: Path) -> None:
 
 def test_cluster_id_has_kafka_uuid_form() -> None:
     for _ in range(200):
-        cluster_id = kafka_local._random_cluster_id()
+        cluster_id = broker_files.random_cluster_id()
         assert len(cluster_id) == 22
         assert not cluster_id.startswith("-")
         assert set(cluster_id) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from processor.ops.alerts import AlertSettings, render, rule_groups, rules
+from processor.ops.alerts import RULES, AlertSettings, render, rule_groups, rules
 from tests.common import ROOT
 
 RULE_FILE = ROOT / "k8s" / "prometheus" / "tokenfabric-alerts.yml"
@@ -212,6 +212,18 @@ def test_thresholds_are_settings_that_reach_the_rules() -> None:
     assert "[10s]" in by_name["TokenfabricConsumerStalled"]["expr"]
     assert by_name["TokenfabricConsumerStalled"]["for"] == "10s"
     assert by_name["TokenfabricTargetDown"]["for"] == "2s"
+
+
+def test_every_placeholder_of_the_rule_table_names_a_setting() -> None:
+    """A ``${field}`` left unfilled would reach Prometheus as text; a ``for:`` naming no setting would
+    fail only when rendered."""
+    fields = set(AlertSettings.__dataclass_fields__)
+    for spec in RULES:
+        named = re.findall(r"\$\{(?:duration )?([a-z_]+)\}", spec.expr + spec.summary + spec.description)
+        assert set(named) <= fields, spec.alert
+        assert spec.for_setting in fields or spec.for_setting == "", spec.alert
+    for rule in rules():
+        assert "${" not in rule["expr"] + rule["annotations"]["summary"] + rule["annotations"]["description"]
 
 
 # -- promtool test rules: a clean run and each fault ------------------------------------------------

@@ -121,7 +121,7 @@ def test_a_backlog_finishes_sooner_but_waits_longer_than_timed_arrivals(mixed: l
 def test_each_item_waits_from_its_arrival_to_its_batch(
     mixed: list[TraceRecord], policy: str, speed: float
 ) -> None:
-    """The waits are counted once the run ends (simulator._waits): one per item, each the emitted
+    """The waits are counted once the run ends (replay.waits): one per item, each the emitted
     batch's time minus the item's (speed-scaled) arrival."""
     report, lines = batch_lines(mixed, policy, speed=speed)
     arrival = {r.id: int(r.t_ms / speed) for r in mixed}

@@ -1,0 +1,198 @@
+"""What ``tokenfabric status`` reads from Kafka, as read: contracts, every instance's latest ledger
+checkpoint, the ingest lag and each consumer's group (processor/ops/status.py judges it).
+
+:func:`gather` is the one reader; :class:`StatusView` is its result, with the sums a report takes
+over instances (``held`` counts a handed-over item once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from processor.core.contract import Contract
+from processor.core.ledger_keys import Scope, consumer_key, job_key, parse_key, stage_unit
+from processor.kafka.factory import KAFKA
+from processor.kafka.reader import passing, read_topic, watermarks
+from processor.kafka.topics import TopicNames
+from processor.ops.contracts import read_announcements
+from processor.wire.control import decode_ledger_snapshot
+from processor.wire.records import LedgerSnapshotRecord
+
+RETIRED = "retired_ms"
+"""Counter set on a checkpoint rewritten by :func:`forget_processor`: the wall-clock time it was."""
+_STAGE_NAMES = "received queued routed in_flight completed failed cancelled expired retried"
+STAGES = tuple(_STAGE_NAMES.split())
+"""The ledger's stages status shows: ``received = queued + routed + cancelled + expired`` and
+``routed = in_flight + completed + failed`` (plus the adopted and released terms of a handover, and
+``retried`` on both sides: items sent back to the lanes after a retriable failure)."""
+
+
+@dataclass(slots=True)
+class GroupFacts:
+    """A consumer's group on its batch topic, as the broker reports it (None: not known)."""
+
+    members: int | None = None
+    committed: int | None = None
+    end: int | None = None
+    unread: int | None = None
+
+
+@dataclass(slots=True)
+class StatusView:
+    contracts: dict[str, Contract] = field(default_factory=dict)
+    checkpoints: dict[str, LedgerSnapshotRecord] = field(default_factory=dict)
+    ingest_lag: int | None = None
+    ingest_end: int = 0
+    announced_ms: dict[str, int] = field(default_factory=dict)
+    """When each contract was written (its message timestamp)."""
+    groups: dict[str, GroupFacts] = field(default_factory=dict)
+    read_ms: int = 0
+    """Wall-clock time of the read; ages are measured from it."""
+
+    def total(self, key: str) -> int:
+        return sum(cp.counters.get(key, 0) for cp in self.checkpoints.values())
+
+    def held(self, key: str) -> int:
+        """``queued_*`` or ``in_flight_*`` summed over instances, less what was counted twice: state a
+        crashed instance's last checkpoint still claims and another instance has adopted since
+        (processor/core/accounting.py). A per-model key (``queued_items@m``) works the same."""
+        parsed = parse_key(key)
+        split = stage_unit(parsed.counter)
+        if split is None:
+            raise ValueError(f"held({key!r}): not a stage's items or tokens")
+        stage, unit = split
+        adopted, released = (parsed.renamed(f"{way}_{stage}_{unit}") for way in ("adopted", "released"))
+        return self.total(key) - (self.total(adopted.encode()) - self.total(released.encode()))
+
+    def consumer_total(self, consumer: str, key: str) -> int:
+        return self.total(consumer_key(key, consumer))
+
+    def retired(self, instance: str) -> bool:
+        return self.checkpoints[instance].counters.get(RETIRED, 0) > 0
+
+    def owners(self, scope: Scope, counter: str | None = None) -> list[str]:
+        """The models, consumers or jobs (``scope``) some checkpoint has a key for (``counter``'s
+        only, when given), sorted."""
+        keys = (parse_key(key) for cp in self.checkpoints.values() for key in cp.counters)
+        return sorted({k.owner for k in keys if k.scope == scope and counter in (None, k.counter)})
+
+    def jobs(self) -> list[str]:
+        """Every job a checkpoint counts (its ledger book, or its share: docs/shares.md)."""
+        return self.owners("job")
+
+    def job_total(self, job: str, key: str) -> int:
+        """A job's counter (``routed_tokens``, ``padded_tokens``...) summed over instances."""
+        return self.total(job_key(key, job))
+
+    def job_policy(self, job: str) -> tuple[float, int, int, bool]:
+        """(weight, tokens/s cap, total cap, capped now) as the newest checkpoint has them; -1: no cap."""
+        newest = max(self.checkpoints.values(), key=lambda cp: cp.taken_ms, default=None)
+        c = newest.counters if newest is not None else {}
+        weight = c.get(job_key("weight_milli", job), 1000) / 1000
+        capped = any(cp.counters.get(job_key("capped", job), 0) for cp in self.checkpoints.values())
+        rate, total = c.get(job_key("max_tokens_per_s", job), -1), c.get(job_key("max_tokens", job), -1)
+        return weight, rate, total, capped
+
+
+def ingest_lag(
+    conf: Mapping[str, str], topic: str, group: str, timeout_s: float = 10.0
+) -> tuple[int | None, int]:
+    """(messages the group has not committed past, messages ever written) on ``topic``."""
+    consumer = KAFKA.consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return None, 0
+        tps = [TopicPartition(topic, p) for p in meta.partitions]
+        try:
+            committed: list[TopicPartition] | None = consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            if not passing(exc):
+                raise
+            committed = None  # coordinator moving, or offsets held by an open transaction: unknown for now
+        lag = end = 0
+        for tp in committed if committed is not None else tps:
+            low, high = watermarks(consumer, TopicPartition(topic, tp.partition), timeout_s)
+            end += high
+            lag += high - (tp.offset if tp.offset >= 0 else low)
+        return (lag if committed is not None else None), end
+    finally:
+        consumer.close()
+
+
+def consumer_groups(
+    conf: Mapping[str, str], topics: TopicNames, consumers: list[str], timeout_s: float = 10.0
+) -> dict[str, GroupFacts]:
+    """Members, committed offset and unread batches of each consumer's group on its batch topic.
+
+    What the broker will not say (no rights to describe a group, a topic not created yet) stays None.
+    """
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    out = {c: GroupFacts() for c in consumers}
+    if not consumers:
+        return out
+    admin = KAFKA.admin(dict(conf))
+    groups = {topics.consumer_group(c): c for c in consumers}
+    for group, future in admin.describe_consumer_groups(list(groups), request_timeout=timeout_s).items():
+        # on an error (no right to describe it) members stay unknown: judged by the last completion alone
+        with contextlib.suppress(KafkaException):
+            out[groups[group]].members = len(future.result(timeout=timeout_s).members)
+    offsets = {
+        c: admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(topics.consumer_group(c), [TopicPartition(topics.batches(c), 0)])],
+            request_timeout=timeout_s,
+        )[topics.consumer_group(c)]
+        for c in consumers
+    }
+    probe = KAFKA.consumer({**conf, "group.id": f"{topics.prefix}-status", "enable.auto.commit": "false"})
+    try:
+        for c, future in offsets.items():
+            facts = out[c]
+            try:
+                tps = future.result(timeout=timeout_s).topic_partitions
+                low, high = watermarks(probe, TopicPartition(topics.batches(c), 0), timeout_s)
+            except KafkaException:
+                continue
+            facts.end = high
+            committed = tps[0].offset if tps and tps[0].error is None else -1
+            facts.committed = committed if committed >= 0 else None
+            start = max(low, committed)
+            facts.unread = (
+                0 if start >= high else sum(1 for _ in read_topic(conf, topics.batches(c), starts={0: start}))
+            )
+    finally:
+        probe.close()
+    return out
+
+
+def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "", groups: bool = False) -> StatusView:
+    """Contracts, every instance's latest checkpoint, ingest lag; with ``groups``, each consumer's
+    group too (its members and lag: one more request per consumer)."""
+    view = StatusView()
+    for name, announced in read_announcements(conf, topics).items():
+        view.contracts[name] = announced.contract
+        view.announced_ms[name] = announced.timestamp_ms
+    # Compacted: the whole topic is the latest checkpoint per instance plus the last minute or so of
+    # uncompacted ones; an instance dead for long is still found, wherever its checkpoint sits.
+    for msg in read_topic(conf, topics.accounting):
+        if msg.value() is None:
+            view.checkpoints.pop((msg.key() or b"").decode("utf-8", "replace"), None)
+            continue
+        cp = decode_ledger_snapshot(msg.value())
+        previous = view.checkpoints.get(cp.instance)
+        if previous is None or (cp.taken_ms, cp.sequence) >= (previous.taken_ms, previous.sequence):
+            view.checkpoints[cp.instance] = cp
+    view.ingest_lag, view.ingest_end = ingest_lag(conf, topics.ingest, group or topics.processor_group)
+    if groups:
+        view.groups = consumer_groups(conf, topics, sorted(view.contracts))
+    view.read_ms = int(time.time() * 1000)
+    return view
+
+
+# -- the report -----------------------------------------------------------------------------------
