@@ -100,7 +100,7 @@ def measure(items: int, tokens: int, shapes: int = 8, seed: int = 1) -> dict[str
         "bytes_per_token": delta / core.view.waiting().tokens,
         "overhead_per_item": (delta - raw) / items,
         "allowed_per_item": (TARGET_FACTOR * raw + TARGET_PER_ITEM_B * items) / items,
-        "lanes": sum(len(sl.lanes) for sl in core._table.shapes.values()),
+        "lanes": sum(len(sl.lanes) for sl in core._context.table.shapes.values()),
         "fill_seconds": time.perf_counter() - started,
         "breakdown": breakdown(core),
     }
@@ -108,7 +108,9 @@ def measure(items: int, tokens: int, shapes: int = 8, seed: int = 1) -> dict[str
 
 def breakdown(core: Scheduler) -> dict[str, int]:
     """``sys.getsizeof`` of one waiting item's own objects (shared and cached objects excluded)."""
-    lane = next(lane for sl in core._table.shapes.values() for lane in sl.lanes.values() if lane.items)
+    lane = next(
+        lane for sl in core._context.table.shapes.values() for lane in sl.lanes.values() if lane.items
+    )
     item = lane.head()
     body: bytes = item.payload
     ints = [item.shape, item.length, item.offset, item.arrival_ms]

@@ -14,12 +14,13 @@ keeps stable ("What is stable" there); import them from ``processor.core``. The 
   ``shape_lanes``) and ``cut`` (which items leave together);
 - ``dispatch`` (:class:`DispatchSettings`, the rules choosing a consumer's next lane), ``inflight``
   (what consumers hold) and ``scheduler`` (:class:`Scheduler`, the one object a caller drives; its
-  part in a partition handover is ``adoption``);
+  state is one ``context`` it hands to its parts: its part in a partition handover is ``adoption``,
+  withdrawing the items of jobs that end ``withdrawals``);
 - ``view``: :class:`SchedulerView` (``Scheduler.view``), the frozen snapshots it returns and the
   ledger's books: how everything outside the core reads the scheduler, whose state is private;
 - ``shares``: token shares between jobs (:class:`Shares`, :class:`JobPolicy`, :class:`ShareSettings`);
-- ``endings``: jobs that end before their items are dispatched, cancelled or past their deadline
-  (``Scheduler.end_job``, ``Scheduler.set_deadline``, ``Scheduler.take_ended``);
+- ``endings``: jobs that end before their items are dispatched, cancelled or past their deadline, and
+  the record of them (``Scheduler.end_job``, ``Scheduler.set_deadline``, ``Scheduler.take_ended``);
 - ``retries``: which failed items go back to the lanes for another attempt (:class:`RetryPolicy`,
   ``Scheduler.set_max_attempts``, ``Scheduler.take_retried``);
 - ``accounting``: the :class:`Ledger` of items and tokens at each stage, its books and

@@ -36,7 +36,7 @@ from processor.core.item import Item
 
 if TYPE_CHECKING:
     from processor.core.lane import ByLength
-    from processor.core.lanes import LaneSettings
+    from processor.core.lane_settings import LaneSettings
 
 
 def cut_by_length(

@@ -2,8 +2,9 @@
 what an answer finishes.
 
 Apart from the dispatch rules (core/scheduler.py) because it is another idea: the rules decide what
-a consumer gets next; this module remembers what it holds until it answers. Nothing here writes the
-ledger: the scheduler books what these functions count, so it stays the ledger's only writer.
+a consumer gets next; this module remembers what it holds until it answers. The one ledger writer
+here is :func:`book_finished`, which the scheduler calls with its ledger when an answer finishes
+items (so the scheduler and its parts stay the ledger's only writers).
 
 Invariant (``Scheduler.check`` recounts it): a batch is in :class:`InFlightTable` exactly when it is
 in its holder's ``ConsumerState.in_flight``, and its outstanding items are what the ledger counts as
@@ -13,10 +14,14 @@ in flight.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from processor.core.contract import Contract
 from processor.core.item import Batch, Item, Outcome
 from processor.core.lanes import ShapeKey
+
+if TYPE_CHECKING:
+    from processor.core.accounting import Ledger
 
 Answers = list[tuple[bool, Item]]
 """Items just answered, each with whether it succeeded, in the order the answers came."""
@@ -169,3 +174,27 @@ def per_job(items: Iterable[Item]) -> dict[str, tuple[int, int]]:
         n, tokens = out.get(it.job, (0, 0))
         out[it.job] = (n + 1, tokens + it.length)
     return out
+
+
+def book_finished(
+    ledger: Ledger,
+    flight: InFlight,
+    counts: tuple[int, int, int, int],
+    answered: Answers | None,
+    cached: dict[str, int] | None = None,
+) -> None:
+    """Book answered items of ``flight`` in ``ledger``: ``counts`` is (ok items, ok tokens, failed
+    items, failed tokens); ``answered`` lists them (None: every item of the batch, all ok); ``cached``
+    the prompt tokens the engine served from its cache, by item id (None: not reported, all computed).
+    A batch restored from before lanes had jobs may mix jobs: its job books are written item by item."""
+    batch, job, both = flight.batch, flight.job, answered
+    if both is None and (cached is not None or job is None):  # every item of the batch, all ok
+        both = [(True, it) for it in batch.items]
+    total = None if cached is None or both is None else sum(cached.get(it.id, 0) for ok, it in both if ok)
+    ok_items, ok_tokens, bad_items, bad_tokens = counts  # passed by position: no tuple call (per batch)
+    ledger.batch_finished(batch.model, batch.consumer, job, ok_items, ok_tokens, bad_items, bad_tokens, total)
+    if job is None and both is not None:
+        for ok, it in both:
+            n = it.length
+            mine = None if cached is None else cached.get(it.id, 0) if ok else 0
+            ledger.job_finished(it.job, int(ok), n if ok else 0, int(not ok), 0 if ok else n, mine)

@@ -15,6 +15,7 @@ scheduler is what proves them consistent.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -24,9 +25,9 @@ from processor.core.item import Batch, Item
 from processor.core.shares import JobPolicy
 
 if TYPE_CHECKING:
+    from processor.core.context import SchedulerContext
     from processor.core.endings import Ending
     from processor.core.inflight import ConsumerState
-    from processor.core.scheduler import Scheduler
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -85,18 +86,19 @@ class ConsumerSnapshot:
 
 
 class SchedulerView:
-    """Read-only figures of one :class:`~processor.core.scheduler.Scheduler` (``Scheduler.view``)."""
+    """Read-only figures of one :class:`~processor.core.scheduler.Scheduler` (``Scheduler.view``),
+    read from the state it is handed (the scheduler's :class:`~processor.core.context.SchedulerContext`)."""
 
-    __slots__ = ("_core",)
+    __slots__ = ("_context",)
 
-    def __init__(self, core: Scheduler) -> None:
-        self._core = core
+    def __init__(self, context: SchedulerContext) -> None:
+        self._context = context
 
     # -- waiting work ----------------------------------------------------------------------------
 
     def waiting(self) -> Waiting:
         """Everything waiting in lanes."""
-        table = self._core._table
+        table = self._context.table
         return Waiting(table.waiting_items, table.waiting_tokens)
 
     def waiting_by_model(self) -> dict[str, Waiting]:
@@ -114,11 +116,37 @@ class SchedulerView:
     def waiting_list(self) -> list[Item]:
         """The items waiting in lanes, lane by lane (the items themselves, not copies: for tests and
         tools; linear in what waits)."""
-        return list(self._core._table.waiting())
+        return list(self._context.table.waiting())
+
+    def oldest_waiting_ms(self, model: str, scan_limit: int) -> int | None:
+        """Arrival time of ``model``'s oldest item not yet dispatched, looking at most ``scan_limit``
+        items into its arrival queue (dispatched items leave it lazily, so the first is nearly always
+        at the front); None when none of those waits.
+
+        For observers on other threads: the owner thread may change the queue meanwhile, and then
+        this raises ``RuntimeError`` ("deque mutated during iteration"); ask again.
+        """
+        arrivals = self._context.arrivals.get(model)
+        if not arrivals:
+            return None
+        first = next((it for it in itertools.islice(arrivals, scan_limit) if not it.dispatched), None)
+        return None if first is None else first.arrival_ms
+
+    def unserved(self) -> dict[str, tuple[int, int]]:
+        """(items, tokens) waiting per model that no consumer has a contract for: work nobody can take
+        until one announces. Models with nothing waiting are left out. Read by the processor's log
+        (once per model, processor/apps/observe.py) and metrics; from another thread the figures
+        may be a step old."""
+        ctx = self._context
+        return {
+            model: (book.queued.items, book.queued.tokens)
+            for model, book in list(ctx.ledger.models.items())
+            if book.queued.items > 0 and not ctx.by_model.get(model)
+        }
 
     def _by_shape(self) -> dict[tuple[str, int], tuple[int, int]]:
         out: dict[tuple[str, int], tuple[int, int]] = {}
-        for sl in list(self._core._table.shapes.values()):
+        for sl in list(self._context.table.shapes.values()):
             if sl.waiting_items:
                 key = (sl.model, sl.shape)
                 items, tokens = out.get(key, (0, 0))
@@ -128,7 +156,7 @@ class SchedulerView:
     # -- lanes and dispatch ----------------------------------------------------------------------
 
     def lanes(self) -> LaneSnapshot:
-        table = self._core._table
+        table = self._context.table
         st = table.stats
         return LaneSnapshot(
             lanes_in_use=st.lanes_in_use,
@@ -144,26 +172,26 @@ class SchedulerView:
 
     def shape_switches(self) -> int:
         """Shape switches of every consumer known now (a retired consumer's go with it)."""
-        return self._core.shape_switches
+        return sum(c.shape_switches for c in list(self._context.consumers.values()))
 
     def oversized(self) -> int:
         """Single-item batches sent although they exceed their consumer's batching rule."""
-        return self._core.oversized
+        return self._context.oversized
 
     # -- consumers -------------------------------------------------------------------------------
 
     def consumers(self) -> dict[str, ConsumerSnapshot]:
         """Every consumer with a contract, in the order they announced."""
-        return {name: _snapshot(state) for name, state in list(self._core._consumers.items())}
+        return {name: _snapshot(state) for name, state in list(self._context.consumers.items())}
 
     def consumer(self, name: str) -> ConsumerSnapshot | None:
         """One consumer's figures; None when it has no contract."""
-        state = self._core._consumers.get(name)
+        state = self._context.consumers.get(name)
         return None if state is None else _snapshot(state)
 
     def contract(self, name: str) -> Contract | None:
         """A consumer's contract (cheaper than :meth:`consumer`); None when it has none."""
-        state = self._core._consumers.get(name)
+        state = self._context.consumers.get(name)
         return None if state is None else state.contract
 
     # -- the ledger's books ----------------------------------------------------------------------
@@ -172,69 +200,69 @@ class SchedulerView:
 
     def total(self, stage: str) -> Tally:
         """A ledger stage (``received``, ``queued``, ``completed``...) summed over every model, a copy."""
-        return self._core._ledger.total(stage)
+        return self._context.ledger.total(stage)
 
     def cached_total(self) -> Tally:
         """Cached prompt tokens over every model (``tokens``; ``items`` is 0)."""
-        return self._core._ledger.cached_total()
+        return self._context.ledger.cached_total()
 
     def model_books(self) -> list[tuple[str, ModelBook]]:
         """(model, its book) for every model the ledger counted, in the order they first came."""
-        return _items(self._core._ledger.models)
+        return _items(self._context.ledger.models)
 
     def consumer_books(self) -> list[tuple[str, ConsumerBook]]:
         """(consumer, its book) for every consumer the ledger counted (retired ones too)."""
-        return _items(self._core._ledger.consumers)
+        return _items(self._context.ledger.consumers)
 
     def job_books(self) -> list[tuple[str, JobBook]]:
         """(job, its book) for every job the ledger counted."""
-        return _items(self._core._ledger.jobs)
+        return _items(self._context.ledger.jobs)
 
     def job_book(self, job: str) -> JobBook:
         """``job``'s book; an empty one, not kept, when the ledger never counted it."""
-        return self._core._ledger.jobs.get(job) or JobBook.empty()
+        return self._context.ledger.jobs.get(job) or JobBook.empty()
 
     def consumer_book(self, consumer: str) -> ConsumerBook:
         """``consumer``'s book; an empty one, not kept, when the ledger never counted it."""
-        return self._core._ledger.consumers.get(consumer) or ConsumerBook.empty()
+        return self._context.ledger.consumers.get(consumer) or ConsumerBook.empty()
 
     def model_book(self, model: str) -> ModelBook:
         """``model``'s book; an empty one, not kept, when the ledger never counted it."""
-        return self._core._ledger.models.get(model) or ModelBook.empty()
+        return self._context.ledger.models.get(model) or ModelBook.empty()
 
     def prompts_counted(self) -> bool:
         """Whether any consumer reported cached prompt tokens (else the prompt counters mean nothing)."""
-        return self._core._ledger.prompts_counted
+        return self._context.ledger.prompts_counted
 
     def dead_lettered(self) -> int:
         """Inputs that never became items (undecodable, invalid or duplicates)."""
-        return self._core._ledger.dead_lettered
+        return self._context.ledger.dead_lettered
 
     def ledger_snapshot(self) -> dict[str, int]:
         """The ledger's counters as a checkpoint holds them (``Ledger.snapshot``)."""
-        return self._core._ledger.snapshot()
+        return self._context.ledger.snapshot()
 
     def handover_delta(self) -> dict[str, tuple[int, int]]:
         """What a partition handover moved so far, per stage (``Ledger.handover_delta``)."""
-        return self._core._ledger.handover_delta()
+        return self._context.ledger.handover_delta()
 
     # -- jobs ------------------------------------------------------------------------------------
 
     def policy(self, job: str) -> JobPolicy:
         """``job``'s share policy (the default one when none was set)."""
-        return self._core._shares.policy(job)
+        return self._context.shares.policy(job)
 
     def share_jobs(self) -> list[str]:
         """Every job with a policy, a quota state or a virtual time (core/shares.py)."""
-        return list(self._core._shares.jobs())
+        return list(self._context.shares.jobs())
 
     def capped_now(self, job: str, now_ms: int) -> bool:
         """Whether a quota holds ``job``'s items back at ``now_ms``."""
-        return self._core._shares.capped_now(job, now_ms)
+        return self._context.shares.capped_now(job, now_ms)
 
     def ended(self, job: str) -> Ending | None:
         """How ``job`` ended (cancelled or expired); None while it has not."""
-        return self._core._endings.ended.get(job)
+        return self._context.endings.ended.get(job)
 
 
 def _items(d: dict[K, V]) -> list[tuple[K, V]]:

@@ -1,9 +1,11 @@
 """The core's face is code, not prose: adapters, tools and tests outside the core read the scheduler
 through its methods and its view (processor/core/view.py), never its state.
 
-The state is private (``Scheduler._table``, ``_consumers``, ``_ledger``, ``_shares``, ``_endings``):
-the type checker flags a read of the old public names, and the scan below flags a read of the
-private ones anywhere outside ``processor/core`` and ``tests/core`` (the core's own white-box tests).
+The state is private, one context the scheduler owns and hands to its parts (``Scheduler._context``:
+the lane table, the consumers, the ledger, the shares, the endings...; core/context.py) and the
+parts themselves (``_adoption``, ``_withdrawals``, ``_rules``): the type checker flags a read of the
+old public names, and the scan below flags a read of the private ones anywhere outside
+``processor/core`` and ``tests/core`` (the core's own white-box tests).
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from processor.core.context import SchedulerContext
 from processor.core.scheduler import Scheduler
 from tests.common import ROOT
 
-PRIVATE = frozenset({"_table", "_consumers", "_ledger", "_shares", "_endings"})
-"""The scheduler's state: the lane table, the consumers' states, the ledger, the shares, the endings."""
+PRIVATE = frozenset({"_context", "_adoption", "_withdrawals", "_rules"})
+"""The scheduler's state (its context: the lane table, the consumers' states, the ledger, the shares,
+the endings...) and the parts it hands that state to."""
+
+FORMER = ("_table", "_consumers", "_ledger", "_shares", "_endings", "_flights", "_active", "_order")
+"""Where the state was before one context held it (a mixin read it off the scheduler): not to return."""
 
 INSIDE = (ROOT / "processor" / "core", ROOT / "tests" / "core")
 
@@ -58,12 +65,12 @@ def test_nothing_outside_the_core_reads_the_schedulers_state() -> None:
 def test_the_scan_finds_a_planted_read_and_lets_an_objects_own_attribute_be() -> None:
     planted = (
         "def ok(self, svc):\n"
-        "    self._ledger = getattr(self, '_table', svc.core.view.total('completed'))\n"  # its own: fine
+        "    self._context = getattr(self, '_rules', svc.core.view.total('completed'))\n"  # its own: fine
         "    return svc.core.view.job_book('j')\n"
         "def leak(svc, core):\n"
-        "    a = svc.core._ledger.total('completed')\n"
-        "    b = core._table.waiting_items\n"
-        "    return getattr(core, '_shares'), a, b\n"
+        "    a = svc.core._context.ledger.total('completed')\n"
+        "    b = core._adoption.release_all()\n"
+        "    return getattr(core, '_withdrawals'), a, b\n"
     )
     assert private_reads(planted) == [5, 6, 7]
 
@@ -74,3 +81,21 @@ def test_the_old_public_names_are_gone() -> None:
         assert not hasattr(core, name), f"Scheduler.{name} is public again: make it private, read the view"
     for name in PRIVATE:
         assert hasattr(core, name), f"Scheduler.{name} is gone: update PRIVATE here"
+
+
+def test_the_state_has_one_owner_its_context() -> None:
+    """No part keeps a reference of its own that a handover could replace under it: the scheduler,
+    its view, its adoption and its withdrawals read one context, and a replaced lane table or ledger
+    is replaced there for all of them."""
+    core = Scheduler()
+    for name in FORMER:
+        assert not hasattr(core, name), f"Scheduler.{name} is back: keep the state in its context"
+    context = core._context
+    assert isinstance(context, SchedulerContext)
+    for part in (core.view, core._adoption, core._withdrawals):
+        assert part._context is context, f"{type(part).__name__} holds state of its own"
+    table, ledger = context.table, context.ledger
+    core.release_all()
+    core.resume_ledger(ledger.snapshot())
+    assert context.table is not table and context.ledger is not ledger
+    assert core._context is context and core.view.lanes().lanes_in_use == 0

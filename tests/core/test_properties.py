@@ -193,7 +193,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def lanes_only_grow_and_never_merge(self) -> None:
         if not hasattr(self, "sched"):
             return
-        table = self.sched._table
+        table = self.sched._context.table
         live = set()
         for sl in table.shapes.values():
             for lane in sl.lanes.values():
@@ -231,7 +231,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for item_id in self.items:
             assert self.finished[item_id] == 1, item_id
             assert self.dispatched[item_id] == 1 + self.requeued[item_id], item_id
-        ledger = sched._ledger
+        ledger = sched._context.ledger
         received, completed, failed = (ledger.total(s) for s in ("received", "completed", "failed"))
         assert received.items == len(self.items) == completed.items + failed.items
         assert received.tokens == completed.tokens + failed.tokens

@@ -384,7 +384,7 @@ def test_dispatch_stops_rather_than_emit_a_mixed_batch() -> None:
     (item,) = submit_all(sched, make_items([100]))
     stray = make_item(100, shape=SHAPE_B)
     stray.lane = item.lane
-    sl = sched._table.shapes[(MODEL, SHAPE_A)]
+    sl = sched._context.table.shapes[(MODEL, SHAPE_A)]
     lane_items = sl.lanes[item.lane].items
     assert isinstance(lane_items, ByLength)
     lane_items.buckets[100].append(stray)  # corrupt the lane by hand

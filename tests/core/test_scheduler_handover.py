@@ -81,7 +81,7 @@ def test_adopting_a_batch_whose_consumer_is_gone_puts_its_items_back_as_waiting(
     assert not other.adopt_in_flight(batch, 2)
     assert not any(it.dispatched for it in batch.items)  # waiting again, in the lane they joined
     assert {it.lane for it in batch.items} == {
-        lane.id for lane in other._table.shapes[(MODEL, SHAPE_A)].lanes.values()
+        lane.id for lane in other._context.table.shapes[(MODEL, SHAPE_A)].lanes.values()
     }
     assert other.oldest_waiting_ms(MODEL, 10) == 0  # by their arrival, not the restore
     other.check(deep=True)

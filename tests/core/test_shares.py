@@ -342,7 +342,7 @@ def test_a_ledger_from_before_jobs_restores_into_job_none_and_keeps_balancing() 
     sched = Scheduler()
     sched.resume_ledger(snapshot)
     assert sched.view.job_book("").received.items == 30
-    sched._ledger.check_jobs()
+    sched._context.ledger.check_jobs()
 
 
 def test_a_total_quota_counts_what_was_routed_before_a_restart() -> None:
@@ -371,7 +371,7 @@ def test_jobs_past_max_jobs_count_as_no_job_so_lanes_and_books_stay_bounded() ->
     sched.submit(Item("v", MODEL, 1, 100, 0, job="vip"), 0)
     assert set(dict(sched.view.job_books())) == {"session-0", "session-1", "", "vip"}
     assert sched.view.job_book("").received.items == 18
-    assert len(sched._table.shapes) == 4
+    assert len(sched._context.table.shapes) == 4
     sched.check()
     with pytest.raises(ValueError, match="max_jobs"):
         ShareSettings(max_jobs=-1)

@@ -90,13 +90,13 @@ def reference_switch_key(
 
 def switch_target(sched: Scheduler, consumer: str, now_ms: int) -> tuple[ShapeKey, int] | None:
     """Rule 3's choice for ``consumer`` now (the shape and lane), by ``sched``'s own rules."""
-    state = sched._consumers[consumer]
+    state = sched._context.consumers[consumer]
     model = state.contract.model
-    active = sched._active.get(model)
+    active = sched._context.active.get(model)
     if not active:
         return None
-    peers = sched._by_model[model]
-    gate = sched._shares.gate(model, now_ms)
+    peers = sched._context.by_model[model]
+    gate = sched._context.shares.gate(model, now_ms)
     rules = sched._rules
     if gate is None:
         found = rules._switch_target(state, peers)
@@ -227,7 +227,7 @@ def play(
             sched.set_contract(contract)
         else:
             sched.release_all()
-        sched._order.check()
+        sched._context.order.check()
         sched.check()
         check_state(sched, now)
     return out
@@ -240,7 +240,7 @@ def batch_row(b: Batch) -> tuple[str, str, ShapeKey, int, list[str]]:
 def reference_target(sched: Scheduler, consumer: str, now_ms: int) -> tuple[ShapeKey, int] | None:
     """:func:`switch_target` by the reference scan; on a copy of ``sched`` when a job has a quota
     (asking a quota's lanes updates its bookkeeping, so each side must ask its own)."""
-    if sched._shares.quota_count:
+    if sched._context.shares.quota_count:
         return switch_target(with_reference(copy.deepcopy(sched)), consumer, now_ms)
     sched._rules.__class__ = ReferenceRules
     try:
@@ -251,9 +251,9 @@ def reference_target(sched: Scheduler, consumer: str, now_ms: int) -> tuple[Shap
 
 def assert_same_targets(sched: Scheduler, now_ms: int) -> None:
     """For every consumer: the kept order's switch target equals the reference scan's."""
-    for consumer in list(sched._consumers):
+    for consumer in list(sched._context.consumers):
         expected = reference_target(sched, consumer, now_ms)
-        kept = copy.deepcopy(sched) if sched._shares.quota_count else sched
+        kept = copy.deepcopy(sched) if sched._context.shares.quota_count else sched
         assert switch_target(kept, consumer, now_ms) == expected
 
 
@@ -404,7 +404,7 @@ def test_a_consumer_that_comes_or_goes_unparks_every_shape_of_its_model() -> Non
     sched.set_contract(make_contract("small", budget=512, items=4, pad=1))
     sched.set_contract(make_contract("big", budget=4096, items=4, pad=1))
     sched.submit_many([Item("a", "m", 1, 900, 0), Item("b", "m", 2, 100, 0)], [0, 0])
-    js = sched._order.jobs("m")[""]
+    js = sched._context.order.jobs("m")[""]
     batch = sched.next_batch("small", 0)
     assert batch is not None and batch.shape == 2
     assert list(js.parked) == [512]  # the small card parked shape 1 on its way

@@ -56,7 +56,7 @@ def test_lane_figures_are_the_lane_tables_and_carry_on_over_a_release() -> None:
     sched = make_scheduler(make_contract(items=1, inflight=8), lanes=NARROW)
     submit_all(sched, make_items([100, 1000, 5000]) + make_items([100], shape=SHAPE_B))
     lanes = sched.view.lanes()
-    st = sched._table.stats
+    st = sched._context.table.stats
     assert lanes.lanes_in_use == st.lanes_in_use == 4  # three lengths far apart, and shape B's
     assert (lanes.new_lanes, lanes.reuses, lanes.shapes, lanes.lane_budget) == (4, 0, 2, NARROW.lane_budget)
     assert lanes.lanes_in_use_peak == 4 and lanes.lane_pressure_peak == st.lane_pressure_peak > 0
