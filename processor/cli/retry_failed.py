@@ -89,7 +89,7 @@ def run_retry_failed(args: argparse.Namespace) -> int:
 
     from processor.apps.producer import MissingTopicError, ProduceError, TokenProducer
     from processor.cli.options import kafka_settings
-    from processor.cli.submit import Aborted, submit
+    from processor.cli.submission import Aborted, submit
     from processor.jobs.collect import CollectError, attempts_of
     from processor.jobs.datasets import DatasetError
     from processor.jobs.journal import JournalError
@@ -155,7 +155,7 @@ def _attempt_plan(
     args: argparse.Namespace, job: JobRecord, attempt_job: str, dataset: str, rows: Sequence[int]
 ) -> SubmitPlan:
     """The attempt's plan: ``job``'s recorded options over the command line's, only ``rows``."""
-    from processor.cli.submit import plan_from
+    from processor.cli.submit_plan import plan_from
     from processor.jobs.retry import RowSubset, options_namespace, recorded_options
 
     settings = options_namespace(vars(args), recorded_options(job))
