@@ -118,7 +118,8 @@ class Ledger:
         self._batch_books: dict[tuple[str | None, str | None, str | None], BatchBooks] = {}
         """A batch event's books by (model, consumer, job): :meth:`_books`."""
 
-    def _model(self, model: str) -> ModelBook:
+    def model(self, model: str) -> ModelBook:
+        """The book of ``model``, made on first use (as :meth:`consumer` and :meth:`job`)."""
         book = self.models.get(model)
         if book is None:
             book = self.models[model] = ModelBook.empty()
@@ -145,7 +146,7 @@ class Ledger:
         if len(self._batch_books) >= _KEPT_BOOKS:
             self._batch_books.clear()
         books = self._batch_books[model, consumer, job] = BatchBooks(
-            None if model is None else self._model(model),
+            None if model is None else self.model(model),
             None if consumer is None else self.consumer(consumer),
             None if job is None else self.job(job),
         )
@@ -178,7 +179,7 @@ class Ledger:
 
     def duplicate(self, model: str, tokens: int, job: str = "") -> None:
         """A repeat of an item id already taken: dead-lettered instead of received."""
-        self._model(model).duplicate.add(1, tokens)
+        self.model(model).duplicate.add(1, tokens)
         self.job(job).duplicate.add(1, tokens)
         self.dead_lettered += 1
 
@@ -187,7 +188,7 @@ class Ledger:
         (``ENDINGS``), the stage of the model's book and the job's they move to from ``queued``."""
         if ending not in ENDINGS:
             raise ValueError(f"ending {ending!r} is not one of {ENDINGS}")
-        for book in (self._model(model), self.job(job)):
+        for book in (self.model(model), self.job(job)):
             book.queued.add(-items, -tokens)
             getattr(book, ending).add(items, tokens)
 
@@ -301,7 +302,7 @@ class Ledger:
 
     def requeued(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """A batch came back undone (its consumer left): its items wait again and count as redelivered."""
-        book = self._model(model)
+        book = self.model(model)
         c = self.consumer(consumer)
         book.in_flight.add(-items, -tokens)
         c.in_flight.add(-items, -tokens)
@@ -313,7 +314,7 @@ class Ledger:
     def retried(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """Items of a batch failed retriably and wait again for another attempt: out of ``in_flight``
         into ``retried``, and from there back into ``queued`` (``RECEIVED``, ``ROUTED``)."""
-        book = self._model(model)
+        book = self.model(model)
         c = self.consumer(consumer)
         book.in_flight.add(-items, -tokens)
         c.in_flight.add(-items, -tokens)
@@ -328,7 +329,7 @@ class Ledger:
 
     def adopted_in_flight(self, model: str, consumer: str, items: int, tokens: int) -> None:
         """Outstanding items of a batch another instance routed; they finish here."""
-        book = self._model(model)
+        book = self.model(model)
         c = self.consumer(consumer)
         for t in (book.in_flight, book.adopted_in_flight, c.in_flight, c.adopted_in_flight):
             t.add(items, tokens)

@@ -7,8 +7,6 @@ counters existed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from processor.core.books import (
     CONSUMER_COUNTERS,
     CONSUMER_SNAPSHOT,
@@ -26,13 +24,11 @@ from processor.core.books import (
     stage_values,
     sum_tallies,
 )
+from processor.core.ledger_face import LedgerBooks
 from processor.core.ledger_keys import keys_of, parse_key
 
-if TYPE_CHECKING:
-    from processor.core.accounting import Ledger
 
-
-def snapshot_of(ledger: Ledger) -> dict[str, int]:
+def snapshot_of(ledger: LedgerBooks) -> dict[str, int]:
     """Flat counters: ``stage_items``/``stage_tokens`` totals, then per model, consumer and job
     (the keys' grammar: processor.core.ledger_keys)."""
     out: dict[str, int] = {"dead_lettered_items": ledger.dead_lettered}
@@ -56,7 +52,7 @@ def snapshot_of(ledger: Ledger) -> dict[str, int]:
     return out
 
 
-def job_snapshot_of(ledger: Ledger) -> dict[str, int]:
+def job_snapshot_of(ledger: LedgerBooks) -> dict[str, int]:
     """Per-job counters, keyed ``job:<stage>_items:<job>`` (processor.core.ledger_keys)."""
     out: dict[str, int] = {}
     for job, b in ledger.jobs.items():
@@ -67,7 +63,7 @@ def job_snapshot_of(ledger: Ledger) -> dict[str, int]:
     return out
 
 
-def restore_into(ledger: Ledger, snapshot: dict[str, int]) -> None:
+def restore_into(ledger: LedgerBooks, snapshot: dict[str, int]) -> None:
     """Fill a new ``ledger`` from ``snapshot`` (the inverse of :func:`snapshot_of`).
 
     A checkpoint without prompt counters (written before they existed, or by a ledger whose caller
@@ -83,7 +79,7 @@ def restore_into(ledger: Ledger, snapshot: dict[str, int]) -> None:
             if not is_stage(book, parsed.counter) and parsed.counter not in _JOB_BOOK_COUNTERS:
                 continue  # the share policy's gauges (``job:weight_milli:<job>``): not the ledger's
         elif parsed.scope == "model":
-            book = ledger._model(parsed.owner)
+            book = ledger.model(parsed.owner)
         elif parsed.scope == "consumer":
             book = ledger.consumer(parsed.owner)
         else:
@@ -96,7 +92,7 @@ def restore_into(ledger: Ledger, snapshot: dict[str, int]) -> None:
             b.prefill_tokens = b.completed.tokens - b.cached_prompt_tokens
 
 
-def adopt_unbooked_jobs(ledger: Ledger) -> None:
+def adopt_unbooked_jobs(ledger: LedgerBooks) -> None:
     """A checkpoint written before jobs were counted has model books and no job books: its
     counts go to job "" (no job), so the per-job equations hold from the first new item on."""
     if ledger.jobs or not ledger.models:

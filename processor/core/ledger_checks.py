@@ -7,8 +7,6 @@ What the equations say, and why a leak shows as a difference of two sums: core/a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from processor.core.books import (
     RECEIVED,
     ROUTED,
@@ -19,12 +17,10 @@ from processor.core.books import (
     check_prompts,
     sum_tallies,
 )
-
-if TYPE_CHECKING:
-    from processor.core.accounting import Ledger
+from processor.core.ledger_face import LedgerBooks
 
 
-def check_books(ledger: Ledger) -> None:
+def check_books(ledger: LedgerBooks) -> None:
     """Raise ``LedgerImbalance`` with both sides if any equation fails anywhere."""
     for model, b in ledger.models.items():
         RECEIVED.check(f"model {model}", b)
@@ -60,7 +56,7 @@ def check_books(ledger: Ledger) -> None:
     )
 
 
-def check_job_books(ledger: Ledger) -> None:
+def check_job_books(ledger: LedgerBooks) -> None:
     """Both equations per job, and the jobs' books summing to the models' at every stage
     (``Scheduler.check`` asks after comparing the models' books with the lanes).
 
@@ -80,7 +76,7 @@ def check_job_books(ledger: Ledger) -> None:
     balance("ledger", "cached_prompt by model", ledger.cached_total(), "cached_prompt by job", (by_job,))
 
 
-def check_holdings(ledger: Ledger, waiting: tuple[int, int], in_flight: tuple[int, int] | None) -> None:
+def check_holdings(ledger: LedgerBooks, waiting: tuple[int, int], in_flight: tuple[int, int] | None) -> None:
     """:func:`check_books`, then ``queued`` against the ``(items, tokens)`` the lanes hold, the jobs'
     books (:func:`check_job_books`), and ``in_flight`` against what the batches in flight hold
     (None: not recounted). ``Scheduler.check`` passes what it recounted."""
