@@ -10,7 +10,13 @@ Where it comes from, in order:
    Confluent's (Kafka 3.9), not the 4.1 broker that kafka_local runs.
 3. Otherwise ``processor.local.broker.start_broker`` in a temp dir: Apache Kafka from the Maven Central
    jars on Java 17. The first run downloads them into ``~/.cache/tokenfabric``, after that it needs no
-   network. The broker is stopped when the session ends.
+   network. The broker is stopped when the session ends. Under pytest-xdist (``./run test`` runs
+   ``-n 3 --dist loadgroup``) the first worker that needs it starts one broker for all of them, under a
+   file lock in the run's shared temp dir, and the controller stops it at the end.
+
+Parallel runs: every broker test makes its own topic prefix and group ids, so tests share the broker.
+The few that cannot run beside others are grouped (:data:`_SERIAL`): ``--dist loadgroup`` runs a group
+on one worker, one test at a time.
 
 Every test that needs a broker lives in ``tests/broker/`` and is marked ``kafka``; every other folder
 mirrors a package of ``processor/`` and needs none. Collection fails if a test breaks that rule (see
@@ -20,6 +26,7 @@ mirrors a package of ``processor/`` and needs none. Collection fails if a test b
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -42,14 +49,43 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     elif _docker_usable():
         yield from _container_bootstrap()
     else:
-        from processor.local.broker import start_broker, stop_broker
+        yield from _local_bootstrap(tmp_path_factory)
 
+
+def _local_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker from the jars: this session's own, or under xdist the one all workers share."""
+    from processor.local.broker import start_broker, stop_broker
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
         state_dir = tmp_path_factory.mktemp("kafka")
         info = start_broker(state_dir, heap_mb=512)
         try:
             yield info.bootstrap
         finally:
             stop_broker(state_dir)
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the controller's basetemp: one per run
+    with open(shared / "kafka.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = shared / "kafka.bootstrap"
+        if not found.exists():
+            found.write_text(start_broker(shared / _SHARED_BROKER, heap_mb=512).bootstrap)
+        bootstrap = found.read_text()
+    yield bootstrap
+
+
+_SHARED_BROKER = "kafka-shared"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller stops the broker its workers shared (if one of them started it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None or not hasattr(session.config, "_tmp_path_factory"):
+        return
+    state_dir = session.config._tmp_path_factory.getbasetemp() / _SHARED_BROKER
+    if state_dir.exists():
+        from processor.local.broker import stop_broker
+
+        stop_broker(state_dir)
 
 
 def _docker_usable() -> bool:
@@ -78,6 +114,41 @@ def _container_bootstrap() -> Iterator[str]:
 
 
 _BROKER_TESTS = Path(__file__).resolve().parent / "broker"
+
+
+_SERIAL = {
+    # own brokers (a JVM each, up to 768 MiB): one at a time beside the shared broker's tests
+    "test_broker_restart.py": "own-broker",
+    "test_local_stack.py": "own-broker",
+    "test_sasl.py": "own-broker",
+    "test_security.py": "own-broker",  # with test_acls: they share its secured broker (a session fixture)
+    "test_acls.py": "own-broker",
+    # whole stacks of processes (demo, benchmarks, a Prometheus server): one at a time, apart from the
+    # own brokers, so no two of the heaviest tests share the 2 cores
+    "test_demo.py": "stacks",
+    "test_demo_llm.py": "stacks",
+    "test_benchmarks.py": "stacks",
+    "test_local_broker.py": "own-broker",
+    "test_alerts.py": "stacks",
+}
+"""Broker test files that must not run beside the others of their group, by group name."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` with the groups of :data:`_SERIAL`: each group's tests on one worker, one at a
+    time; every other test on any worker. (xdist's own ``xdist_group`` marker renames node ids, which
+    pytest 9.2's ``NodeId`` no longer lets it do, so the groups are read from the file names here.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SerialGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            group = _SERIAL.get(path.rsplit("/", 1)[-1]) if path.startswith("tests/broker/") else None
+            return group or super()._split_scope(nodeid)
+
+    return SerialGroups(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
