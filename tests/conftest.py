@@ -15,8 +15,7 @@ Where it comes from, in order:
    file lock in the run's shared temp dir, and the controller stops it at the end.
 
 Parallel runs: every broker test makes its own topic prefix and group ids, so tests share the broker.
-The few that cannot run beside others are grouped (:data:`_SERIAL`): ``--dist loadgroup`` runs a group
-on one worker, one test at a time.
+The few that cannot run beside others are grouped in tests/xdist_groups.py.
 
 Every test that needs a broker lives in ``tests/broker/`` and is marked ``kafka``; every other folder
 mirrors a package of ``processor/`` and needs none. Collection fails if a test breaks that rule (see
@@ -116,39 +115,13 @@ def _container_bootstrap() -> Iterator[str]:
 _BROKER_TESTS = Path(__file__).resolve().parent / "broker"
 
 
-_SERIAL = {
-    # own brokers (a JVM each, up to 768 MiB): one at a time beside the shared broker's tests
-    "test_broker_restart.py": "own-broker",
-    "test_local_stack.py": "own-broker",
-    "test_sasl.py": "own-broker",
-    "test_security.py": "own-broker",  # with test_acls: they share its secured broker (a session fixture)
-    "test_acls.py": "own-broker",
-    # whole stacks of processes (demo, benchmarks, a Prometheus server): one at a time, apart from the
-    # own brokers, so no two of the heaviest tests share the 2 cores
-    "test_demo.py": "stacks",
-    "test_demo_llm.py": "stacks",
-    "test_benchmarks.py": "stacks",
-    "test_local_broker.py": "own-broker",
-    "test_alerts.py": "stacks",
-}
-"""Broker test files that must not run beside the others of their group, by group name."""
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadgroup`` with the groups of :data:`_SERIAL`: each group's tests on one worker, one at a
-    time; every other test on any worker. (xdist's own ``xdist_group`` marker renames node ids, which
-    pytest 9.2's ``NodeId`` no longer lets it do, so the groups are read from the file names here.)"""
+    """``--dist loadgroup`` with the groups of tests/xdist_groups.py (who may run beside whom)."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from tests.xdist_groups import scheduler
 
-    class SerialGroups(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            group = _SERIAL.get(path.rsplit("/", 1)[-1]) if path.startswith("tests/broker/") else None
-            return group or super()._split_scope(nodeid)
-
-    return SerialGroups(config, log)
+    return scheduler(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
