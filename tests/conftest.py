@@ -32,6 +32,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,6 +116,28 @@ def _container_bootstrap() -> Iterator[str]:
 _BROKER_TESTS = Path(__file__).resolve().parent / "broker"
 
 
+_TERMINAL = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hooks: unknown where xdist is not loaded
+def pytest_configure_node(node: Any) -> None:
+    """xdist (controller): hand each worker the terminal variables as this process has them."""
+    node.workerinput["terminal_env"] = {name: os.environ.get(name) for name in _TERMINAL}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """An xdist worker imports GNU readline, which sets ``COLUMNS=80`` and ``LINES=24``; the commands'
+    tables fold to that width (``shutil.get_terminal_size``), unlike in a run without workers. Put
+    back what the controller had."""
+    terminal = getattr(session.config, "workerinput", {}).get("terminal_env")
+    for name, value in (terminal or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``--dist loadgroup`` with the groups of tests/xdist_groups.py (who may run beside whom)."""
     if config.getvalue("dist") != "loadgroup":
