@@ -10,7 +10,12 @@ Where it comes from, in order:
    Confluent's (Kafka 3.9), not the 4.1 broker that kafka_local runs.
 3. Otherwise ``processor.local.broker.start_broker`` in a temp dir: Apache Kafka from the Maven Central
    jars on Java 17. The first run downloads them into ``~/.cache/tokenfabric``, after that it needs no
-   network. The broker is stopped when the session ends.
+   network. The broker is stopped when the session ends. Under pytest-xdist (``./run test`` runs
+   ``-n 3 --dist loadgroup``) the first worker that needs it starts one broker for all of them, under a
+   file lock in the run's shared temp dir, and the controller stops it at the end.
+
+Parallel runs: every broker test makes its own topic prefix and group ids, so tests share the broker.
+The few that cannot run beside others are grouped in tests/xdist_groups.py.
 
 Every test that needs a broker lives in ``tests/broker/`` and is marked ``kafka``; every other folder
 mirrors a package of ``processor/`` and needs none. Collection fails if a test breaks that rule (see
@@ -20,12 +25,14 @@ mirrors a package of ``processor/`` and needs none. Collection fails if a test b
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,14 +49,43 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     elif _docker_usable():
         yield from _container_bootstrap()
     else:
-        from processor.local.broker import start_broker, stop_broker
+        yield from _local_bootstrap(tmp_path_factory)
 
+
+def _local_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker from the jars: this session's own, or under xdist the one all workers share."""
+    from processor.local.broker import start_broker, stop_broker
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
         state_dir = tmp_path_factory.mktemp("kafka")
         info = start_broker(state_dir, heap_mb=512)
         try:
             yield info.bootstrap
         finally:
             stop_broker(state_dir)
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the controller's basetemp: one per run
+    with open(shared / "kafka.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = shared / "kafka.bootstrap"
+        if not found.exists():
+            found.write_text(start_broker(shared / _SHARED_BROKER, heap_mb=512).bootstrap)
+        bootstrap = found.read_text()
+    yield bootstrap
+
+
+_SHARED_BROKER = "kafka-shared"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller stops the broker its workers shared (if one of them started it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None or not hasattr(session.config, "_tmp_path_factory"):
+        return
+    state_dir = session.config._tmp_path_factory.getbasetemp() / _SHARED_BROKER
+    if state_dir.exists():
+        from processor.local.broker import stop_broker
+
+        stop_broker(state_dir)
 
 
 def _docker_usable() -> bool:
@@ -78,6 +114,37 @@ def _container_bootstrap() -> Iterator[str]:
 
 
 _BROKER_TESTS = Path(__file__).resolve().parent / "broker"
+
+
+_TERMINAL = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hooks: unknown where xdist is not loaded
+def pytest_configure_node(node: Any) -> None:
+    """xdist (controller): hand each worker the terminal variables as this process has them."""
+    node.workerinput["terminal_env"] = {name: os.environ.get(name) for name in _TERMINAL}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """An xdist worker imports GNU readline, which sets ``COLUMNS=80`` and ``LINES=24``; the commands'
+    tables fold to that width (``shutil.get_terminal_size``), unlike in a run without workers. Put
+    back what the controller had."""
+    terminal = getattr(session.config, "workerinput", {}).get("terminal_env")
+    for name, value in (terminal or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` with the groups of tests/xdist_groups.py (who may run beside whom)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import scheduler
+
+    return scheduler(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,7 +5,8 @@
 write it. Like Bytewax's ``testing`` module it ships with the package, so a user's tests of code
 built on tokenfabric's apps need no broker either.
 
-What it keeps faithful (each has a test in tests/kafka/test_memory.py):
+What it keeps faithful (each has a test in tests/kafka/test_memory.py; the properties the adapters
+rely on are also run against the real broker by tests/kafka/contract.py, so the fake cannot drift):
 
 - Partitioned logs with offsets; a message's partition is the one asked, else a hash of its key.
 - Transactions: what a transactional producer writes is pending until ``commit_transaction``;
@@ -23,6 +24,7 @@ What it keeps faithful (each has a test in tests/kafka/test_memory.py):
   takes the place of an older member with its id, which is fenced), rebalances call ``on_revoke`` then
   ``on_assign`` from inside ``consume`` (as librdkafka does from ``poll``), committed offsets decide
   where a new owner starts, ``enable.partition.eof`` reports each partition's end once.
+  ``commit(message=m)`` commits ``m``'s partition at ``m.offset() + 1`` only, as the client does.
 - Errors are real ``KafkaException(KafkaError(...))`` objects, so code classifies them as it would
   the client's (processor.kafka.exits).
 

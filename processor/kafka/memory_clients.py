@@ -36,7 +36,12 @@ class MemoryProducer:
         self.cluster = cluster
         self.settings = dict(settings)
         self.transactional_id: str | None = self.settings.get("transactional.id")
-        self.only_errors = str(self.settings.get("delivery.report.only.error", "false")).lower() == "true"
+        only_errors = self.settings.get("delivery.report.only.error", False)
+        if not isinstance(only_errors, bool):  # confluent-kafka reads this one itself, and wants a bool
+            raise TypeError(
+                f"Expected delivery.report.only.error to be bool type, not {type(only_errors).__name__}"
+            )
+        self.only_errors = only_errors
         self._session = cluster.new_session(None)
         self._epoch = 0
         self._began_ms: int | None = None
@@ -366,6 +371,8 @@ class MemoryConsumer:
         self, message: Any = None, offsets: list[TopicPartition] | None = None, asynchronous: bool = True
     ) -> list[TopicPartition] | None:
         self.cluster._call("commit")
+        if offsets is None and message is not None:  # the message's partition only, past the message
+            offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
         if offsets is None:
             offsets = [TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
         if not offsets:

@@ -3,7 +3,9 @@
 Exactly-once: what a step produced (batches, changelog records, the checkpoint) and the ingest offsets
 become visible to ``read_committed`` readers together, when the transaction commits; a transaction a
 crash left open shows nothing, and the replacement that fences it leaves the zombie unable to commit.
-At-least-once: an ingest offset is committed only once the batch carrying its item was answered.
+At-least-once: an ingest offset is committed only once the batch carrying its item was answered
+(one test per mode: the rest of the delivery modes' paths, a failed delivery included, run over the
+in-memory Kafka in tests/state/test_committers.py).
 
 The roles are driven the way ProcessorService drives them, with the same client settings
 (processor/kafka/clients.py), but without the service: each test decides what was consumed, emitted
@@ -21,7 +23,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from processor.core.item import Batch
 from processor.kafka.clients import batch_producer_settings, control_settings, ingest_settings
-from processor.kafka.exits import DeliveryFailed
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames
 from processor.state import changelog, modes
@@ -274,30 +275,3 @@ def test_at_least_once_commits_an_offset_only_after_the_batch_holding_its_item_i
     committer.commit(lambda: SNAPSHOT)
     assert committed_offsets(conf, names.ingest, group) == {0: 5}
     committer.check_delivered()  # nothing failed
-
-
-def test_at_least_once_keeps_the_offset_of_an_item_whose_batch_was_not_delivered(
-    kafka_bootstrap: str, topics: tuple[dict[str, str], TopicNames], clients: list[Clients]
-) -> None:
-    conf, names = topics
-    group = f"{names.prefix}-proc"
-    c = Clients({**conf, "message.timeout.ms": "1500"}, group, None)
-    clients.append(c)
-    c.ingest.assign([TopicPartition(names.ingest, 0, 0)])
-    mode = modes.at_least_once(CommitClients(c.producer, c.ingest, c.control), names, "p0", 100)
-    committer = mode.durability
-    produce_items(conf, names, 0, ["a0"])
-    (item,) = consume(c.ingest, 1)
-    mode.lane_log.item_seen(item)
-    batch = batch_of("batch-1", [item])
-    mode.lane_log.batch_emitted(batch, None)
-    deliver = committer.batch_delivery()
-    committer.produce(
-        f"{names.prefix}.batches.nobody", encode_batch(batch), b"batch-1", deliver
-    )  # no such topic
-    c.producer.flush(30)
-    assert not item.safe
-    with pytest.raises(DeliveryFailed, match="a produce failed"):
-        committer.check_delivered()
-    committer.commit(lambda: SNAPSHOT)
-    assert committed_offsets(conf, names.ingest, group) == {0: 0}  # read again after a restart

@@ -66,7 +66,7 @@ def test_processor_killed_at_five_random_instants_dispatches_every_item_exactly_
 def test_a_zombie_processor_is_fenced_and_emits_nothing(rig: Rig) -> None:
     ids, tokens = produce(rig, 5_000, seed=11)
     rig.spawn_processor("old")
-    time.sleep(3)
+    rig.wait_completed(1, timeout_s=120)  # at work (was a fixed 3 s): its transactions under way
     old = rig.pipeline.procs["old"]
     old.send_signal(signal.SIGSTOP)  # paused, as a GC pause or a frozen VM would
     rig.spawn_processor("new")

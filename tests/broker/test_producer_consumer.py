@@ -38,6 +38,7 @@ from processor.wire.records import (
 )
 from processor.wire.schemas import HEADERS, schema_of
 from tests.apps.helpers import MODEL, card_contract, outgoing_batch, token_record
+from tests.broker.rig import wait_for
 from tests.common import ROOT
 
 pytestmark = pytest.mark.kafka
@@ -386,6 +387,23 @@ def _consumer_command(
             proc.wait()
 
 
+def _wait_assigned(bootstrap: str, group: str) -> None:
+    """Until the consumer group is stable with a member holding partitions (where a fixed 10 s sleep
+    used to stand: the join takes from well under a second to several on a loaded machine)."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(_conf(bootstrap))
+
+    def assigned() -> bool:
+        found = admin.describe_consumer_groups([group])[group].result(TIMEOUT_S)
+        return found.state == ConsumerGroupState.STABLE and any(
+            m.assignment.topic_partitions for m in found.members
+        )
+
+    wait_for(assigned, TIMEOUT_S, f"group {group} assigned")
+
+
 def _send_batch(bootstrap: str, names: TopicNames, consumer: str, batch_id: str, items: list[str]) -> None:
     from confluent_kafka import Producer
 
@@ -420,9 +438,10 @@ def test_consumer_command_aborts_on_a_second_sigterm_and_exits_130(
     with _consumer_command(kafka_bootstrap, names, "card-g", time_scale="1", extra=slow) as proc:
         _read(kafka_bootstrap, names.contracts, 1)
         _send_batch(kafka_bootstrap, names, "card-g", "b1", ["g1"])
-        time.sleep(10)  # joined its group and fetched the batch: the engine is at work
+        _wait_assigned(kafka_bootstrap, names.consumer_group("card-g"))
+        time.sleep(1)  # assigned, its batch waiting in the topic: one fetch and the engine is at work
         proc.send_signal(signal.SIGTERM)
-        time.sleep(1)
+        time.sleep(1)  # the first signal handled before the second comes (two signals, two meanings)
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 130, err

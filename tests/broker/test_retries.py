@@ -1,28 +1,23 @@
 """Retries of failed items inside the pipeline, against a real broker (docs/jobs.md, "Retries inside
 the pipeline").
 
-First test: a processor and a consumer app run in threads; the consumer's engine fails the first
-attempt of every even row retriably (a server that went away), row ``r1`` for good (a refusal: not
-retried) and row ``r3`` retriably on every attempt. The even rows complete on their second dispatch,
-each batch telling the consumer the attempt (``Batch.attempts``) and each completion carrying it;
-``r3`` ends failed at attempt 3 (the default ``max_attempts``); the ledger counts the retries
-(``retried``) and the audit re-derives them from the topics without a difference.
+A processor and a consumer app run in threads; the consumer's engine fails the first attempt of
+every even row retriably (a server that went away), row ``r1`` for good (a refusal: not retried) and
+row ``r3`` retriably on every attempt. The even rows complete on their second dispatch, each batch
+telling the consumer the attempt (``Batch.attempts``) and each completion carrying it; ``r3`` ends
+failed at attempt 3 (the default ``max_attempts``); the ledger counts the retries (``retried``) and
+the audit re-derives them from the topics without a difference.
 
-Second test: the processor is a real subprocess, SIGKILLed while a retried row waits in its lanes
-(its attempt recorded in the changelog); the next one restores it on its second attempt, and every
-row ends with one final answer, the audit clean.
-
-Third test: the same kill in at-least-once mode, where no changelog keeps the retried row: its
-ingest offset was not committed past, so the next processor reads it again and nothing is lost.
+The kills while a retried row waits (exactly-once: restored from the changelog on its next attempt;
+at-least-once: read again from ingest) are tested without a broker: tests/apps/test_service_retries.py
+and tests/apps/test_broker_twins.py (docs/testing.md).
 """
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -34,15 +29,13 @@ from processor.engines.base import Engine, ItemResult
 from processor.engines.sim import SimEngine
 from processor.jobs.collect import provisional
 from processor.kafka.reader import read_topic
-from processor.kafka.topics import TopicNames
 from processor.ops.audit import audit
 from processor.ops.status import gather
 from processor.sim.cardmodel import CardSpec
-from processor.state.changelog import ATTEMPT
 from processor.wire.completions import decode_completions
 from processor.wire.items import decode_batch
 from processor.wire.records import BatchRecord, CompletionRecord
-from tests.broker.rig import QUICK, Threads, in_process, running_rig, wait_for
+from tests.broker.rig import QUICK, in_process, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -152,114 +145,3 @@ def test_rows_failed_retriably_complete_on_a_later_attempt_and_the_audit_is_clea
     report = audit(rig.conf, rig.topics, f"{rig.topics.prefix}-proc")
     assert report.clean, "\n".join(report.lines())
     assert (report.retried_items, report.completed_items, report.failed_items) == (retried, ROWS - 2, 2)
-
-
-def live_attempt_records(conf: dict[str, str], topic: str) -> int:
-    """``A`` records of the changelog not tombstoned: retried items waiting, as last committed."""
-    live: dict[tuple[int, bytes], bool] = {}
-    for msg in read_topic(conf, topic):
-        key = msg.key() or b""
-        if key[:1] == ATTEMPT:
-            live[msg.partition(), key] = msg.value() is not None
-    return sum(live.values())
-
-
-#: The kill tests' card: one item per batch, one slot, so a retried row waits behind all the others.
-SMALL = Contract("small", "default", budget_tokens=4096, max_items=1, pad_multiple=8, max_inflight=1)
-
-
-def r0_first(rows: int) -> list[str]:
-    """r0 (failed once by the engine), then r2 .. r{rows-1}: no r1, the engine's refusal."""
-    return ["r0", *(f"r{n}" for n in range(2, rows))]
-
-
-def send_rows(conf: dict[str, str], topics: TopicNames, ids: list[str]) -> None:
-    with TokenProducer(conf, topics) as producer:
-        for item_id in ids:
-            producer.send(item_id, "default", synthetic_tokens(item_id, 24), shape=7, job_id=JOB)
-
-
-def test_a_processor_killed_while_a_retried_row_waits_restores_it_on_its_next_attempt(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    """One item per batch, one slot, 100 ms a batch: r0 fails retriably at once and waits behind
-    the other rows, its attempt in the changelog, when the processor is killed."""
-    ids = r0_first(32)
-    engine = FlakyEngine({"r0"}, batch_s=0.1)
-    with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
-        consumer = Threads()
-        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, QUICK).run, "small")
-        try:
-            send_rows(rig.conf, rig.topics, ids)
-            rig.spawn_processor("processor-0")
-            changelog = rig.topics.changelog
-            wait_for(lambda: live_attempt_records(rig.conf, changelog) == 1, 60, "r0 waiting, logged")
-            rig.pipeline.procs["processor-0"].send_signal(signal.SIGKILL)
-            rig.pipeline.procs["processor-0"].wait(10)
-            assert engine.runs["r0"] == 1  # still waiting: not dispatched again before the kill
-            rig.spawn_processor("processor-1")
-
-            def answered() -> bool:
-                return all(finals(completions(rig.conf, rig.topics.results)).get(i) for i in ids)
-
-            wait_for(answered, 90, "every row answered for good")
-            wait_for(lambda: rig.completed() == len(ids), 30, "a checkpoint counting them")
-        finally:
-            consumer.join(30)
-    assert not consumer.errors, consumer.errors
-    assert engine.wrong_attempts == []
-    done = completions(rig.conf, rig.topics.results)
-    assert {i: len(cs) for i, cs in finals(done).items()} == dict.fromkeys(ids, 1)  # one answer each
-    assert [(c.status, c.attempt) for c in done["r0"]] == [("failed", 1), ("ok", 2)]
-    assert all(len(done[i]) == 1 for i in ids if i != "r0")
-    t = gather(rig.conf, rig.topics, group=rig.group).total
-    assert (t("retried_items"), t("completed_items"), t("queued_items"), t("in_flight_items")) == (
-        1,
-        len(ids),
-        0,
-        0,
-    )
-    assert live_attempt_records(rig.conf, rig.topics.changelog) == 0
-    report = audit(rig.conf, rig.topics, rig.group)
-    assert report.clean, "\n".join(report.lines())
-    assert (report.retried_items, report.completed_items, report.lost_items) == (1, len(ids), 0)
-
-
-def test_at_least_once_a_processor_killed_while_a_retried_row_waits_reads_it_again(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    """At-least-once keeps no changelog: a retried row waits in the processor's memory only, so its
-    ingest offset must not be committed past until a later attempt answers it. r0 fails retriably at
-    once and waits behind the other rows when the processor is SIGKILLed; the next one reads r0 again
-    from ingest and it completes. Rows in flight at the kill may run twice (at-least-once), but none
-    is lost: every row ends ok, and the audit finds nothing lost."""
-    ids = r0_first(42)
-    engine = FlakyEngine({"r0"}, batch_s=0.15)
-    with running_rig(kafka_bootstrap, tmp_path, consumer_threads=False) as rig:
-        consumer = Threads()
-        consumer.start(ConsumerApp(rig.conf, rig.topics, SMALL, engine, QUICK).run, "small")
-        try:
-            send_rows(rig.conf, rig.topics, ids)
-            rig.spawn_processor("processor-0", extra=("--at-least-once",))
-            wait_for(lambda: "r0" in completions(rig.conf, rig.topics.results), 60, "r0's failure answered")
-            time.sleep(1.0)  # the processor reads it, sends r0 back, commits offsets (every 200 ms)
-            rig.pipeline.procs["processor-0"].send_signal(signal.SIGKILL)
-            rig.pipeline.procs["processor-0"].wait(10)
-            assert engine.runs["r0"] == 1  # still waiting: not dispatched again before the kill
-            rig.spawn_processor("processor-1", extra=("--at-least-once",))
-
-            def answered() -> bool:
-                done = finals(completions(rig.conf, rig.topics.results))
-                return all(any(c.status == "ok" for c in done.get(i, ())) for i in ids)
-
-            wait_for(answered, 90, "every row answered ok")
-        finally:
-            consumer.join(30)
-    assert not consumer.errors, consumer.errors
-    assert engine.runs["r0"] == 2  # read again from ingest after the kill, run again, ok
-    done = completions(rig.conf, rig.topics.results)
-    assert {c.status for i in ids for c in finals(done)[i]} == {"ok"}
-    # both say attempt 1 (no changelog kept the count) and may sit on two results partitions
-    assert sorted((c.status, c.retriable) for c in done["r0"]) == [("failed", True), ("ok", False)]
-    report = audit(rig.conf, rig.topics, rig.group)
-    assert report.lost_items == 0, "\n".join(report.lines())

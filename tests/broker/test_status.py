@@ -16,12 +16,17 @@ import pytest
 from processor.apps.producer import TokenProducer, synthetic_tokens
 from processor.local.pipeline import child_env
 from processor.ops.audit import audit
-from processor.ops.status import SCHEMA_PATH, gather, report
+from processor.ops.status import SCHEMA_PATH, StatusReport, gather, report
 from tests.broker.rig import CARDS, Rig, produce, running_rig, wait_for
 
 pytestmark = pytest.mark.kafka
 
 STALE_S = 3.0
+
+
+def view(rig: Rig) -> StatusReport:
+    """The status report as ``tokenfabric status`` builds it."""
+    return report(gather(rig.conf, rig.topics, rig.group, groups=True), rig.topics, STALE_S)
 
 
 def status_cli(rig: Rig, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -75,7 +80,11 @@ def test_status_with_a_dead_processor_a_stale_consumer_and_an_unserved_model(
             30,
             "the stopped consumer's session to time out",
         )
-        time.sleep(STALE_S + 1)
+        wait_for(  # the last checkpoint older than STALE_S (was a fixed STALE_S + 1 s sleep)
+            lambda: [(p.instance, p.state) for p in view(rig).processors] == [("p0", "stale")],
+            30,
+            "p0 to read as stale",
+        )
 
         done = status_cli(rig)
         assert done.returncode == 0, done.stderr
@@ -110,9 +119,16 @@ def test_status_with_a_dead_processor_a_stale_consumer_and_an_unserved_model(
             text=True,
             env={**child_env(rig.bootstrap), "COLUMNS": "80"},
         )
-        time.sleep(6)
+        assert watch.stdout is not None
+        seen = []
+        deadline = time.monotonic() + 30
+        while sum("tokenfabric status  " in line for line in seen) < 3:  # (was a fixed 6 s)
+            assert time.monotonic() < deadline, "".join(seen)
+            seen.append(watch.stdout.readline())
         watch.send_signal(signal.SIGINT)
-        out, _ = watch.communicate(timeout=30)
+        rest = watch.stdout.read()  # not communicate(): it would skip what readline buffered
+        watch.wait(30)
+        out = "".join(seen) + rest
         assert watch.returncode == 0
         refreshes = out.split("tokenfabric status  ")[1:]
         assert len(refreshes) >= 2, out
@@ -128,7 +144,7 @@ def test_status_with_a_dead_processor_a_stale_consumer_and_an_unserved_model(
             assert done.returncode == 0, done.stderr
         refused = status_cli(rig, "--forget-processor", "nobody")
         assert refused.returncode == 1 and "no processor instance 'nobody'" in refused.stderr
-        time.sleep(1)
+        time.sleep(1)  # a negative check: nothing re-announces them within a second (none is running)
         for _ in range(2):
             rep = report(gather(rig.conf, rig.topics, rig.group, groups=True), rig.topics, STALE_S)
             assert (rep.processors, rep.retired_processors, rep.consumers) == ([], ["p0"], [])
