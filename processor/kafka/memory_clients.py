@@ -1,5 +1,6 @@
 """The clients of :mod:`processor.kafka.memory`: a producer and a consumer with confluent-kafka's
-method names, reading and writing one :class:`~processor.kafka.memory.MemoryKafka`.
+method names, reading and writing one :class:`~processor.kafka.memory_cluster.MemoryCluster` (a
+:class:`~processor.kafka.memory.MemoryKafka`).
 
 Kept apart from the cluster so each file holds one idea: the cluster's logs, groups and faults
 there, what one client does with them here. The semantics they keep are listed in the cluster's
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -23,16 +24,13 @@ from confluent_kafka import (
 )
 
 from processor.kafka.factory import Settings
-from processor.kafka.memory import ABORTED, COMMITTED, PENDING, Group, Record, error
-
-if TYPE_CHECKING:
-    from processor.kafka.memory import MemoryKafka
+from processor.kafka.memory_cluster import ABORTED, COMMITTED, PENDING, Group, MemoryCluster, Record, error
 
 
 class MemoryProducer:
     """A producer; transactional when its settings name a ``transactional.id``."""
 
-    def __init__(self, cluster: MemoryKafka, settings: Settings) -> None:
+    def __init__(self, cluster: MemoryCluster, settings: Settings) -> None:
         self.cluster = cluster
         self.settings = dict(settings)
         self.transactional_id: str | None = self.settings.get("transactional.id")
@@ -187,7 +185,7 @@ class MemoryProducer:
 class MemoryConsumer:
     """A consumer: assigned by hand (``assign``) or a member of its group (``subscribe``)."""
 
-    def __init__(self, cluster: MemoryKafka, settings: Settings) -> None:
+    def __init__(self, cluster: MemoryCluster, settings: Settings) -> None:
         self.cluster = cluster
         self.settings = dict(settings)
         self.group_id: str = self.settings.get("group.id", "")
