@@ -259,7 +259,7 @@ class TimedProcessor(ProcessorService):
                 raise TimeoutError(
                     f"processor: {len(self.core.view.consumers())} of {self.contracts} contracts"
                 )
-            self._control(self.now_ms())
+            self.control_plane.read(self.now_ms())
             time.sleep(0.01)
 
     def step(self) -> int:

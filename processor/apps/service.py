@@ -118,7 +118,7 @@ class ProcessorService:
             shares=Shares(s.shares),
         )
         self.counters = ServiceCounters()
-        self.observer = ServiceObserver()
+        self._observer = ServiceObserver()
         self.lag: dict[int, int] = {}
         self.status = ServiceStatus()  # what metrics read (ServiceStatus): taken each step
         self.last_step_s = clock()
@@ -145,6 +145,19 @@ class ProcessorService:
         self.intake = Intake(self.core, self.mode, topics, self.counters, s.dedupe_window_ms)
         self.backpressure = Backpressure(self.ingest, s.max_waiting_tokens, self.core, self.counters)
         self.handover = PartitionHandover(self._handover_context())
+
+    @property
+    def observer(self) -> ServiceObserver:
+        """The hooks that time commits, checkpoints, dispatches and answers (processor/ops/metrics.py
+        installs its histograms here once the service is built)."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: ServiceObserver) -> None:
+        """Installs ``observer`` here and in the results reader, which reports the answers: one
+        observer for the whole service, whenever it is set."""
+        self._observer = observer
+        self.control_plane.completions.observer = observer
 
     def _delivery_mode(self, s: ProcessorSettings) -> tuple[ProducerClient, DeliveryMode]:
         """The delivery mode and its batch producer, chosen once: everything else asks the mode's
@@ -174,7 +187,7 @@ class ProcessorService:
             credits=self.credits,
             results=self.results,
             counters=self.counters,
-            observer=self.observer,
+            observer=self._observer,
             instance=self.settings.instance,
             clock=self._clock,
         )
@@ -348,7 +361,7 @@ class ProcessorService:
         if self.control_plane.ready():
             for batch in self.core.dispatch(now):
                 self._send_batch(batch)
-                self.observer.dispatched(batch, now)
+                self._observer.dispatched(batch, now)
         self.control_plane.answer_ended(self.now_ms())
         self.producer.poll(0)
         self.mode.durability.check_delivered()
@@ -416,14 +429,14 @@ class ProcessorService:
         self.counters.batches_delivered = durability.batches_delivered
         self.last_broker_ok_s = self._clock()
         self.counters.commits += 1
-        self.observer.committed(seconds)
+        self._observer.committed(seconds)
         self._update_lag()
 
     def _snapshot_bytes(self) -> bytes:
         started = time.monotonic()
         value = encode_ledger_snapshot(self.snapshot())
         self.counters.checkpoints += 1
-        self.observer.checkpointed(time.monotonic() - started)
+        self._observer.checkpointed(time.monotonic() - started)
         return value
 
     def _update_lag(self) -> None:

@@ -14,7 +14,9 @@ from collections import Counter
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from processor.apps.observe import ServiceObserver
 from processor.apps.service import ProcessorService
+from processor.core.item import Batch
 from processor.kafka.exits import DeliveryFailed, MissingTopics, Superseded, TransientFailure
 from processor.kafka.memory import MemoryKafka, error
 from processor.kafka.topics import TopicNames
@@ -114,6 +116,38 @@ def test_completions_finish_batches_free_slots_and_balance_the_ledger(p: Pipelin
     assert answered == Counter({"a": 1, "b": 1, "c": 1, "d": 1})
     assert svc.core.view.total("completed").items == 4 and svc.counters.completions == 4
     balanced(svc)
+
+
+class Recording(ServiceObserver):
+    """Counts each hook: dispatched and answered in items, committed and checkpointed in calls."""
+
+    def __init__(self) -> None:
+        self.seen: Counter[str] = Counter()
+
+    def committed(self, seconds: float) -> None:
+        self.seen["committed"] += 1
+
+    def checkpointed(self, seconds: float) -> None:
+        self.seen["checkpointed"] += 1
+
+    def dispatched(self, batch: Batch, now_ms: int) -> None:
+        self.seen["dispatched"] += len(batch.items)
+
+    def answered(self, batch: Batch, items: int, now_ms: int) -> None:
+        self.seen["answered"] += items
+
+
+def test_an_observer_set_after_the_service_is_built_hears_every_hook(p: Pipeline) -> None:
+    """processor/ops/metrics.py installs its histograms after the service is built: the results
+    reader must report answers to that observer too (it kept the first one: no in-flight histogram)."""
+    svc = p.started()
+    recording = Recording()
+    svc.observer = recording
+    p.announce(contract())
+    p.produce(["a", "b", "c", "d"])
+    drain(p, svc)
+    assert recording.seen["dispatched"] == 4 and recording.seen["answered"] == 4
+    assert recording.seen["committed"] > 0 and recording.seen["checkpointed"] > 0
 
 
 def test_a_consumer_never_holds_more_batches_than_its_in_flight_limit(p: Pipeline) -> None:
