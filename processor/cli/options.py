@@ -310,6 +310,17 @@ def _announce_batch_finish(sig: signal.Signals) -> None:
     logging.getLogger("tokenfabric.consumer").info("%s: finishing the current batch, then exiting", sig.name)
 
 
+def set_from_signal(stop: threading.Event) -> None:
+    """Set ``stop`` from a signal handler, on a thread of its own.
+
+    Not ``stop.set()`` in the handler: Python runs a handler on the main thread between two
+    bytecodes, possibly while that thread holds the event's lock inside ``stop.wait()``; ``set``
+    would then wait for that lock for ever (a ``status --watch`` hung on its first SIGINT). The
+    thread sets it as soon as the main thread lets go of the lock.
+    """
+    threading.Thread(target=stop.set, name="stop-signal", daemon=True).start()
+
+
 def install_stop_handlers(
     stop: threading.Event, announce: Callable[[signal.Signals], None] = _announce_batch_finish
 ) -> None:
@@ -321,11 +332,14 @@ def install_stop_handlers(
     command dies with a traceback instead of ending its work.
     """
 
+    signalled: list[int] = []
+
     def handler(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
+        if signalled:
             raise KeyboardInterrupt
+        signalled.append(signum)
         announce(signal.Signals(signum))
-        stop.set()
+        set_from_signal(stop)
 
     if threading.current_thread() is not threading.main_thread():
         return  # signals are delivered to the main thread only; an embedding caller owns them

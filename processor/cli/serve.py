@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from processor.cli.options import set_from_signal
 from processor.kafka.exits import EXIT_SUPERSEDED, EXIT_TEMPFAIL, EXIT_USAGE, exit_code
 from processor.kafka.reach import wait_for_cluster
 
@@ -49,7 +50,7 @@ def stop_on_signals(stop: threading.Event) -> None:
     if threading.current_thread() is not threading.main_thread():
         return  # signals are delivered to the main thread only; an embedding caller owns them
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: set_from_signal(stop))
 
 
 class Serving:

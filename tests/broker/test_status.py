@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,13 @@ from tests.broker.rig import CARDS, Rig, produce, running_rig, wait_for
 pytestmark = pytest.mark.kafka
 
 STALE_S = 3.0
+
+
+def read_lines(proc: subprocess.Popen[str], into: list[str]) -> None:
+    """Every line ``proc`` writes, as it writes it, until it closes its output."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        into.append(line)
 
 
 def view(rig: Rig) -> StatusReport:
@@ -119,17 +127,18 @@ def test_status_with_a_dead_processor_a_stale_consumer_and_an_unserved_model(
             text=True,
             env={**child_env(rig.bootstrap), "COLUMNS": "80"},
         )
-        assert watch.stdout is not None
-        seen = []
-        deadline = time.monotonic() + 30
-        while sum("tokenfabric status  " in line for line in seen) < 3:  # (was a fixed 6 s)
-            assert time.monotonic() < deadline, "".join(seen)
-            seen.append(watch.stdout.readline())
-        watch.send_signal(signal.SIGINT)
-        rest = watch.stdout.read()  # not communicate(): it would skip what readline buffered
-        watch.wait(30)
-        out = "".join(seen) + rest
-        assert watch.returncode == 0
+        seen: list[str] = []
+        reader = threading.Thread(target=read_lines, args=(watch, seen), daemon=True)
+        reader.start()  # a thread: a readline in this one would block past any deadline
+        try:
+            wait_for(lambda: "".join(seen).count("tokenfabric status  ") >= 3, 30, "three refreshes")
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(30) == 0  # a SIGINT while it waits for the next refresh ends it cleanly
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+        reader.join(10)
+        out = "".join(seen)
         refreshes = out.split("tokenfabric status  ")[1:]
         assert len(refreshes) >= 2, out
         assert all("consumers (" in r and "  small  model default" in r for r in refreshes)
