@@ -53,7 +53,7 @@ class ServiceCounters:
 class ServiceStatus:
     """What the service's own thread last saw of its ingest, for observers on other threads (the
     metrics endpoint): they read this value, never the Kafka clients, which belong to the service's
-    thread. Taken at the end of each step (:meth:`of`), so up to one step old."""
+    thread. Taken at each commit (:meth:`of`), so up to one commit interval old."""
 
     owned: frozenset[int] = frozenset()
     """The ingest partitions the service owns: the handover's (exactly-once), else its assignment."""

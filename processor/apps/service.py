@@ -85,7 +85,7 @@ class ProcessorService:
 
     Read-only views for metrics and health (safe to read from another thread, values may be a step
     old): ``core`` (the scheduler: read its ``view``), ``status`` (ingest partitions owned and their
-    lag, taken each step), ``counters``, ``lag`` (ingest messages not yet consumed, per partition),
+    lag, taken at each commit), ``counters``, ``lag`` (ingest messages not yet consumed, per partition),
     ``last_step_s`` (monotonic time the loop last completed a step), ``last_broker_ok_s`` (last time
     the broker answered), ``ledger_error`` (why the last ledger check failed, or None),
     ``restoring_since_s`` and ``owned`` (the handover's).
@@ -120,7 +120,7 @@ class ProcessorService:
         self.counters = ServiceCounters()
         self._observer = ServiceObserver()
         self.lag: dict[int, int] = {}
-        self.status = ServiceStatus()  # what metrics read (ServiceStatus): taken each step
+        self.status = ServiceStatus()  # what metrics read (ServiceStatus): taken at each commit
         self.last_step_s = clock()
         self.last_broker_ok_s = clock()
         self.ledger_error: str | None = None
@@ -372,19 +372,8 @@ class ProcessorService:
             self._say_unserved(now)
         self.backpressure.update()
         self._commit()
-        self.status = ServiceStatus.of(self._owned_now(), self.lag)
         self.last_step_s = self._clock()
         return len(msgs)
-
-    def _owned_now(self) -> frozenset[int]:
-        """The ingest partitions owned now (for :attr:`status`, on this thread): the handover's
-        (exactly-once: lane state restored), else the assignment; a closed consumer owns nothing."""
-        if self.settings.exactly_once:
-            return self.owned
-        try:
-            return frozenset(tp.partition for tp in self.ingest.assignment())
-        except RuntimeError:  # "Consumer closed": the service is stopping
-            return frozenset()
 
     def _say_unserved(self, now: int) -> None:
         """One WARNING per model whose items wait with no contract for it (``UnservedWatch``)."""
@@ -440,15 +429,19 @@ class ProcessorService:
         return value
 
     def _update_lag(self) -> None:
+        """The ingest lag per partition and, with it, the :attr:`status` metrics read: at each commit,
+        not each step (lag moves with the committed positions; a revocation commits, and the next
+        commit, ``commit_interval_ms`` later, sees an assignment). Owned partitions: the handover's
+        (exactly-once: lane state restored), else the assignment."""
         assignment = self.ingest.assignment()
-        if not assignment:
-            return
-        for tp in self.ingest.position(assignment):
+        for tp in self.ingest.position(assignment) if assignment else ():
             if tp.offset < 0:
                 continue
             _low, high = self.ingest.get_watermark_offsets(tp, cached=True)
             if high is not None and high >= 0:
                 self.lag[tp.partition] = max(0, high - tp.offset)
+        owned = self.owned if self.settings.exactly_once else frozenset(tp.partition for tp in assignment)
+        self.status = ServiceStatus.of(owned, self.lag)
 
     def snapshot(self) -> LedgerSnapshotRecord:
         """The ledger plus the gauges ``status`` shows, as one checkpoint record."""

@@ -226,62 +226,53 @@ def _usual_head(buf: bytes) -> ItemHead | None:
             return None
         if b != 8 * token_count:  # the zigzag of 4 * token_count
             return None
-        rest = _usual_rest(buf, pos + 4 * token_count, current)
-        if rest is None:
+        pos += 4 * token_count
+        if buf[pos]:  # shape_components must be null
             return None
-        output_budget, adapter = rest
-        if adapter:
-            model = serving_key(model, adapter)
+        pos += 1
+        if (
+            buf[pos + 5] < 0x80
+            and buf[pos] & buf[pos + 1] & buf[pos + 2] & buf[pos + 3] & buf[pos + 4] & 0x80
+        ):
+            pos += 6
+        else:
+            return None
+        b = buf[pos]  # output_budget: null, or an int under 8,192
+        if b == 0:
+            output_budget = None
+            pos += 1
+        elif b != 2:
+            return None
+        elif buf[pos + 1] < 0x80:
+            b = buf[pos + 1]
+            output_budget = (b >> 1) ^ -(b & 1)
+            pos += 2
+        elif buf[pos + 2] < 0x80:
+            b = (buf[pos + 1] & 0x7F) | (buf[pos + 2] << 7)
+            output_budget = (b >> 1) ^ -(b & 1)
+            pos += 3
+        else:
+            return None
+        if buf[pos]:  # metadata null
+            return None
+        pos += 1
+        if current:
+            b = buf[pos]  # request: null, or a valid one
+            if b == 0:
+                pos += 1
+            elif b == 2:
+                request, fault, pos = read_final_request(buf, pos + 1)
+                if fault is not None:
+                    return None
+                if request.adapter:
+                    model = serving_key(model, request.adapter)
+            else:
+                return None
+        if pos != len(buf):  # nothing after the record
+            return None
     except MALFORMED:
         return None
     return _new_head(ItemHead, (item_id, model, shape, token_count, output_budget, buf, job))
-
-
-def _usual_rest(buf: bytes, pos: int, current: bool) -> tuple[int | None, str] | None:
-    """The fields after the tokens, from ``pos``, encoded the usual way (:func:`_usual_head`'s rules):
-    (output budget, the request's adapter or ""), or ``None``. A length running past the end raises
-    ``IndexError``, which the caller's ``MALFORMED`` catches."""
-    adapter = ""
-    if buf[pos]:  # shape_components must be null
-        return None
-    pos += 1
-    if buf[pos + 5] < 0x80 and buf[pos] & buf[pos + 1] & buf[pos + 2] & buf[pos + 3] & buf[pos + 4] & 0x80:
-        pos += 6
-    else:
-        return None
-    b = buf[pos]  # output_budget: null, or an int under 8,192
-    if b == 0:
-        output_budget = None
-        pos += 1
-    elif b != 2:
-        return None
-    elif buf[pos + 1] < 0x80:
-        b = buf[pos + 1]
-        output_budget = (b >> 1) ^ -(b & 1)
-        pos += 2
-    elif buf[pos + 2] < 0x80:
-        b = (buf[pos + 1] & 0x7F) | (buf[pos + 2] << 7)
-        output_budget = (b >> 1) ^ -(b & 1)
-        pos += 3
-    else:
-        return None
-    if buf[pos]:  # metadata null
-        return None
-    pos += 1
-    if current:
-        b = buf[pos]  # request: null, or a valid one
-        if b == 0:
-            pos += 1
-        elif b == 2:
-            request, fault, pos = read_final_request(buf, pos + 1)
-            if fault is not None:
-                return None
-            adapter = request.adapter
-        else:
-            return None
-    if pos != len(buf):  # nothing after the record
-        return None
-    return output_budget, adapter
 
 
 def decode_batch_head(value: bytes | bytearray | memoryview | None) -> BatchHead:
