@@ -7,7 +7,7 @@ Where it comes from, in order:
    ``python -m processor kafka start`` or a CI service. Nothing is started or stopped.
 2. Docker, if ``docker info`` succeeds and testcontainers is installed: a throwaway KRaft container.
    This path is not exercised on the project's build machines, which have no Docker. The image is
-   Confluent's (Kafka 3.9), not the 4.1 broker that kafka_local runs.
+   Confluent's (Kafka 3.9), not the 4.4 broker that processor.local.broker runs.
 3. Otherwise ``processor.local.broker.start_broker`` in a temp dir: Apache Kafka from the Maven Central
    jars on Java 17. The first run downloads them into ``~/.cache/tokenfabric``, after that it needs no
    network. The broker is stopped when the session ends. Under pytest-xdist (``./run test`` runs

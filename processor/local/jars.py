@@ -23,7 +23,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-KAFKA_VERSION = "4.1.2"  # keep in step with <kafka.version> in processor/local/data/pom.xml
+KAFKA_VERSION = "4.4.0"  # keep in step with <kafka.version> in processor/local/data/pom.xml
 
 PACKAGE_KAFKA_DIR = Path(__file__).resolve().with_name("data")
 
