@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from processor.cli.hints import kafka_flags
 from processor.jobs.topic import JobWriter
 
 if TYPE_CHECKING:
@@ -146,7 +147,8 @@ def run_retry_failed(args: argparse.Namespace) -> int:
             writer.close()
     print(
         f"submitted attempt {attempt} of job {name} as job {attempt_job}: {final.items:,} of {len(rows):,} "
-        f"failed or expired rows, {final.input_tokens:,} tokens; 'tokenfabric collect --job {name}' merges it"
+        f"failed or expired rows, {final.input_tokens:,} tokens; "
+        f"'tokenfabric collect --job {name} --out FILE{kafka_flags(args)}' merges it"
     )
     return 3 if final.bad_rows else 0
 
