@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 from processor.cli.options import add_kafka_arguments, kafka_settings
-from processor.sim.columns import fitted
+from processor.sim.columns import fitted, folded
 
 if TYPE_CHECKING:
     from processor.jobs.model import JobRecord
@@ -155,14 +155,10 @@ def _print_job(job: JobRecord, costs: _Costs) -> None:
 
 
 def print_field(label: str, value: str, columns: int | None = None) -> None:
-    """``label`` and ``value``, the value folded at word boundaries to the terminal's width (at
-    least 40 columns), its later lines under its first: ``jobs NAME`` fits 80 columns."""
-    import textwrap
-
-    width = max(40, columns or shutil.get_terminal_size((80, 24)).columns)
-    indent = " " * 11
-    print(textwrap.fill(value, width, initial_indent=f"{label:<10} ", subsequent_indent=indent,
-                        break_long_words=False, break_on_hyphens=False))  # fmt: skip
+    """``label`` and ``value``, the value folded to the terminal's width, its later lines under its
+    first: ``jobs NAME`` fits 80 columns."""
+    width = columns or shutil.get_terminal_size((80, 24)).columns
+    print(folded(value, width, first=f"{label:<10} ", indent=11))
 
 
 def _print_table(jobs: dict[str, JobRecord], costs: _Costs) -> None:

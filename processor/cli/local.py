@@ -20,12 +20,14 @@ Exit status: 0 done; 1 a part failed to start (everything started is stopped aga
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from processor.cli.options import engine_opt
 from processor.kafka.topics import DEFAULT_PREFIX
+from processor.sim.columns import folded
 
 if TYPE_CHECKING:
     from processor.local.stack import Stack
@@ -181,7 +183,8 @@ def _up(args: argparse.Namespace, state_dir: Path, broker_dir: Path) -> int:
             f" --topic-prefix {stack.prefix}" if stack.prefix != DEFAULT_PREFIX else "",
         ]
     )
-    print(f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}")
+    up = f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}"
+    print(folded(up, shutil.get_terminal_size((80, 24)).columns))
     print(f"next: tokenfabric submit DATASET --job NAME --template FILE{kafka}")
     print(f"      tokenfabric collect --job NAME --out OUT.jsonl --wait{kafka}")
     print("      tokenfabric local down")

@@ -67,6 +67,7 @@ def kafka_settings(
         raise ConfigError(
             f"--topic-prefix {args.topic_prefix!r}: 1-100 of A-Z a-z 0-9 . _ - (it starts each topic name)"
         )
+
     def local_or_hint() -> str:  # no local broker: name the command that starts one on this path
         try:
             return local_bootstrap()

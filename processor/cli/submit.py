@@ -30,6 +30,7 @@ many bad rows, or Kafka failed); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from processor.cli.options import (
 from processor.cli.submission import Aborted, submit
 from processor.cli.submit_plan import SubmitPlan, plan_from
 from processor.jobs.model import MAX_BAD_ROWS, BadRow
+from processor.sim.columns import folded
 
 if TYPE_CHECKING:
     from processor.core.shares import JobPolicy
@@ -219,11 +221,13 @@ def run(args: argparse.Namespace) -> int:
         if writer is not None:
             writer.close()
     on_bad.close(plan.job, kafka_flags(args))
-    print(
+    width = shutil.get_terminal_size((80, 24)).columns
+    summary = (
         f"submitted job {final.name}: {final.items:,} of {final.rows:,} rows, {final.input_tokens:,} tokens, "
         f"model {final.model}, shape {final.shape:016x}, {len(final.bad_rows)} bad rows; "
         f"collect with 'tokenfabric collect --job {final.name} --out FILE{kafka_flags(args)}'"
     )
+    print(folded(summary, width))
     if final.bad_rows and not args.allow_bad_rows:
         return 3
     return 0

@@ -43,8 +43,9 @@ def earlier() -> dict[str, tuple[Any, bytes]]:
         "DeadLetter.before-detail": control._PREVIOUS_DEAD_LETTER,
     }
     out = {f"{name}.avsc": (p.schema, p.header) for name, p in previous.items()}
-    out["JobShare.before-lifecycle.avsc"] = (job_share._PREVIOUS_SCHEMA, job_share.PREVIOUS_JOB_SHARE_HEADER)
-    out["JobShare.before-max-attempts.avsc"] = (job_share._PRE_RETRY_SCHEMA, job_share.PRE_RETRY_JOB_SHARE_HEADER)
+    shares = job_share
+    out["JobShare.before-lifecycle.avsc"] = (shares._PREVIOUS_SCHEMA, shares.PREVIOUS_JOB_SHARE_HEADER)
+    out["JobShare.before-max-attempts.avsc"] = (shares._PRE_RETRY_SCHEMA, shares.PRE_RETRY_JOB_SHARE_HEADER)
     return out
 
 
