@@ -147,12 +147,12 @@ def run_retry_failed(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:
             writer.close()
-    summary = (
+    said = (
         f"submitted attempt {attempt} of job {name} as job {attempt_job}: {final.items:,} of {len(rows):,} "
         f"failed or expired rows, {final.input_tokens:,} tokens; "
         f"'tokenfabric collect --job {name} --out FILE{kafka_flags(args)}' merges it"
     )
-    print(folded(summary, shutil.get_terminal_size((80, 24)).columns))
+    print(folded(said, shutil.get_terminal_size((80, 24)).columns))
     return 3 if final.bad_rows else 0
 
 
