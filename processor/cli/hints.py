@@ -11,6 +11,8 @@ the command suggested makes the pipeline the person asked for.
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 
 from processor.kafka.exits import BrokerUnreachable
 from processor.kafka.topics import DEFAULT_PREFIX
@@ -27,15 +29,19 @@ def prefix_flag(args: argparse.Namespace) -> str:
     return f" --topic-prefix {prefix}" if prefix != DEFAULT_PREFIX else ""
 
 
-def kafka_flags(args: argparse.Namespace) -> str:
-    """The cluster and pipeline flags ``args`` were given (``--bootstrap``, ``--kafka-config``, a
-    ``--topic-prefix`` other than the default), to append to a suggested command: "" if none."""
+def cluster_flags(args: argparse.Namespace) -> str:
+    """`` --bootstrap B --kafka-config F`` as far as ``args`` were given them, else ""."""
     flags = [
         f" --bootstrap {args.bootstrap}" if getattr(args, "bootstrap", None) else "",
         f" --kafka-config {args.kafka_config}" if getattr(args, "kafka_config", None) else "",
-        prefix_flag(args),
     ]
     return "".join(flags)
+
+
+def kafka_flags(args: argparse.Namespace) -> str:
+    """The cluster and pipeline flags ``args`` were given (``--bootstrap``, ``--kafka-config``, a
+    ``--topic-prefix`` other than the default), to append to a suggested command: "" if none."""
+    return cluster_flags(args) + prefix_flag(args)
 
 
 def start_command(args: argparse.Namespace) -> str:
@@ -45,11 +51,15 @@ def start_command(args: argparse.Namespace) -> str:
     return "tokenfabric kafka start"
 
 
-def create_command(args: argparse.Namespace) -> str:
-    """What creates the pipeline ``args`` name: ``local up`` on the jobs path, else ``topics create``."""
-    if getattr(args, "command", None) in JOBS_PATH:
+def create_command(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str:
+    """What creates the pipeline ``args`` name: ``local up`` on the jobs path against the local
+    broker; ``topics create`` (with the cluster flags given) on a cluster of one's own or by hand."""
+    env = os.environ if env is None else env
+    own_cluster = bool(getattr(args, "bootstrap", None) or env.get("KAFKA_BOOTSTRAP"))
+    if getattr(args, "command", None) in JOBS_PATH and not own_cluster:
         return f"tokenfabric local up{prefix_flag(args)}"
-    return f"tokenfabric topics create --topic-prefix {getattr(args, 'topic_prefix', DEFAULT_PREFIX)}"
+    prefix = getattr(args, "topic_prefix", DEFAULT_PREFIX)
+    return f"tokenfabric topics create{cluster_flags(args)} --topic-prefix {prefix}"
 
 
 def no_cluster(args: argparse.Namespace) -> BrokerUnreachable:

@@ -55,6 +55,19 @@ def test_follow_up_hints_keep_the_flags_given() -> None:
     args = _args("submit", bootstrap="k:9092", kafka_config="c.properties", topic_prefix="teamx")
     assert kafka_flags(args) == " --bootstrap k:9092 --kafka-config c.properties --topic-prefix teamx"
     assert kafka_flags(_args("submit")) == ""  # the defaults: the next command finds them by itself
-    assert create_command(_args("jobs", topic_prefix="teamx")) == "tokenfabric local up --topic-prefix teamx"
-    assert create_command(_args("topics", topic_prefix="t")) == "tokenfabric topics create --topic-prefix t"
+    local: dict[str, str] = {}
+    own = {"KAFKA_BOOTSTRAP": "k:9092"}
+    assert (
+        create_command(_args("jobs", topic_prefix="teamx"), local)
+        == "tokenfabric local up --topic-prefix teamx"
+    )
+    assert (
+        create_command(_args("jobs", topic_prefix="t"), own) == "tokenfabric topics create --topic-prefix t"
+    )
+    on_flags = _args("jobs", bootstrap="k:9092", topic_prefix="t")
+    assert create_command(on_flags, local) == "tokenfabric topics create --bootstrap k:9092 --topic-prefix t"
+    assert (
+        create_command(_args("topics", topic_prefix="t"), local)
+        == "tokenfabric topics create --topic-prefix t"
+    )
     assert start_command(_args("processor")) == "tokenfabric kafka start"
