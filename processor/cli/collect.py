@@ -36,6 +36,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from processor.cli.hints import kafka_flags
 from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = read_jobs(conf, topics)
         job = jobs.get(args.job)
         if job is None or job.retry_of is not None:
-            print(f"{PROG}: error: {_not_a_job(args.job, job, topics)}", file=sys.stderr)
+            print(f"{PROG}: error: {_not_a_job(args.job, job, topics, kafka_flags(args))}", file=sys.stderr)
             return 2
         try:
             limits = max_attempts_by_job(read_job_share_records(conf, topics))
@@ -149,10 +150,10 @@ def _settings(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
     return kafka_settings(args, pipeline=True)
 
 
-def _not_a_job(name: str, job: JobRecord | None, topics: TopicNames) -> str:
+def _not_a_job(name: str, job: JobRecord | None, topics: TopicNames, flags: str = "") -> str:
     """Why ``name`` cannot be collected: no such job, or it is a retry attempt of another."""
     why = (
-        "('tokenfabric jobs' lists them)"
+        f"('tokenfabric jobs{flags}' lists them)"
         if job is None
         else f"is attempt {job.attempt} of job {job.retry_of}: 'collect --job {job.retry_of}' "
         "merges it into that job's output"
