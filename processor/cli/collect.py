@@ -22,7 +22,9 @@ the results again, while the topic still holds them).
 Exit status: 0 every row has a result; 3 some rows are still missing (run again, or use ``--wait``);
 2 bad arguments, unknown job, changed dataset, the output in use by another collect; 1 Kafka failed;
 130 or 143 stopped by SIGINT or SIGTERM: both end the same way, the output written with what was
-collected and the journal kept (a second signal aborts at once).
+collected and the journal kept, and a last line on stderr saying it was interrupted, what it wrote
+and that the same command goes on (a second signal aborts at once). The progress bar counts every
+row of the dataset, the invalid ones included.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from processor.cli.hints import kafka_flags
 from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
 
 if TYPE_CHECKING:
     from processor.jobs.collect import Collection, JobCollector
-    from processor.jobs.model import JobRecord
+    from processor.jobs.model import JobRecord, JobSummary
     from processor.jobs.topic import JobWriter
     from processor.kafka.topics import TopicNames
 
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = read_jobs(conf, topics)
         job = jobs.get(args.job)
         if job is None or job.retry_of is not None:
-            print(f"{PROG}: error: {_not_a_job(args.job, job, topics)}", file=sys.stderr)
+            print(f"{PROG}: error: {_not_a_job(args.job, job, topics, kafka_flags(args))}", file=sys.stderr)
             return 2
         try:
             limits = max_attempts_by_job(read_job_share_records(conf, topics))
@@ -128,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             writer.close()
     complete = _print_summary(collector, conf, topics, args, written, errors)
     if stopped_by:
+        print(f"{PROG}: {interrupted_line(stopped_by[0], written, args.out)}", file=sys.stderr)
         return 128 + stopped_by[0].value
     return 0 if complete else 3
 
@@ -146,10 +150,10 @@ def _settings(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
     return kafka_settings(args, pipeline=True)
 
 
-def _not_a_job(name: str, job: JobRecord | None, topics: TopicNames) -> str:
+def _not_a_job(name: str, job: JobRecord | None, topics: TopicNames, flags: str = "") -> str:
     """Why ``name`` cannot be collected: no such job, or it is a retry attempt of another."""
     why = (
-        "('tokenfabric jobs' lists them)"
+        f"('tokenfabric jobs{flags}' lists them)"
         if job is None
         else f"is attempt {job.attempt} of job {job.retry_of}: 'collect --job {job.retry_of}' "
         "merges it into that job's output"
@@ -198,20 +202,20 @@ def _collect(
     next_refresh = time.monotonic() + JOB_REFRESH_S
     progress = Progress(
         TextColumn(f"collecting {collector.job.name}"),
-        BarColumn(),
+        BarColumn(bar_width=20),  # the line fits 80 columns with a 20-character job name
         MofNCompleteColumn(),
-        TextColumn("rows, {task.fields[ok]:,} ok, {task.fields[failed]:,} failed"),
+        TextColumn("rows, {task.fields[counts]}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
         disable=args.no_progress,
     )
     with progress:
-        task = progress.add_task("collect", total=None, ok=0, failed=0)
+        task = progress.add_task("collect", total=None, counts="0 ok")
         while True:
             collection.step(max_s=5.0)
             s = collector.summary()
-            total = collector.job.items if collector.job.is_submitted else None
-            progress.update(task, completed=s.ok + s.failed, total=total, ok=s.ok, failed=s.failed)
+            done, total = progress_counts(s, collector.job)
+            progress.update(task, completed=done, total=total, counts=progress_text(s))
             if collector.complete or not args.wait or stop.is_set():
                 return
             if deadline is not None and time.monotonic() >= deadline:
@@ -224,6 +228,29 @@ def _collect(
                 collector.max_attempts = max_attempts_by_job(read_job_share_records(conf, topics))
                 next_refresh = time.monotonic() + JOB_REFRESH_S
             stop.wait(args.poll_s)
+
+
+def progress_counts(summary: JobSummary, job: JobRecord) -> tuple[int, int | None]:
+    """The progress bar's rows done and rows in all: every row of the dataset, the invalid ones
+    (submit refused them, so they have their result already) as done (None: submit still runs)."""
+    done = summary.ok + summary.failed + summary.invalid
+    return done, (job.rows if job.is_submitted else None)
+
+
+def progress_text(summary: JobSummary) -> str:
+    """``300 ok``, with ``failed`` and ``invalid`` counts only once there are some (80 columns)."""
+    parts = [f"{summary.ok:,} ok"]
+    parts += [f"{n:,} {what}" for n, what in ((summary.failed, "failed"), (summary.invalid, "invalid")) if n]
+    return ", ".join(parts)
+
+
+def interrupted_line(sig: signal.Signals, written: int, out: str) -> str:
+    """What a collect stopped by a signal says last: that it was interrupted, what it wrote, how to
+    go on (the journal keeps what was read, so the same command resumes)."""
+    return (
+        f"interrupted by {sig.name}: wrote the {written:,} rows collected so far to {out}; "
+        "run the same command again to go on from there"
+    )
 
 
 def _waits_for_a_record(collector: JobCollector) -> bool:

@@ -1,8 +1,10 @@
 """``tokenfabric jobs [NAME]``: the jobs on the jobs topic and how far each has got.
 
 Cheap by default: it reads only the compacted jobs topic (one record per job, a few KB), so the
-result counts are those the last ``collect`` or ``collector`` recorded, and the ``as of`` column
-says when. ``--scan`` counts results now, from the results topic, for the jobs not yet finished: it
+result counts are those the last ``collect`` or ``collector`` recorded, and the ``counted`` column
+says when; where the processors' ledger (their checkpoints, read for the cost columns anyway) has
+counted more results, as before any collect has run, the counts are the ledger's and ``counted``
+reads ``ledger``. ``--scan`` counts results now, from the results topic, for the jobs not yet finished: it
 reads the completions written since the oldest of them started (found by timestamp, not from the
 topic's beginning), once for all of them.
 
@@ -29,7 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 from processor.cli.options import add_kafka_arguments, kafka_settings
-from processor.sim.columns import fitted
+from processor.sim.columns import fitted, folded
 
 if TYPE_CHECKING:
     from processor.jobs.model import JobRecord
@@ -79,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 return 2
         if args.scan:
             _count_results_now(conf, topics, jobs, costs)
+        else:
+            _count_from_the_ledger(jobs, costs)
     except CollectError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -118,17 +122,43 @@ def _count_results_now(
         )
 
 
+def _count_from_the_ledger(jobs: dict[str, JobRecord], costs: _Costs) -> None:
+    """Where the processors' ledger has counted more results for a job than the last ``collect``
+    recorded (or none has run), its counts into ``jobs``: ``jobs`` never says "0 ok, 300 missing"
+    while its own cost line says the job completed. The job's ``counted`` column then reads
+    ``ledger``; output tokens stay as recorded (the ledger counts prompt tokens only)."""
+    from dataclasses import replace
+
+    t = costs.view.job_total
+    for name, job in jobs.items():
+        ok, failed = t(name, "completed_items"), t(name, "failed_items")
+        cancelled, expired = t(name, "cancelled_items"), t(name, "expired_items")
+        never_ran = failed + cancelled + expired
+        if not job.is_submitted or ok + never_ran <= job.results_ok + job.results_failed:
+            continue
+        counted = job.with_progress(ok, never_ran, job.output_tokens, 0, cancelled=cancelled, expired=expired)
+        jobs[name] = replace(counted, progress_ms=job.progress_ms, finished_ms=job.finished_ms)
+        costs.from_ledger.add(name)
+
+
 def _print_job(job: JobRecord, costs: _Costs) -> None:
     """One job in full, with its retries, share, cost and why rows are missing."""
-    _detail(job, costs.cancelled(job.name))
-    print(f"{'retries':<10} {costs.retries(job.name)}")
-    print(f"{'share':<10} {costs.share(job.name)}")
-    print(f"{'cost':<10} {costs.cost(job.name)}")
+    _detail(job, costs.cancelled(job.name), job.name in costs.from_ledger)
+    print_field("retries", costs.retries(job.name))
+    print_field("share", costs.share(job.name))
+    print_field("cost", costs.cost(job.name))
     if job.is_submitted and job.items > job.results_ok + job.results_failed:
         from processor.ops.missing import why_missing
 
         for line in why_missing(costs.view, job.name, job.model):
-            print(f"{'missing':<10} {line}")
+            print_field("missing", line)
+
+
+def print_field(label: str, value: str, columns: int | None = None) -> None:
+    """``label`` and ``value``, the value folded to the terminal's width, its later lines under its
+    first: ``jobs NAME`` fits 80 columns."""
+    width = columns or shutil.get_terminal_size((80, 24)).columns
+    print(folded(value, width, first=f"{label:<10} ", indent=11))
 
 
 def _print_table(jobs: dict[str, JobRecord], costs: _Costs) -> None:
@@ -153,7 +183,7 @@ def _print_table(jobs: dict[str, JobRecord], costs: _Costs) -> None:
             f"{job.results_failed:,}",
             _missing(job),
             f"{job.input_tokens:,}",
-            _when(job.progress_ms, short=True),
+            "ledger" if job.name in costs.from_ledger else _when(job.progress_ms, short=True),
             costs.share(job.name),
             f"{costs.view.job_total(job.name, 'routed_tokens'):,}",
             f"{costs.view.job_total(job.name, 'padded_tokens'):,}",
@@ -171,7 +201,13 @@ def _listing_order(job: JobRecord, jobs: dict[str, JobRecord]) -> tuple[int, int
     return ((base or job).started_ms, job.attempt, job.name)
 
 
-def _detail(job: JobRecord, cancel_requested: bool) -> None:
+def _counted(job: JobRecord, from_ledger: bool) -> str:
+    if from_ledger:
+        return "from the processors' ledger (no collect has counted them yet)"
+    return _when(job.progress_ms)
+
+
+def _detail(job: JobRecord, cancel_requested: bool, from_ledger: bool = False) -> None:
     from processor.jobs.model import bad_rows_text
     from processor.jobs.states import openai_view
 
@@ -198,12 +234,12 @@ def _detail(job: JobRecord, cancel_requested: bool) -> None:
         ("tokens", f"{job.input_tokens:,} in, {job.output_tokens:,} out"),
         ("started", _when(job.started_ms)),
         ("submitted", _when(job.submitted_ms)),
-        ("counted", _when(job.progress_ms)),
+        ("counted", _counted(job, from_ledger)),
         ("finished", _when(job.finished_ms)),
     ):
-        print(f"{label:<10} {value}")
+        print_field(label, value)
     for line in bad_rows_text(job.bad_rows, limit=len(job.bad_rows)):
-        print(f"  bad {line}")
+        print_field("  bad", line)
 
 
 class _Costs:
@@ -213,6 +249,8 @@ class _Costs:
         self.shares = {job: rec.policy for job, rec in records.items()}
         self.records = records
         self.view = view
+        self.from_ledger: set[str] = set()
+        """The jobs whose result counts come from the ledger, not from a collect."""
 
     def cancelled(self, job: str) -> bool:
         """Whether ``tokenfabric cancel`` has cancelled ``job`` (OpenAI's ``cancelling`` until its rows

@@ -5,18 +5,32 @@
 consumer has announced its contract, so a ``submit`` right after it is served. ``down`` stops exactly
 what ``up`` started (processor/local/stack.py says how), ``status`` lists it.
 
-Exit status: 0 done; 1 a part failed to start (everything started is stopped again) or to stop;
-2 bad arguments.
+``down`` refuses (exit 1, one line) while stopping would discard work: when ``up`` started the
+broker, stopping it discards every topic (the next ``up`` formats a fresh one), so jobs whose
+results ``collect`` has not written yet would be lost without a word. It names them and the two
+ways on: collect them first, or ``local down --discard``. Why not keep them across a ``down``: a
+stack that is down makes no progress, and the broker ``up`` starts is a throwaway one for trying
+jobs (docs/jobs.md); keeping its data would need a broker that outlives the stack, which
+``tokenfabric kafka start`` already is (``down`` never stops a broker ``up`` did not start).
+
+Exit status: 0 done; 1 a part failed to start (everything started is stopped again) or to stop, or
+``down`` refused to discard uncollected jobs; 2 bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from processor.cli.options import engine_opt
 from processor.kafka.topics import DEFAULT_PREFIX
+from processor.sim.columns import folded
+
+if TYPE_CHECKING:
+    from processor.local.stack import Stack
 
 PROG = "tokenfabric local"
 
@@ -55,6 +69,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-dir", type=Path, default=None, help="the stack's folder (default: beside the broker's)"
     )
+    p.add_argument(
+        "--discard",
+        action="store_true",
+        help="with down: stop even if the broker holds jobs whose results were not collected",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,18 +83,29 @@ def run(args: argparse.Namespace) -> int:
     state_dir = (args.state_dir or default_stack_dir()).resolve()
     broker_dir = default_state_dir()
     if args.action == "down":
-        return _down(state_dir, broker_dir)
+        return _down(state_dir, broker_dir, args.discard)
     if args.action == "status":
-        return _status(state_dir)
+        return _status(state_dir, broker_dir)
     return _up(args, state_dir, broker_dir)
 
 
-def _down(state_dir: Path, broker_dir: Path) -> int:
+def _down(state_dir: Path, broker_dir: Path, discard: bool) -> int:
+    from confluent_kafka import KafkaException
+
     from processor.local.jars import KafkaLocalError
-    from processor.local.stack import stack_down
+    from processor.local.stack import Stack, stack_down, uncollected_jobs
 
     try:
+        stack = Stack.load(state_dir)
+        held = [] if discard or stack is None else uncollected_jobs(stack, broker_dir)
+        if held:
+            print(f"{PROG}: error: {_discard_warning(held, stack)}", file=sys.stderr)
+            return 1
         stopped = stack_down(state_dir, broker_dir)
+    except KafkaException as exc:
+        print(f"{PROG}: error: cannot read the jobs on the stack's broker ({exc}); "
+              "'tokenfabric local down --discard' stops it anyway", file=sys.stderr)  # fmt: skip
+        return 1
     except KafkaLocalError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
@@ -83,7 +113,19 @@ def _down(state_dir: Path, broker_dir: Path) -> int:
     return 0
 
 
-def _status(state_dir: Path) -> int:
+def _discard_warning(held: list[str], stack: Stack | None) -> str:
+    """One line: which jobs stopping the broker would lose, and the two ways on."""
+    named = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+    prefix = f" --topic-prefix {stack.prefix}" if stack and stack.prefix != DEFAULT_PREFIX else ""
+    return (
+        f"stopping the broker 'up' started discards every job on it, and {len(held)} have results not "
+        f"yet collected ({named}): 'tokenfabric collect --job NAME --out FILE{prefix}' first, or "
+        "'tokenfabric local down --discard'"
+    )
+
+
+def _status(state_dir: Path, broker_dir: Path) -> int:
+    from processor.local.broker import broker_status
     from processor.local.jars import KafkaLocalError
     from processor.local.stack import Stack
 
@@ -95,7 +137,13 @@ def _status(state_dir: Path) -> int:
     if stack is None:
         print("no local stack is up ('tokenfabric local up' starts one)")
         return 0
-    print(f"prefix {stack.prefix}  model {stack.model}  bootstrap {stack.bootstrap}  logs {stack.log_dir}")
+    print(f"prefix {stack.prefix}  model {stack.model}  bootstrap {stack.bootstrap}")
+    print(f"logs {stack.log_dir}")
+    broker = broker_status(broker_dir)
+    if stack.started_broker or (broker is not None and broker.bootstrap == stack.bootstrap):
+        state = f"up    pid {broker.pid}" if broker is not None else "DOWN"
+        whose = "started by up; down stops it" if stack.started_broker else "was running; down leaves it"
+        print(f"  {'kafka':<10} {state}  ({whose})")
     for p in stack.processes:
         print(f"  {p.name:<10} {'up  ' if p.alive() else 'DOWN'}  pid {p.pid}")
     return 0
@@ -135,7 +183,8 @@ def _up(args: argparse.Namespace, state_dir: Path, broker_dir: Path) -> int:
             f" --topic-prefix {stack.prefix}" if stack.prefix != DEFAULT_PREFIX else "",
         ]
     )
-    print(f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}")
+    up = f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}"
+    print(folded(up, shutil.get_terminal_size((80, 24)).columns))
     print(f"next: tokenfabric submit DATASET --job NAME --template FILE{kafka}")
     print(f"      tokenfabric collect --job NAME --out OUT.jsonl --wait{kafka}")
     print("      tokenfabric local down")

@@ -49,12 +49,15 @@ def kafka_settings(
     """The client config and topic names the Kafka options ask for; raises ``ConfigError``.
 
     ``reach``: a short command first checks that the cluster answers, and raises
-    :class:`~processor.kafka.reach.BrokerUnreachable` (one line, exit 69, from :func:`main`) if not.
+    :class:`~processor.kafka.reach.BrokerUnreachable` (one line, exit 69, from :func:`main`) if not;
+    so does any command given no cluster while no local broker runs (the hint fits its path:
+    processor.cli.hints).
     ``pipeline`` (implies ``reach``): a command that reads or feeds an existing pipeline also checks
     that ``--topic-prefix`` names one, and raises
     :class:`~processor.kafka.pipelines.NoSuchPipeline` (a ``ConfigError``: exit 2) naming the
     prefixes that do exist if not.
     """
+    from processor.cli.hints import create_command, no_cluster
     from processor.kafka.config import client_config
     from processor.kafka.pipelines import check_pipeline
     from processor.kafka.reach import probe
@@ -64,12 +67,19 @@ def kafka_settings(
         raise ConfigError(
             f"--topic-prefix {args.topic_prefix!r}: 1-100 of A-Z a-z 0-9 . _ - (it starts each topic name)"
         )
-    conf = client_config(args.bootstrap, args.kafka_config, fallback=local_bootstrap)
+
+    def local_or_hint() -> str:  # no local broker: name the command that starts one on this path
+        try:
+            return local_bootstrap()
+        except ConfigError:
+            raise no_cluster(args) from None
+
+    conf = client_config(args.bootstrap, args.kafka_config, fallback=local_or_hint)
     topics = TopicNames(args.topic_prefix)
     if reach or pipeline:
         probe(conf)
     if pipeline:
-        check_pipeline(conf, topics)
+        check_pipeline(conf, topics, create=create_command(args))
     return conf, topics
 
 

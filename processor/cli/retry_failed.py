@@ -18,6 +18,7 @@ named instead of its job, rows still running, a changed dataset; 1 Kafka failed 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -25,7 +26,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from processor.cli.hints import kafka_flags
 from processor.jobs.topic import JobWriter
+from processor.sim.columns import folded
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -144,10 +147,12 @@ def run_retry_failed(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:
             writer.close()
-    print(
+    said = (
         f"submitted attempt {attempt} of job {name} as job {attempt_job}: {final.items:,} of {len(rows):,} "
-        f"failed or expired rows, {final.input_tokens:,} tokens; 'tokenfabric collect --job {name}' merges it"
+        f"failed or expired rows, {final.input_tokens:,} tokens; "
+        f"'tokenfabric collect --job {name} --out FILE{kafka_flags(args)}' merges it"
     )
+    print(folded(said, shutil.get_terminal_size((80, 24)).columns))
     return 3 if final.bad_rows else 0
 
 

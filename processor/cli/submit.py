@@ -30,11 +30,13 @@ many bad rows, or Kafka failed); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from processor.cli.hints import kafka_flags
 from processor.cli.options import (
     add_job_policy_arguments,
     add_kafka_arguments,
@@ -44,6 +46,7 @@ from processor.cli.options import (
 from processor.cli.submission import Aborted, submit
 from processor.cli.submit_plan import SubmitPlan, plan_from
 from processor.jobs.model import MAX_BAD_ROWS, BadRow
+from processor.sim.columns import folded
 
 if TYPE_CHECKING:
     from processor.core.shares import JobPolicy
@@ -204,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        _warn_if_unserved(plan.model, plan.adapter, conf, topics)
+        _warn_if_unserved(plan.model, plan.adapter, conf, topics, kafka_flags(args))
         _record_terms(writer, conf, topics, plan.job, policy, deadline_ms, max_attempts)
         with _progress(not args.no_progress) as on_rows:
             final = submit(plan, producer, writer, on_bad=on_bad, on_rows=on_rows)
@@ -217,12 +220,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:
             writer.close()
-    on_bad.close(plan.job)
-    print(
+    on_bad.close(plan.job, kafka_flags(args))
+    width = shutil.get_terminal_size((80, 24)).columns
+    summary = (
         f"submitted job {final.name}: {final.items:,} of {final.rows:,} rows, {final.input_tokens:,} tokens, "
         f"model {final.model}, shape {final.shape:016x}, {len(final.bad_rows)} bad rows; "
-        f"collect with 'tokenfabric collect --job {final.name} --out FILE'"
+        f"collect with 'tokenfabric collect --job {final.name} --out FILE{kafka_flags(args)}'"
     )
+    print(folded(summary, width))
     if final.bad_rows and not args.allow_bad_rows:
         return 3
     return 0
@@ -239,10 +244,11 @@ class _BadRowPrinter:
         if self.printed <= PRINTED_BAD_ROWS:
             print(f"{PROG}: bad row {b.row}: {b.reason}", file=sys.stderr)
 
-    def close(self, job: str) -> None:
+    def close(self, job: str, flags: str = "") -> None:
         if self.printed > PRINTED_BAD_ROWS:
             print(
-                f"{PROG}: ... {self.printed - PRINTED_BAD_ROWS} more bad rows: 'tokenfabric jobs {job}'",
+                f"{PROG}: ... {self.printed - PRINTED_BAD_ROWS} more bad rows: "
+                f"'tokenfabric jobs {job}{flags}'",
                 file=sys.stderr,
             )
 
@@ -267,7 +273,9 @@ def _record_terms(
         record_deadline(conf, topics, job, deadline_ms, now_ms, max_attempts=max_attempts)
 
 
-def _warn_if_unserved(model: str, adapter: str, conf: dict[str, str], topics: TopicNames) -> None:
+def _warn_if_unserved(
+    model: str, adapter: str, conf: dict[str, str], topics: TopicNames, flags: str = ""
+) -> None:
     """One line when no consumer has announced ``model`` (with ``adapter``): the job's items would
     wait, parked, until one does, and ``collect --wait`` would count them missing without saying why."""
     from processor.ops.contracts import announced_contracts, unserved_keys, unserved_names
@@ -276,7 +284,8 @@ def _warn_if_unserved(model: str, adapter: str, conf: dict[str, str], topics: To
     if missing:
         print(
             f"{PROG}: warning: no consumer serves {unserved_names(missing)} on {topics.contracts}; "
-            "the job's items wait until one announces it ('tokenfabric status' lists them as UNSERVED)",
+            "the job's items wait until one announces it "
+            f"('tokenfabric status{flags}' lists them as UNSERVED)",
             file=sys.stderr,
         )
 

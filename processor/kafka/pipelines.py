@@ -32,28 +32,43 @@ def pipeline_prefixes(topic_names: Iterable[str]) -> list[str]:
 
 
 def check_pipeline(
-    conf: Mapping[str, str], topics: TopicNames, clients: ClientFactory = KAFKA, timeout_s: float = 10.0
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    clients: ClientFactory = KAFKA,
+    timeout_s: float = 10.0,
+    create: str = "",
 ) -> None:
     """Return if ``topics``' ingest topic exists; raise :class:`NoSuchPipeline` naming the prefixes
-    that do exist (and how to create this one) if not."""
-    refusal = missing_pipeline(topics, clients.admin(conf).list_topics(timeout=timeout_s).topics, conf)
+    that do exist (and how to create this one) if not. ``create`` is the command that makes a
+    pipeline on the caller's path (default: ``tokenfabric topics create --topic-prefix P``)."""
+    listed = clients.admin(conf).list_topics(timeout=timeout_s).topics
+    refusal = missing_pipeline(topics, listed, conf, create)
     if refusal is not None:
         raise refusal
 
 
+#: A prefix at least this similar (difflib's ratio) to one given is taken for what was meant.
+CLOSE_RATIO = 0.75
+
+
 def missing_pipeline(
-    topics: TopicNames, topic_names: Iterable[str], conf: Mapping[str, str]
+    topics: TopicNames, topic_names: Iterable[str], conf: Mapping[str, str], create: str = ""
 ) -> NoSuchPipeline | None:
-    """None if ``topics``' ingest topic is among ``topic_names`` (the cluster's), else the refusal."""
+    """None if ``topics``' ingest topic is among ``topic_names`` (the cluster's), else the refusal.
+
+    A prefix close to an existing one is taken for a typo: the refusal names the close ones and does
+    not advise creating the misspelt pipeline; any other names how to create it (``create``)."""
     names = set(topic_names)
     if topics.ingest in names:
         return None
-    there = _named(topics.prefix, pipeline_prefixes(names))
-    return NoSuchPipeline(
-        f"--topic-prefix {topics.prefix!r}: no pipeline on {conf.get('bootstrap.servers', '?')} "
-        f"(no topic {topics.ingest}; {there}); create it with "
-        f"'tokenfabric topics create --topic-prefix {topics.prefix}'"
-    )
+    found = pipeline_prefixes(names)
+    where = conf.get("bootstrap.servers", "?")
+    head = f"--topic-prefix {topics.prefix!r}: no pipeline on {where} (no topic {topics.ingest}"
+    close = difflib.get_close_matches(topics.prefix, found, n=NAMED_PREFIXES, cutoff=CLOSE_RATIO)
+    if close:
+        return NoSuchPipeline(f"{head}); did you mean {' or '.join(close)}? (pass that --topic-prefix)")
+    create = create or f"tokenfabric topics create --topic-prefix {topics.prefix}"
+    return NoSuchPipeline(f"{head}; {_named(topics.prefix, found)}); to start a new one: '{create}'")
 
 
 #: At most this many existing prefixes are named in a refusal: the nearest to the one given.

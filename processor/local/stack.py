@@ -221,6 +221,22 @@ def _wait_announced(
         time.sleep(0.5)
 
 
+def uncollected_jobs(stack: Stack, broker_dir: Path, timeout_s: float = 10.0) -> list[str]:
+    """The jobs whose results ``collect`` has not all written, on a broker this stack started and
+    that still runs: what stopping it would lose. [] for a broker the stack did not start (``down``
+    leaves it running) or one already gone (nothing left to save)."""
+    from processor.jobs.topic import read_jobs
+
+    if not stack.started_broker or broker_status(broker_dir) is None:
+        return []
+    jobs = read_jobs({"bootstrap.servers": stack.bootstrap}, TopicNames(stack.prefix), timeout_s=timeout_s)
+    return sorted(
+        name
+        for name, job in jobs.items()
+        if job.state != "aborted" and job.results_ok + job.results_failed < job.items
+    )
+
+
 def stack_down(state_dir: Path, broker_dir: Path, timeout_s: float = 30.0) -> list[str]:
     """Stop what the stack file records (consumers first, then the processor, then a broker ``up``
     started) and remove the file. Returns the names of what was running and is now stopped."""

@@ -24,6 +24,8 @@ from typing import Any
 import yaml
 
 GROUP = "tokenfabric"
+#: The runbooks' page, as a path in the repository; set ``runbook_base_url`` to where you host it.
+RUNBOOK_PAGE = "docs/alerts.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,8 @@ class AlertSettings:
     imbalance_for_s: int = 120
     dead_letter_window_s: int = 300
     """TokenfabricDeadLetters fires while a message was dead-lettered within this window."""
+    runbook_base_url: str = RUNBOOK_PAGE
+    """Where docs/alerts.md is served: each rule's ``runbook_url`` is this plus ``#`` and its anchor."""
 
 
 def duration(seconds: int) -> str:
@@ -74,6 +78,9 @@ class RuleSpec:
     ``expr``, ``summary`` and ``description`` name settings as ``${field}`` (the number) or
     ``${duration field}`` (a Prometheus duration); Prometheus's own ``{{ $labels.x }}`` and ``$value``
     pass through untouched. ``for_setting`` names the setting that is the rule's ``for:`` ("" for 0s).
+    ``runbook`` is the anchor of the rule's runbook heading in docs/alerts.md; "" means the heading is
+    the alert's own name (``### TokenfabricTargetDown`` -> ``tokenfabrictargetdown``), so a new rule
+    needs only its heading there (tests/ops/test_alert_rules.py checks every anchor resolves).
     """
 
     alert: str
@@ -82,6 +89,19 @@ class RuleSpec:
     severity: str
     summary: str
     description: str
+    runbook: str = ""
+
+    @property
+    def runbook_anchor(self) -> str:
+        """The anchor of this rule's runbook heading in docs/alerts.md."""
+        return self.runbook or heading_anchor(self.alert)
+
+
+def heading_anchor(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub and GitLab make it: lower case, punctuation dropped,
+    spaces to hyphens (``How to read it`` -> ``how-to-read-it``)."""
+    kept = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return kept.replace(" ", "-")
 
 
 _SETTING = re.compile(r"\$\{(duration )?([a-z_]+)\}")
@@ -91,7 +111,7 @@ def _fill(text: str, s: AlertSettings) -> str:
     """``text`` with each ``${field}`` / ``${duration field}`` replaced by ``s``'s value."""
 
     def value(m: re.Match[str]) -> str:
-        number: int = getattr(s, m.group(2))
+        number: int = getattr(s, m.group(2))  # the thresholds, never runbook_base_url
         return duration(number) if m.group(1) else str(number)
 
     return _SETTING.sub(value, text)
@@ -104,7 +124,11 @@ def render_rule(spec: RuleSpec, s: AlertSettings) -> dict[str, Any]:
         "expr": _fill(spec.expr, s),
         "for": duration(getattr(s, spec.for_setting) if spec.for_setting else 0),
         "labels": {"severity": spec.severity},
-        "annotations": {"summary": _fill(spec.summary, s), "description": _fill(spec.description, s)},
+        "annotations": {
+            "summary": _fill(spec.summary, s),
+            "description": _fill(spec.description, s),
+            "runbook_url": f"{s.runbook_base_url}#{spec.runbook_anchor}",
+        },
     }
 
 

@@ -34,12 +34,13 @@ import gzip
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -154,7 +155,7 @@ class ObservabilityServer:
 
     def __init__(self, registry: CollectorRegistry, health: HealthCheck, addr: str, port: int) -> None:
         handler = _handler(registry, health)
-        server_class = _Server6 if ":" in addr else ThreadingHTTPServer
+        server_class = _Server6 if ":" in addr else _Server
         self.httpd = server_class((addr, port), handler)
         self.httpd.daemon_threads = True
         self.addr = addr
@@ -173,7 +174,20 @@ class ObservabilityServer:
         self.thread.join(5)
 
 
-class _Server6(ThreadingHTTPServer):
+class _Server(ThreadingHTTPServer):
+    """A client that went away before its answer was written (a scrape that timed out while this
+    process was paused, a probe's connection reset) is routine: one debug line, not the traceback
+    ``socketserver`` prints to stderr for any error of a request. Other errors keep the traceback."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        gone = sys.exc_info()[1]
+        if isinstance(gone, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
+            log.debug("client %s went away before its answer was written: %s", client_address, gone)
+            return
+        super().handle_error(request, client_address)
+
+
+class _Server6(_Server):
     address_family = socket.AF_INET6
 
 

@@ -39,3 +39,18 @@ def fitted(rows: Sequence[Row], width: int, left: Sequence[int] = (0,)) -> list[
             out.append("")
         out += aligned([[r[c] for c in part] for r in rows], [part.index(c) for c in part if c in left])
     return out
+
+
+def folded(text: str, width: int, first: str = "", indent: int = 2) -> str:
+    """``first`` and ``text`` folded at word boundaries to ``width`` (at least 40), later lines
+    indented ``indent`` spaces: a long line of a command's output fits the terminal, words whole."""
+    import textwrap
+
+    return textwrap.fill(
+        text,
+        max(40, width),
+        initial_indent=first,
+        subsequent_indent=" " * indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )

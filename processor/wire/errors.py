@@ -29,6 +29,24 @@ class DecodeError(ValueError):
         return (type(self), (self.reason, str(self)))
 
 
+#: The frame's reasons, in the order they are checked (every record).
+FRAME_REASONS = ("bad-magic", "unknown-schema", "avro-decode", "trailing-bytes")
+#: A TokenItem's reasons (alone or in a Batch), in ``processor.wire.records.item_problem``'s order.
+ITEM_REASONS = (
+    "empty-item-id",
+    "empty-model",
+    "invalid-model",
+    "negative-token-count",
+    "token-count-mismatch",
+    "invalid-request",
+)
+#: A ConsumerContract's and a JobShare's own reasons.
+CONTRACT_REASONS = ("invalid-contract",)
+SHARE_REASONS = ("invalid-share",)
+#: Every ``DecodeError.reason``: docs/wire-format.md's table (tests/test_docs_agree.py holds both).
+DECODE_REASONS = (*FRAME_REASONS, *ITEM_REASONS, *CONTRACT_REASONS, *SHARE_REASONS)
+
+
 class Malformed(Exception):
     """Internal: the Avro body is not well formed (turned into DecodeError('avro-decode'))."""
 

@@ -59,3 +59,8 @@ def test_collect_wait_stopped_by_a_signal_writes_what_it_has(
     assert "job j1: 5 rows: 0 ok, 0 failed, 0 invalid, 5 missing" in stdout, stdout
     assert "missing: no consumer serves model 'default': the job's items wait until one" in stdout
     assert out.exists() and out.read_text(encoding="utf-8") == ""
+    last = stderr.strip().splitlines()[-1]  # the last word: interrupted, what it wrote, how to go on
+    assert last == (
+        f"tokenfabric collect: interrupted by {sig.name}: wrote the 0 rows collected so far to {out}; "
+        "run the same command again to go on from there"
+    ), stderr

@@ -15,9 +15,11 @@ commands run through ``processor.cli.main`` exactly as a person would type them.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from confluent_kafka import Producer
@@ -174,6 +176,12 @@ def test_a_job_is_submitted_run_and_collected_once_per_row_across_restarts(
     assert (final.state, final.results_ok, final.results_failed) == ("finished", ROWS - 1, 0)
     assert main(["jobs", *kafka]) == 0
     assert job in capsys.readouterr().out
+    with mock.patch.dict(os.environ, {"COLUMNS": "80"}):
+        assert main(["jobs", job, *kafka]) == 0  # in full, folded to 80 columns
+    detail = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("cost ") for line in detail), detail
+    wide = [line for line in detail if len(line) > 80]
+    assert all(len(line.split()) == 2 for line in wide), wide  # only a label and one path, kept whole
     service_dir = tmp_path / "service"
     assert main(["collector", "--out-dir", str(service_dir), "--once", *kafka]) == 0
     assert (service_dir / f"{job}.jsonl").read_bytes() == first

@@ -1,5 +1,5 @@
 """``tokenfabric local up|status|down`` as a newcomer runs it: a job through it, then everything it
-started stopped and nothing else.
+started stopped and nothing else; ``down`` refuses, in one line, to discard a job not yet collected.
 
 The stack gets its own ``TOKENFABRIC_HOME``, so ``up`` starts a broker of its own there (the test
 session's broker at ``KAFKA_BOOTSTRAP`` is not the local default and must survive ``down``), and a
@@ -59,7 +59,10 @@ def test_local_up_runs_a_job_and_down_stops_exactly_what_up_started(tmp_path: Pa
         )
         status = _tokenfabric(env, "local", "status")
         assert status.returncode == 0
-        assert status.stdout.count(" up  ") == 3, status.stdout
+        assert status.stdout.count(" up  ") == 4, status.stdout  # the broker too
+        assert (
+            "  kafka      up    pid " in status.stdout and "(started by up; down stops it)" in status.stdout
+        )
 
         # the job path the docs give, word for word but for the files
         data, template = review_job(tmp_path, 20)
@@ -75,7 +78,24 @@ def test_local_up_runs_a_job_and_down_stops_exactly_what_up_started(tmp_path: Pa
         rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
         assert len(rows) == 20 and {r["status"] for r in rows} == {"ok"}
 
-        down = _tokenfabric(env, "local", "down")
+        # a job not yet collected: down refuses to discard it without a word, and names the two ways on
+        pending = _tokenfabric(
+            env, "submit", str(data), "--job", "later", "--template", str(template), *kafka
+        )
+        assert pending.returncode == 0, pending.stderr
+        refused = _tokenfabric(env, "local", "down")
+        assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+        assert refused.stderr.startswith("tokenfabric local: error: stopping the broker 'up' started "), (
+            refused
+        )
+        assert "1 have results not yet collected (later)" in refused.stderr, refused.stderr
+        assert (
+            "--out FILE --topic-prefix trial' first, or 'tokenfabric local down --discard'\n"
+            in refused.stderr
+        )
+        assert len(refused.stderr.splitlines()) == 1 and all(p.alive() for p in stack.processes)
+
+        down = _tokenfabric(env, "local", "down", "--discard")
         assert down.returncode == 0, down.stderr
         assert down.stdout == "stopped: card2, card1, processor, kafka\n"
         assert not any(p.alive() for p in stack.processes)

@@ -38,7 +38,9 @@ def test_submit_warns_while_no_consumer_serves_the_model(
 
     warning = (
         f"tokenfabric submit: warning: no consumer serves model 'labeller' on {topics.contracts}; the job's "
-        "items wait until one announces it ('tokenfabric status' lists them as UNSERVED)\n"
+        "items wait until one announces it "
+        f"('tokenfabric status --bootstrap {kafka_bootstrap} --topic-prefix {topics.prefix}' lists them as "
+        "UNSERVED)\n"
     )
     assert submit("j1") == warning
 

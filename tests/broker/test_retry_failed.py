@@ -100,6 +100,8 @@ def test_retry_failed_runs_the_failed_rows_again_and_collect_merges_the_attempts
     assert main([*retry, f"{JOB}.r9"]) == 2  # no such job
     assert main([*retry, JOB]) == 0
     said = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in said.splitlines()), said  # folded to the terminal
+    said = " ".join(said.split())
     assert f"submitted attempt 2 of job {JOB} as job {JOB}.r2: 9 of 9 failed or expired rows" in said
     jobs = read_jobs(conf, topics)
     attempt = jobs[f"{JOB}.r2"]

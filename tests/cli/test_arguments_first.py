@@ -61,9 +61,9 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_without_a_cluster_the_commands_say_so(capsys: pytest.CaptureFixture[str], no_cluster: None) -> None:
-    """The control: good arguments and no cluster do get "no Kafka to talk to"."""
+    """The control: good arguments and no cluster do get "no Kafka to talk to" (exit 69, README)."""
     code, _, err = run_cli(capsys, "status")
-    assert code == 2 and "no Kafka to talk to" in err, err
+    assert code == 69 and "no Kafka to talk to" in err, err
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

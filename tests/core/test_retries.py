@@ -134,3 +134,12 @@ def test_a_message_answering_only_retried_items_still_counts_them_answered_and_f
     sched.check()
     (again,) = sched.dispatch(3)  # the consumer's slot is free: the retry goes out
     assert [it.id for it in again.items] == [flaky.id] and flaky.attempt == 2
+
+
+def test_an_item_of_no_job_is_retried_up_to_the_default_attempts() -> None:
+    """docs/wire-format.md, "Which completion of an item counts": an item with no job (``job`` "")
+    has no JobShare to name its ``max_attempts``, so it gets the processors' default."""
+    policy = RetryPolicy()
+    policy.set("nightly", 1)
+    assert [policy.retries("", n) for n in range(1, DEFAULT_MAX_ATTEMPTS + 1)] == [True, True, False]
+    assert not policy.retries("nightly", 1)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import promql_parser
 
 from tests.common import ROOT
+from tests.ops.test_alert_rules import promtool
 
 DASHBOARD = ROOT / "k8s" / "grafana-dashboard.json"
 
@@ -124,3 +126,48 @@ def test_the_parser_finds_every_selector() -> None:
     expr += " or max_over_time(c[5m:1m])"
     assert metric_names(expr) == {"a_bucket", "b", "c"}
     assert metric_names('topk(3, d) + count_values("v", e)') == {"d", "e"}
+
+
+#: How a latency panel keeps its last value when idle: NaN quantiles (no observation in the rate
+#: window) dropped by ``>= 0``, and the last quantile within the hour shown.
+LAST_VALUE = re.compile(r"^last_over_time\(\(histogram_quantile\(.*\) >= 0\)\[1h:\]\)$")
+
+
+def test_latency_panels_show_the_last_value_when_idle() -> None:
+    quantiles = [(t, e) for t, e in exprs(dashboard()) if "histogram_quantile" in e]
+    assert len(quantiles) >= 8
+    for title, expr in quantiles:
+        assert LAST_VALUE.match(expr), f"{title}: {expr} goes blank once its rate window holds nothing"
+
+
+def test_an_idle_histogram_keeps_its_last_quantile_under_promtool(tmp_path: Path) -> None:
+    """Items observed for 5 minutes, then none for 15: the panel's query still reads the last
+    median 15 minutes later, where the bare quantile reads nothing."""
+    (_, expr), *_ = [(t, e) for t, e in exprs(dashboard()) if "tokenfabric_item_queued_seconds_bucket" in e]
+    expr = expr.replace("$__rate_interval", "2m")
+    bare = expr[len("last_over_time((") : -len(")[1h:])")]  # the quantile >= 0, unwrapped
+    series = "tokenfabric_item_queued_seconds_bucket"
+    test = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'{series}{{le="{le}", model="m"}}', "values": "0+10x5 50x20"}
+                    for le in ("0.1", "+Inf")
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "20m",
+                        "exp_samples": [{"labels": '{model="m"}', "value": 0.05}],
+                    },
+                    {"expr": bare, "eval_time": "20m", "exp_samples": []},
+                ],
+            }
+        ],
+    }
+    file = tmp_path / "idle.yml"
+    file.write_text(json.dumps(test))
+    out = promtool("test", "rules", str(file))
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -24,8 +24,21 @@ def test_an_existing_pipeline_passes_and_a_typo_names_the_prefixes_there() -> No
     with pytest.raises(NoSuchPipeline) as refused:
         check_pipeline(CONF, TopicNames("order"), clients)
     assert str(refused.value) == (
-        "--topic-prefix 'order': no pipeline on memory:9092 (no topic order.ingest; prefixes there: "
-        "orders, reviews); create it with 'tokenfabric topics create --topic-prefix order'"
+        "--topic-prefix 'order': no pipeline on memory:9092 (no topic order.ingest); "
+        "did you mean orders? (pass that --topic-prefix)"
+    )
+
+
+def test_a_new_prefix_far_from_every_other_names_them_and_how_to_create_it() -> None:
+    kafka = MemoryKafka()
+    kafka.create_topics(topic_specs(TopicNames("orders")))
+    clients = MemoryClients(kafka)
+    with pytest.raises(NoSuchPipeline) as refused:
+        create = "tokenfabric local up --topic-prefix invoices"
+        check_pipeline(CONF, TopicNames("invoices"), clients, create=create)
+    assert str(refused.value) == (
+        "--topic-prefix 'invoices': no pipeline on memory:9092 (no topic invoices.ingest; prefixes there: "
+        "orders); to start a new one: 'tokenfabric local up --topic-prefix invoices'"
     )
 
 
@@ -36,7 +49,10 @@ def test_on_a_busy_cluster_only_the_nearest_prefixes_are_named() -> None:
     kafka.create_topics(topic_specs(TopicNames("reviews-prod")))
     with pytest.raises(NoSuchPipeline) as refused:
         check_pipeline(CONF, TopicNames("reviews-prd"), MemoryClients(kafka))
-    assert f"{NAMED_PREFIXES * 3 + 1} prefixes there, the nearest: reviews-prod, " in str(refused.value)
+    assert "did you mean reviews-prod?" in str(refused.value)
+    with pytest.raises(NoSuchPipeline) as refused:
+        check_pipeline(CONF, TopicNames("zzz"), MemoryClients(kafka))
+    assert f"{NAMED_PREFIXES * 3 + 1} prefixes there, the nearest: " in str(refused.value)
 
 
 def test_a_cluster_with_no_pipeline_says_so() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from processor.ops.alerts import RULES, AlertSettings, render, rule_groups, rules
+from processor.ops.alerts import RULES, AlertSettings, RuleSpec, heading_anchor, render, rule_groups, rules
 from tests.common import ROOT
 
 RULE_FILE = ROOT / "k8s" / "prometheus" / "tokenfabric-alerts.yml"
@@ -350,7 +350,34 @@ def test_every_rule_file_in_the_docs_passes_promtool(path: Path, tmp_path: Path)
 def test_docs_alerts_describes_every_alert_and_every_threshold() -> None:
     text = (ROOT / "docs" / "alerts.md").read_text()
     for alert in ALERTS:
-        assert f"| `{alert}` |" in text, f"{alert} has no row in docs/alerts.md"
+        assert f"| [`{alert}`](#{alert.lower()}) |" in text, f"{alert} has no row in docs/alerts.md"
     for name in AlertSettings.__dataclass_fields__:
         default = getattr(AlertSettings(), name)
         assert f"| `{name}` | {default} |" in text, f"threshold {name} ({default}) is not in docs/alerts.md"
+
+
+def page_anchors(text: str) -> set[str]:
+    """The anchors of every heading of a Markdown page (outside code blocks), as GitHub makes them."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return {heading_anchor(h) for h in re.findall(r"^#+ (.+)$", prose, re.M)}
+
+
+def test_every_rule_has_a_runbook_url_that_resolves_to_a_heading_of_docs_alerts() -> None:
+    anchors = page_anchors((ROOT / "docs" / "alerts.md").read_text())
+    for rule in rules():
+        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert page == "docs/alerts.md", rule["alert"]
+        assert anchor in anchors, f"{rule['alert']}: no heading #{anchor} in docs/alerts.md"
+
+
+def test_a_rule_whose_runbook_heading_is_missing_is_caught() -> None:
+    spec = RuleSpec("TokenfabricNew", "vector(1)", "", "warning", "s", "d")
+    assert spec.runbook_anchor == "tokenfabricnew"
+    assert spec.runbook_anchor not in page_anchors((ROOT / "docs" / "alerts.md").read_text())
+    assert page_anchors("## How it works\n```\n# not a heading\n```\n") == {"how-it-works"}
+
+
+def test_the_runbook_page_can_be_served_elsewhere() -> None:
+    base = "https://git.example.com/tokenfabric/blob/main/docs/alerts.md"
+    (first, *_) = rules(AlertSettings(runbook_base_url=base))
+    assert first["annotations"]["runbook_url"] == f"{base}#tokenfabrictargetdown"

@@ -4,8 +4,10 @@ metrics server's port and flags."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -157,3 +159,60 @@ def test_a_collector_that_fails_answers_500_and_health_still_answers() -> None:
         assert get(server.url + "/healthz")[0] == 200
     finally:
         server.close()
+
+
+class _Big:
+    """A collector whose exposition is megabytes: its answer cannot fit a socket's buffers."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        fam = GaugeMetricFamily("tokenfabric_test_big", "x" * 100, labels=["n"])
+        for n in range(20_000):
+            fam.add_metric([f"{n:0>2000}"], n)
+        yield fam
+
+
+def test_a_client_that_went_away_leaves_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """A scrape that gave up (as Prometheus does while the process is paused) and reset its connection:
+    writing the answer fails with BrokenPipeError or ConnectionResetError, and the server logs it at
+    debug level instead of printing socketserver's traceback."""
+    import socket
+    import struct
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Big())
+    server = ObservabilityServer(registry, ServingHealth(), "127.0.0.1", 0)
+    errors: list[BaseException | None] = []
+    handle = server.httpd.handle_error
+
+    def seen(request: Any, address: Any) -> None:
+        errors.append(sys.exc_info()[1])
+        handle(request, address)
+
+    server.httpd.handle_error = seen  # type: ignore[method-assign]
+    try:
+        client = socket.create_connection(("127.0.0.1", server.port))
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        client.recv(1)  # the answer has started
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset, not a polite close
+        deadline = time.monotonic() + 10
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.close()
+    assert errors and isinstance(errors[0], (BrokenPipeError, ConnectionResetError)), errors
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_other_request_errors_keep_their_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    server = ObservabilityServer(CollectorRegistry(), ServingHealth(), "127.0.0.1", 0)
+    try:
+        try:
+            raise ValueError("a bug")
+        except ValueError:
+            server.httpd.handle_error(None, ("127.0.0.1", 1))
+    finally:
+        server.close()
+    assert "ValueError: a bug" in capfd.readouterr().err

@@ -8,6 +8,7 @@ ConsumerApp against a broker: tests/broker/test_metrics.py."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -331,6 +332,50 @@ def test_the_consumer_apps_lag_counts_batches_not_offsets() -> None:
     assert value(read_registry(metrics.registry), "tokenfabric_consumer_app_lag_batches", **key) == 3
     metrics.kafka.on_stats(stats(6, 6))  # read to the end: nothing to count
     assert value(read_registry(metrics.registry), "tokenfabric_consumer_app_lag_batches", **key) == 0
+    app.engine.close()
+
+
+def test_the_lag_counters_own_reader_is_not_counted_in_the_apps_lag() -> None:
+    """The reader that counts unread batches reads the batch topic too: built from the app's
+    settings, it reported its own statistics, and its position was added to the app's lag (23
+    batches on a drained consumer where Kafka said 1). It is built without the statistics callback."""
+    import json
+
+    from processor.engines.sim import SimEngine
+    from processor.kafka.memory import MemoryClients, MemoryKafka
+    from processor.kafka.topics import TopicNames, topic_specs
+
+    built: list[dict[str, Any]] = []
+
+    class Recording(MemoryClients):
+        def consumer(self, settings: Any) -> Any:
+            built.append(dict(settings))
+            return super().consumer(settings)
+
+    kafka = MemoryKafka()
+    topics = TopicNames("lagown")
+    kafka.create_topics(topic_specs(topics, consumers=["card"]))
+    metrics = ConsumerMetrics("card")
+    conf = metrics.kafka_conf({})
+    assert "stats_cb" in conf  # the app's own clients do report
+    contract = Contract("card", "m", budget_tokens=4096, max_items=8)
+    app = ConsumerApp(conf, topics, contract, SimEngine(CardSpec(), 0.0), clients=Recording(kafka))
+    metrics.watch(app)
+    producer = kafka.clients().producer({})
+    for n in range(3):
+        producer.produce(app.batch_topic, f"batch {n}".encode(), f"b{n}".encode())
+    producer.flush()
+    part = {"fetch_state": "active", "app_offset": 1, "ls_offset": 3, "consumer_lag": 0}
+    doc = {
+        "name": "rdkafka#consumer-1",
+        "type": "consumer",
+        "topics": {app.batch_topic: {"partitions": {"0": part}}},
+    }
+    metrics.kafka.on_stats(json.dumps(doc))
+    key = {"consumer": "card", "model": "m"}
+    assert value(read_registry(metrics.registry), "tokenfabric_consumer_app_lag_batches", **key) == 2
+    (reader,) = [c for c in built if str(c.get("group.id", "")).startswith("tokenfabric-lag-")]
+    assert "stats_cb" not in reader and "statistics.interval.ms" not in reader
     app.engine.close()
 
 
