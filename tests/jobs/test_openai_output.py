@@ -64,7 +64,7 @@ def _results() -> list[RowResult]:
             **common,
         ),
         RowResult(row=3, status="failed", reason="engine timed out", **common),
-        RowResult(row=4, status="rejected", reason="prompt too long", **common),
+        RowResult(row=4, status="rejected", reason="HTTP 413: prompt too long (not retried)", **common),
         RowResult(row=5, status="cancelled", reason="job cancelled by ops", input_tokens=12),
         RowResult(row=6, status="expired", input_tokens=12),
         RowResult(row=7, status="invalid", reason="not JSON: Expecting property name"),
@@ -98,17 +98,23 @@ def test_an_openai_job_gives_valid_output_and_error_files_one_line_per_custom_id
     assert ok[0]["response"]["request_id"] == "job-1:0" and ok[1]["response"]["request_id"] == "job-1:1"
 
     by_id = {x["custom_id"]: x for x in bad}
+    # no HTTP response: OpenAI's ``error`` ("for requests that failed with a non-HTTP error")
     assert by_id["fails"]["error"] == {"code": "server_error", "message": "engine timed out"}
-    assert by_id["fails"]["response"]["status_code"] == 500
-    assert by_id["fails"]["response"]["body"]["error"]["message"] == "engine timed out"
-    assert (by_id["refused"]["error"]["code"], by_id["refused"]["response"]["status_code"]) == (
-        "invalid_request",
-        400,
-    )
+    assert by_id["fails"]["response"] is None
+    # an HTTP error: the response with the server's status and message, and no ``error``
+    refused = by_id["refused"]
+    assert refused["error"] is None and refused["response"]["status_code"] == 413
+    assert refused["response"]["body"]["error"] == {
+        "message": "HTTP 413: prompt too long (not retried)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_request",
+    }
     assert by_id["cancelled"]["response"] is None and by_id["cancelled"]["error"]["code"] == "batch_cancelled"
     assert by_id["expired"]["response"] is None and by_id["expired"]["error"]["code"] == "batch_expired"
     assert "window" in by_id["expired"]["error"]["message"]
-    assert by_id["job-1:7"]["error"]["code"] == "invalid_request"
+    assert by_id["job-1:7"]["error"] is None
+    assert by_id["job-1:7"]["response"]["body"]["error"]["code"] == "invalid_request"
 
     # ids are unique and stable: a second write gives the same bytes
     assert len({x["id"] for x in ok + bad}) == 8
@@ -149,7 +155,7 @@ def test_a_duplicate_custom_id_is_written_under_its_item_id_so_each_custom_id_ha
     write_openai(out, errors, zip(results, values, strict=True), job=job.name, request_of=request_of_job(job))
     ok, bad = validate_files(out, errors)
     assert [x["custom_id"] for x in ok] == ["chat-plain"] and [x["custom_id"] for x in bad] == ["job-1:1"]
-    assert "duplicate custom_id 'chat-plain'" in bad[0]["error"]["message"]
+    assert "duplicate custom_id 'chat-plain'" in bad[0]["response"]["body"]["error"]["message"]
 
 
 def test_the_engines_json_form_is_read_only_with_exactly_its_keys() -> None:
