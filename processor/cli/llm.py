@@ -129,10 +129,11 @@ def _progress(line: str) -> None:
 
 def _run_action(args: argparse.Namespace) -> int:
     if args.action == "build":
+        model = ensure_model()  # first: a machine without the llm extra is told before a build
         record = build_server(jobs=args.jobs, progress=_progress)
         print(f"binary={record.binary}")
         print(f"build_s={record.build_s:.0f}")
-        print(f"model={ensure_model()}")
+        print(f"model={model}")
         return 0
     if args.action == "start":
         running = server_status(args.name)
@@ -144,10 +145,11 @@ def _run_action(args: argparse.Namespace) -> int:
             cache_prompt=not args.no_cache_prompt,
             **{field: getattr(args, field) for _, field, _, _ in _SETTING_OPTIONS},
         )
+        model = ensure_model()  # first: a machine without the llm extra is told before a build
         binary = build_server(progress=_progress).binary
         info = start_server(
             binary,
-            ensure_model(),
+            model,
             name=args.name,
             settings=settings,
             port=args.port,

@@ -160,8 +160,7 @@ def test_one_refused_row_of_a_multi_prompt_request_fails_alone(server: FakeCompl
     assert [s for _, s, _ in results] == ["ok"] * 5 + ["rejected"] + ["ok"] * 2
     reason = results[5][2]
     assert reason == (
-        f"HTTP {status}: token {BAD_ID} refused (not retried)"
-        " (isolated from a request of 8 prompts)"
+        f"HTTP {status}: token {BAD_ID} refused (not retried) (isolated from a request of 8 prompts)"
     )
     assert len(server.received) <= 7  # 1 + 2 per halving of 8
     assert [[6, BAD_ID]] in [r.body["prompt"] for r in server.received]

@@ -296,3 +296,26 @@ def test_a_record_of_another_shape_is_ignored_not_a_traceback(
 ) -> None:
     _record(monkeypatch, tmp_path, "old", {"pid": os.getpid()})  # no port, no binary
     assert server.server_status("old") is None
+
+
+@pytest.mark.parametrize("action", ["start", "build"])
+def test_without_the_llm_extra_start_and_build_say_so_in_one_line_before_any_build(
+    action: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    # numpy and gguf unimportable, as on an install without the extra; an empty cache: nothing built
+    code = (
+        "import sys; sys.modules['numpy'] = None; sys.modules['gguf'] = None\n"
+        "from processor.cli.llm import main\n"
+        f"sys.exit(main([{action!r}]))\n"
+    )
+    env = {**os.environ, "TOKENFABRIC_LLM_CACHE": str(tmp_path / "cache"), "TOKENFABRIC_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"tokenfabric llm {action}: error: the llm extra is missing: pip install 'tokenfabric[llm]' "
+        "(numpy is not installed)"
+    ]
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("llama-server*"))
