@@ -11,8 +11,8 @@ How a body maps to an item (docs/jobs.md has the table): ``prompt`` (a string, o
 ids, or a list of one string) or ``messages`` (rendered with the chat template) is the prompt;
 ``model`` the job's model (``--model``, else the first line's; a line naming another model names
 a LoRA adapter of it, as vLLM serves adapters by name: processor/jobs/prepare.py OpenAIRows);
-``max_tokens`` / ``max_completion_tokens`` the output budget; ``temperature``, ``top_p``, ``seed``, ``stop``, ``logprobs`` / ``top_logprobs``
-and ``response_format`` (``json_schema``, ``json_object``) the request's fields, as do vLLM's
+``max_tokens`` / ``max_completion_tokens`` the output budget; ``temperature``, ``top_p``, ``seed``,
+``stop``, ``logprobs`` / ``top_logprobs`` and ``response_format`` (``json_schema``, ``json_object``) the request's fields, as do vLLM's
 ``top_k``, ``stop_token_ids``, ``priority``, ``guided_json``, ``guided_choice`` and
 ``guided_regex``; every other key goes to the request's ``extra`` (passed to the server as it is).
 ``n`` other than 1 and ``stream: true`` are refused: a row has one result, written once.
