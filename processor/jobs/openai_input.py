@@ -7,18 +7,18 @@ are read through the ordinary :class:`~processor.jobs.datasets.Dataset`, so row 
 stays where it is, in the input row: ``collect`` re-reads the dataset to join results, and
 :func:`custom_id_of` gives it back for the OpenAI output file.
 
-How a body maps to an item (docs/jobs.md has the table): ``prompt`` (a string, or a list of token
-ids, or a list of one string) or ``messages`` (rendered with the chat template) is the prompt;
-``model`` the job's model (``--model``, else the first line's; a line naming another model names
-a LoRA adapter of it, as vLLM serves adapters by name: processor/jobs/prepare.py OpenAIRows);
-``max_tokens`` / ``max_completion_tokens`` the output budget; ``temperature``, ``top_p``, ``seed``,
-``stop``, ``logprobs`` / ``top_logprobs`` and ``response_format`` (``json_schema``, ``json_object``) the request's fields, as do vLLM's
-``top_k``, ``stop_token_ids``, ``priority``, ``guided_json``, ``guided_choice`` and
-``guided_regex``; every other key goes to the request's ``extra`` (passed to the server as it is).
-``n`` other than 1 and ``stream: true`` are refused: a row has one result, written once.
-An embeddings line's ``input`` (one text, or one list of token ids) is the prompt of an item an embed
-consumer runs; ``encoding_format`` other than ``float``, and keys other than ``model``, ``input``,
-``encoding_format`` and ``user``, are refused.
+How a body maps to an item (docs/jobs.md has the table): ``prompt`` (a string, or a list of token ids,
+or a list of one string) or ``messages`` (rendered with the chat template) is the prompt; ``model`` the
+job's model (``--model``, else the first line's; a line naming another model names a LoRA adapter of it,
+as vLLM serves adapters by name: processor/jobs/prepare.py OpenAIRows); ``max_tokens`` /
+``max_completion_tokens`` the output budget; ``temperature``, ``top_p``, ``seed``, ``stop``,
+``logprobs`` / ``top_logprobs`` and ``response_format`` (``json_schema``, ``json_object``) the request's
+fields, as do vLLM's ``top_k``, ``stop_token_ids``, ``priority``, ``guided_json``, ``guided_choice`` and
+``guided_regex``; every other key goes to the request's ``extra`` (passed to the server as it is). ``n``
+other than 1 and ``stream: true`` are refused: a row has one result, written once. An embeddings line's
+``input`` (one text, or one list of token ids) is the prompt of an item an embed consumer runs;
+``encoding_format`` other than ``float``, and keys other than ``model``, ``input``, ``encoding_format``
+and ``user``, are refused.
 
 A line that cannot be used is a bad row with the reason, as in any job: not JSON, no or an empty
 ``custom_id``, a ``custom_id`` seen on an earlier line (:class:`CustomIds`), a method other than
