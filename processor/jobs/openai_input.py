@@ -180,11 +180,6 @@ def _embedding(custom_id: str, body: Mapping[str, Any], model: str | None) -> Op
     return OpenAIRequest(custom_id, EMBEDDINGS, model, prompt=prompt, prompt_ids=ids)
 
 
-def is_embeddings(request: OpenAIRequest) -> bool:
-    """Whether a line asks for an embedding (an embed consumer's work, not a generation)."""
-    return request.url == EMBEDDINGS
-
-
 def _prompt(value: Any) -> tuple[str | None, tuple[int, ...] | None]:
     """A completions prompt: a string, one string in a list, or a list of token ids."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):

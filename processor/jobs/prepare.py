@@ -38,7 +38,7 @@ from processor.jobs.chat import (
 )
 from processor.jobs.datasets import DatasetRow
 from processor.jobs.model import BadRow
-from processor.jobs.openai_input import CustomIds, OpenAIRequest, custom_id_of, is_embeddings, parse_line
+from processor.jobs.openai_input import EMBEDDINGS, CustomIds, custom_id_of, endpoint_of, parse_line
 from processor.jobs.settings import (
     RowSettings,
     Settings,
@@ -175,8 +175,8 @@ class OpenAIRows:
             custom_id = custom_id_of(values)
             if custom_id:  # first, so a custom_id belongs to its first line even when that line is bad
                 self.custom_ids.claim(custom_id, drow.row)
+            self._check_endpoint(endpoint_of(values))
             line = parse_line(values)
-            self._check_endpoint(line)
             adapter = self._adapter(line.model)
             own = {**line.settings, "adapter": adapter} if adapter else line.settings
             settings = self.settings.for_row(values, own)
@@ -191,13 +191,15 @@ class OpenAIRows:
 
         return _read(drow, read)
 
-    def _check_endpoint(self, line: OpenAIRequest) -> None:
+    def _check_endpoint(self, url: str | None) -> None:
+        if url is None:
+            return  # no url tokenfabric runs: parse_line says so
         if self.embeddings is None:
-            self.embeddings = is_embeddings(line)
-        elif is_embeddings(line) != self.embeddings:
-            first = "/v1/embeddings" if self.embeddings else "completions"
+            self.embeddings = url == EMBEDDINGS
+        elif (url == EMBEDDINGS) != self.embeddings:
+            first = EMBEDDINGS if self.embeddings else "completions"
             raise RowError(
-                f"url {line.url!r} in a job of {first} lines: a batch input takes one kind "
+                f"url {url!r} in a job of {first} lines: a batch input takes one kind "
                 "(submit embeddings and generations as jobs of their own)"
             )
 
