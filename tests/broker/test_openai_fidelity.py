@@ -65,7 +65,7 @@ def _line(custom_id: str, url: str = "/v1/completions", **body: Any) -> str:
 
 
 def _completions_file(path: Path) -> Path:
-    greedy = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    greedy: dict[str, Any] = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
     lines = [
         _line("held", model=MODEL, prompt="the soup was warm", max_tokens=4, ignore_eos=True),
         _line("too-long", model=MODEL, prompt=[101] + [2023] * (SLOT_TOKENS + 40) + [102], max_tokens=4),
