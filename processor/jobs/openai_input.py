@@ -48,7 +48,7 @@ _EMBEDDING_KEYS = frozenset({"model", "input", "encoding_format", "user"})
 #: template's path (empty when no line needed one).
 TEMPLATE_PREFIX = "openai-batch:"
 #: Body keys with the same name and meaning as a settings key.
-_SAME_NAME = ("temperature", "top_p", "seed", "stop", "top_k", "stop_token_ids", "priority")
+_SAME_NAME = ("temperature", "top_p", "seed", "stop", "top_k", "stop_token_ids", "priority", "adapter")
 #: vLLM's guided-decoding keys, and the settings key each becomes.
 _GUIDED = {"guided_json": "json_schema", "guided_choice": "choices", "guided_regex": "regex"}
 #: Body keys that are the prompt or the model, not settings.

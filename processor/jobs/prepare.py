@@ -177,7 +177,7 @@ class OpenAIRows:
                 self.custom_ids.claim(custom_id, drow.row)
             self._check_endpoint(endpoint_of(values))
             line = parse_line(values)
-            adapter = self._adapter(line.model)
+            adapter = self._adapter(line.model, line.settings.get("adapter"))
             own = {**line.settings, "adapter": adapter} if adapter else line.settings
             settings = self.settings.for_row(values, own)
             return RowPrompt(
@@ -203,17 +203,21 @@ class OpenAIRows:
                 "(submit embeddings and generations as jobs of their own)"
             )
 
-    def _adapter(self, named: str | None) -> str:
-        """The LoRA adapter a line's ``body.model`` names ("" for the base model); RowError for one
-        no consumer serves (when ``adapters`` is known)."""
-        if named is None or self.model is None or named == self.model:
-            return ""
-        if self.override and named == self.file_model:
+    def _adapter(self, named: str | None, asked: str | None = None) -> str:
+        """The LoRA adapter a line's ``body.model`` names, or its ``body.adapter`` (``asked``,
+        tokenfabric's own setting) asks for; "" for the base model; RowError for one no consumer
+        serves (when ``adapters`` is known)."""
+        key = "body.adapter" if asked else "body.model"
+        if asked:
+            named = asked
+        elif (
+            named in (None, self.model) or self.model is None or (self.override and named == self.file_model)
+        ):
             return ""
         if self.adapters is not None and named not in self.adapters:
             served = ", ".join(sorted(self.adapters)) or "none"
             raise RowError(
-                f"body.model {named!r} is neither the job's model {self.model!r} nor a LoRA adapter a "
+                f"{key} {named!r} is neither the job's model {self.model!r} nor a LoRA adapter a "
                 f"consumer serves for it (adapters served: {served}; a consumer with --model "
                 f"{self.model} --adapter {named} serves it)"
             )

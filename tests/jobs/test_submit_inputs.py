@@ -216,3 +216,24 @@ def test_a_retry_attempt_renders_its_rows_as_the_job_did_from_the_options_the_jo
     strip = [{k: v for k, v in s.items() if k not in ("item_id", "job_id")} for s in again]
     assert strip == [{k: v for k, v in first[n].items() if k not in ("item_id", "job_id")} for n in (1, 3)]
     assert retried.shape == job.shape and again[0]["request"].temperature == 0.5
+
+
+def test_a_lines_adapter_is_its_model_name_or_its_body_adapter_and_must_be_served() -> None:
+    from processor.jobs.datasets import DatasetRow
+    from processor.jobs.prepare import SettingsSource
+
+    reader = OpenAIRows(SettingsSource(), model="m1", adapters=frozenset({"sql-lora"}))
+
+    def read(row: int, **body: Any) -> Any:
+        return reader.read(DatasetRow(row, openai_line(f"r{row}", "/v1/completions", prompt="hi", **body)))
+
+    assert read(0).settings.request is None  # the job's model: the base model, no request at all
+    assert read(1, model="sql-lora").settings.request == GenerationRequest(adapter="sql-lora")
+    assert read(2, adapter="sql-lora").settings.request == GenerationRequest(adapter="sql-lora")
+    assert read(3, adapter="french").error == (
+        "body.adapter 'french' is neither the job's model 'm1' nor a LoRA adapter a consumer serves for "
+        "it (adapters served: sql-lora; a consumer with --model m1 --adapter french serves it)"
+    )
+    assert read(4, model="french").error == UNKNOWN_M2.replace("'m2'", "'french'").replace(
+        "--adapter m2", "--adapter french"
+    )
