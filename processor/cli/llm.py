@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from processor.local.llm.build import build_server, default_jobs
 from processor.local.llm.errors import LlmLocalError
@@ -82,6 +83,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="turn off the slots' prompt cache (default: on: a slot reuses its last prompt's prefix)",
     )  # fmt: skip
     start.add_argument(
+        "--lora", metavar="FILE", action="append", default=[],
+        help="a LoRA adapter GGUF to load (repeatable; ids from 0 in order: the openai engine's lora_ids)",
+    )  # fmt: skip
+    start.add_argument(
         "--timeout-s", type=float, default=120.0,
         help="seconds to wait for /health after the launch (default: %(default)s)",
     )  # fmt: skip
@@ -143,6 +148,7 @@ def _run_action(args: argparse.Namespace) -> int:
             return 0
         settings = ServerSettings(
             cache_prompt=not args.no_cache_prompt,
+            lora=tuple(str(Path(f).resolve()) for f in args.lora),
             **{field: getattr(args, field) for _, field, _, _ in _SETTING_OPTIONS},
         )
         model = ensure_model()  # first: a machine without the llm extra is told before a build

@@ -207,7 +207,7 @@ def test_the_model_file_is_deterministic_and_named_by_its_spec(
 def test_every_setting_reaches_the_server_command_line() -> None:
     settings = server.ServerSettings(
         slots=3, ctx_tokens=3000, threads=2, cache_prompt=False, cache_reuse_tokens=64,
-        cache_ram_mib=128, slot_similarity=0.25,
+        cache_ram_mib=128, slot_similarity=0.25, lora=("/a.gguf", "/b.gguf"),
     )  # fmt: skip
     argv = server.server_args(Path("/bin/llama-server"), Path("/m.gguf"), 8123, settings)
 
@@ -225,6 +225,8 @@ def test_every_setting_reaches_the_server_command_line() -> None:
     )  # fmt: skip
     assert value("--fit") == "off"
     assert settings.ctx_tokens_per_slot == 1000
+    loras = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--lora"]
+    assert loras == ["/a.gguf", "/b.gguf"]  # in order: llama.cpp numbers them 0, 1
 
 
 @pytest.mark.parametrize(
