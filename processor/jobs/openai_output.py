@@ -25,9 +25,10 @@ in seconds. The body is a ``text_completion`` (``choices[0].text``) for ``/v1/co
 ``total_tokens``, ``prompt_tokens_details.cached_tokens``); for ``/v1/embeddings`` a ``list`` of one
 ``embedding`` (its floats) with ``usage`` ``prompt_tokens`` and ``total_tokens``.
 
-The engine's output is the generated text, or (when the row asked for logprobs: processor/engines)
-the JSON object ``{"text", "finish_reason", "output_tokens", "logprobs"}``: :func:`parse_engine_output`
-tells them apart by that exact set of keys.
+The engine's output is the generated text, or (an OpenAI line's item, whose metadata asks for it, or
+a row that asked for logprobs: processor/engines) the JSON object ``{"text", "finish_reason",
+"output_tokens", "logprobs"}``: :func:`parse_engine_output` tells them apart by that exact set of
+keys.
 """
 
 from __future__ import annotations
@@ -189,9 +190,12 @@ def batch_line(
         line["response"] = None
         line["error"] = {"code": kind.code, "message": message}
         return True, line
-    error_type, code = ("server_error", "server_error") if status >= 500 else (kind.error_type, kind.code)
-    if error_type == "server_error" and status < 500:  # a failed row the server answered with a 4xx
+    if status >= 500:
+        error_type, code = "server_error", "server_error"
+    elif result.status == "failed":  # a 4xx the engine did not take as the prompt's (401, 403, 404)
         error_type, code = "invalid_request_error", "invalid_request"
+    else:
+        error_type, code = kind.error_type, kind.code
     body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
     line["response"] = {"status_code": status, "request_id": request_id, "body": body}
     line["error"] = None

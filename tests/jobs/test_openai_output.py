@@ -4,6 +4,7 @@ files, validated against the format's JSON Schema (tests/jobs/openai_batch.py)."
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,36 @@ def test_the_engines_json_form_is_read_only_with_exactly_its_keys() -> None:
 def test_the_schema_refuses_lines_that_are_not_in_the_format(schema: Any, broken: Any) -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schema)
+
+
+@pytest.mark.parametrize(
+    ("reason", "status", "error_type"),
+    [
+        ("HTTP 503: busy (gave up after 3 attempt(s): retries=2 exhausted)", 503, "server_error"),
+        ("HTTP 404: The model `x` does not exist. (not retried)", 404, "invalid_request_error"),
+    ],
+)
+def test_a_failed_row_the_server_answered_is_an_http_error_with_its_status(
+    reason: str, status: int, error_type: str
+) -> None:
+    result = RowResult(row=0, status="failed", reason=reason, item_id="j:0")
+    is_error, line = batch_line(result, "c", job="j", model="m", endpoint="/v1/completions")
+    assert is_error and line["error"] is None
+    assert (line["response"]["status_code"], line["response"]["body"]["error"]["type"]) == (
+        status,
+        error_type,
+    )
+    assert line["response"]["body"]["error"]["message"] == reason
+    jsonschema.validate(line, ERROR_LINE)
+
+
+def test_an_embeddings_row_is_openais_embeddings_response() -> None:
+    vector = [0.6, -0.8, 0.0]
+    output = b"".join(struct.pack("<f", x) for x in vector)
+    result = RowResult(row=0, status="ok", output=output, input_tokens=5, item_id="e:0")
+    is_error, line = batch_line(result, "c", job="e", model="minilm", endpoint="/v1/embeddings")
+    assert not is_error
+    jsonschema.validate(line, OUTPUT_LINE)
+    body = line["response"]["body"]
+    assert body["data"] == [{"object": "embedding", "index": 0, "embedding": pytest.approx(vector)}]
+    assert (body["model"], body["usage"]) == ("minilm", {"prompt_tokens": 5, "total_tokens": 5})
