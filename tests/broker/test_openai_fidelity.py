@@ -5,9 +5,9 @@ to end (``submit``, a processor and consumer apps in threads, ``collect --format
 * a row held to ``max_tokens`` (``ignore_eos`` goes to llama.cpp as it is) comes back with
   ``finish_reason: "length"``, as the server said, without ``--engine-opt output=json``;
 * prompts the server refuses with HTTP 400 (longer than a slot's context; an id outside the
-  vocabulary) are ``rejected``: one dispatch each, never retried in the pipeline, their error-file
-  line an HTTP 400 response carrying the server's message (``error`` null, no server address), and
-  ``submit --retry-failed`` finds nothing to retry;
+  vocabulary; a schema it cannot convert) are ``rejected``: one dispatch each, never retried in the
+  pipeline, their error-file line an HTTP 400 response carrying the server's message (``error``
+  null, no server address), and ``submit --retry-failed`` finds nothing to retry;
 * a line whose ``model`` names the adapter runs on it (greedy text differs from the same prompt on
   the base model); a line naming an adapter no consumer serves is that row's error;
 * ``/v1/embeddings`` lines, served by an embed consumer, come back in OpenAI's embeddings shape;
@@ -49,6 +49,11 @@ BASE = Contract("fid-base", MODEL, budget_tokens=1024, max_items=8, pad_multiple
 LORA = Contract("fid-sql", serving_key(MODEL, ADAPTER), budget_tokens=1024, max_items=8, max_inflight=2)
 EMBED = Contract("fid-embed", EMBEDDER, budget_tokens=2048, max_items=16, pad_multiple=8, max_inflight=2)
 PROMPT = [101, 2023, 2003, 1037, 3231, 102]
+#: A schema llama.cpp cannot turn into a grammar (a $ref to nothing): it refuses the request, 400.
+UNCONVERTIBLE = {
+    "type": "json_schema",
+    "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +75,7 @@ def _completions_file(path: Path) -> Path:
         _line("held", model=MODEL, prompt="the soup was warm", max_tokens=4, ignore_eos=True),
         _line("too-long", model=MODEL, prompt=[101] + [2023] * (SLOT_TOKENS + 40) + [102], max_tokens=4),
         _line("bad-ids", model=MODEL, prompt=[101, 999_999, 102], max_tokens=4),
+        _line("bad-schema", model=MODEL, prompt=PROMPT, max_tokens=4, response_format=UNCONVERTIBLE),
         _line("base", model=MODEL, prompt=PROMPT, **greedy),
         _line("adapter", model=ADAPTER, prompt=PROMPT, **greedy),
         _line("unknown", model="french", prompt=PROMPT, **greedy),
@@ -128,14 +134,19 @@ def test_openai_lines_keep_the_servers_finish_reason_refusals_adapters_and_embed
                 dispatches[done.item_id] = dispatches.get(done.item_id, 0) + 1
         audited = audit(rig.conf, rig.topics, rig.processor.settings.group_id)
     assert audited.clean, "\n".join(audited.lines())
-    assert dispatches == {f"fid:{n}": 1 for n in range(5)} | {f"emb:{n}": 1 for n in range(3)}
+    assert dispatches == {f"fid:{n}": 1 for n in range(6)} | {f"emb:{n}": 1 for n in range(3)}
 
     ok, bad = validate_files(tmp_path / "fid.jsonl", tmp_path / "fid.errors.jsonl")
     by_id = {line["custom_id"]: line for line in ok + bad}
     assert sorted(line["custom_id"] for line in ok) == ["adapter", "base", "held"]
     held = by_id["held"]["response"]["body"]
     assert held["choices"][0]["finish_reason"] == "length" and held["usage"]["completion_tokens"] == 4
-    for refused, said in (("too-long", "exceeds the available context size"), ("bad-ids", "invalid tokens")):
+    refusals = {
+        "too-long": "exceeds the available context size",
+        "bad-ids": "invalid tokens",
+        "bad-schema": "JSON schema conversion failed",
+    }
+    for refused, said in refusals.items():
         line = by_id[refused]
         assert line["error"] is None and line["response"]["status_code"] == 400, line
         error = line["response"]["body"]["error"]
