@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from processor.local.llm.build import build_server, default_jobs
 from processor.local.llm.errors import LlmLocalError
@@ -82,6 +83,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="turn off the slots' prompt cache (default: on: a slot reuses its last prompt's prefix)",
     )  # fmt: skip
     start.add_argument(
+        "--lora", metavar="FILE", action="append", default=[],
+        help="a LoRA adapter GGUF to load (repeatable; ids from 0 in order: the openai engine's lora_ids)",
+    )  # fmt: skip
+    start.add_argument(
         "--timeout-s", type=float, default=120.0,
         help="seconds to wait for /health after the launch (default: %(default)s)",
     )  # fmt: skip
@@ -129,10 +134,11 @@ def _progress(line: str) -> None:
 
 def _run_action(args: argparse.Namespace) -> int:
     if args.action == "build":
+        model = ensure_model()  # first: a machine without the llm extra is told before a build
         record = build_server(jobs=args.jobs, progress=_progress)
         print(f"binary={record.binary}")
         print(f"build_s={record.build_s:.0f}")
-        print(f"model={ensure_model()}")
+        print(f"model={model}")
         return 0
     if args.action == "start":
         running = server_status(args.name)
@@ -142,12 +148,14 @@ def _run_action(args: argparse.Namespace) -> int:
             return 0
         settings = ServerSettings(
             cache_prompt=not args.no_cache_prompt,
+            lora=tuple(str(Path(f).resolve()) for f in args.lora),
             **{field: getattr(args, field) for _, field, _, _ in _SETTING_OPTIONS},
         )
+        model = ensure_model()  # first: a machine without the llm extra is told before a build
         binary = build_server(progress=_progress).binary
         info = start_server(
             binary,
-            ensure_model(),
+            model,
             name=args.name,
             settings=settings,
             port=args.port,

@@ -114,8 +114,12 @@ def _produce_chunk(
     on_bad: Callable[[BadRow], None],
 ) -> None:
     """Prepare ``chunk``'s rows; produce each good one as an item, count and report each bad one."""
+    from processor.engines.openai_choices import OUTPUT_METADATA_KEY
+    from processor.jobs.openai_input import TEMPLATE_PREFIX
     from processor.wire.records import tokens_from_ids
 
+    # an OpenAI line's output file says the server's finish_reason: the engine's JSON object carries it
+    metadata = {OUTPUT_METADATA_KEY: "json"} if job_rows.source.startswith(TEMPLATE_PREFIX) else None
     counts.rows += len(chunk)
     ready, found = prepare([job_rows.reader.read(drow) for drow in chunk], plan.tokenizer, job_rows.shaper)
     for item in ready:
@@ -128,6 +132,7 @@ def _produce_chunk(
             job_id=plan.job,
             output_budget=plan.output_budget if budget is None else budget,
             request=item.settings.request,
+            metadata=metadata,
         )
         counts.items += 1
         counts.tokens += len(item.ids)

@@ -49,6 +49,7 @@ from processor.jobs.model import MAX_BAD_ROWS, BadRow
 from processor.sim.columns import folded
 
 if TYPE_CHECKING:
+    from processor.core.contract import Contract
     from processor.core.shares import JobPolicy
     from processor.jobs.topic import JobWriter
     from processor.kafka.topics import TopicNames
@@ -207,7 +208,9 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        _warn_if_unserved(plan.model, plan.adapter, conf, topics, kafka_flags(args))
+        contracts = _announced(conf, topics)
+        _warn_if_unserved(plan.model, plan.adapter, contracts, topics, kafka_flags(args))
+        _served_adapters(plan, contracts)
         _record_terms(writer, conf, topics, plan.job, policy, deadline_ms, max_attempts)
         with _progress(not args.no_progress) as on_rows:
             final = submit(plan, producer, writer, on_bad=on_bad, on_rows=on_rows)
@@ -273,14 +276,32 @@ def _record_terms(
         record_deadline(conf, topics, job, deadline_ms, now_ms, max_attempts=max_attempts)
 
 
+def _announced(conf: dict[str, str], topics: TopicNames) -> dict[str, Contract]:
+    from processor.ops.contracts import announced_contracts
+
+    return announced_contracts(conf, topics)
+
+
+def _served_adapters(plan: SubmitPlan, contracts: dict[str, Contract]) -> None:
+    """An OpenAI input's lines may name LoRA adapters of the job's model: those some consumer serves
+    (prepare.OpenAIRows makes a line naming another one bad)."""
+    from processor.core.serving import split_serving_key
+    from processor.jobs.prepare import OpenAIRows
+
+    reader = plan.rows.reader if plan.rows is not None else None
+    if isinstance(reader, OpenAIRows):
+        keys = (split_serving_key(c.model) for c in contracts.values())
+        reader.adapters = frozenset(adapter for model, adapter in keys if model == plan.model and adapter)
+
+
 def _warn_if_unserved(
-    model: str, adapter: str, conf: dict[str, str], topics: TopicNames, flags: str = ""
+    model: str, adapter: str, contracts: dict[str, Contract], topics: TopicNames, flags: str = ""
 ) -> None:
     """One line when no consumer has announced ``model`` (with ``adapter``): the job's items would
     wait, parked, until one does, and ``collect --wait`` would count them missing without saying why."""
-    from processor.ops.contracts import announced_contracts, unserved_keys, unserved_names
+    from processor.ops.contracts import unserved_keys, unserved_names
 
-    missing = unserved_keys(model, [adapter], announced_contracts(conf, topics))
+    missing = unserved_keys(model, [adapter], contracts)
     if missing:
         print(
             f"{PROG}: warning: no consumer serves {unserved_names(missing)} on {topics.contracts}; "

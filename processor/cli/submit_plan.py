@@ -104,7 +104,14 @@ def _input_kind(args: argparse.Namespace, dataset: Dataset) -> str:
     openai = args.input_format == "openai"
     if args.input_format == "auto" and not prompt_args and dataset.format == "jsonl":
         first = next((r for r in dataset.rows() if r.values is not None), None)
-        openai = first is not None and looks_like_openai_batch(first.values)
+        if first is None:
+            raise ValueError(f"{dataset.path.name} has no JSON lines: nothing to submit")
+        openai = looks_like_openai_batch(first.values)
+        if not openai and first.values is not None and _openai_keys & set(first.values):
+            raise ValueError(
+                f"the first JSON line of {dataset.path.name} has no {_missing(first.values)}: an OpenAI "
+                'batch input line is {"custom_id": ..., "method": "POST", "url": ..., "body": {...}}'
+            )
     if openai:
         if dataset.format != "jsonl":
             raise ValueError(f"an OpenAI batch input is a .jsonl file, not {dataset.path.name}")
@@ -119,6 +126,15 @@ def _input_kind(args: argparse.Namespace, dataset: Dataset) -> str:
             "not both; an OpenAI batch input .jsonl needs neither"
         )
     return "template" if args.template is not None else "chat"
+
+
+#: Keys only an OpenAI batch input line has: a first line with one of them but not both of
+#: ``custom_id`` and ``body`` is a broken OpenAI line, not a row for a template.
+_openai_keys = frozenset({"custom_id", "body", "method", "url"})
+
+
+def _missing(values: dict[str, object]) -> str:
+    return " or ".join(k for k in ("custom_id", "body") if k not in values)
 
 
 def _check_columns(dataset: Dataset, columns: Iterable[str], user: str) -> None:
@@ -160,7 +176,8 @@ def _chat_rows(
 def _openai_rows(
     args: argparse.Namespace, dataset: Dataset, tokenizer: TextTokenizer, settings: SettingsSource
 ) -> tuple[JobRows, str]:
-    """The rows of an OpenAI batch input and the job's model: ``--model``, else the first line's."""
+    """The rows of an OpenAI batch input and the job's model: ``--model``, else the first line's
+    (lines naming another model name its LoRA adapters: prepare.OpenAIRows)."""
     from processor.jobs.chat import NO_SHAPE
     from processor.jobs.openai_input import job_template_field
     from processor.jobs.prepare import OpenAIRows, Shaper, scan
@@ -168,7 +185,7 @@ def _openai_rows(
     reader = OpenAIRows(settings, model=args.model, override=args.model is not None)
     found = scan(reader, dataset.rows())
     model = args.model or found.first_model or "default"
-    reader.model = model
+    reader.model, reader.file_model = model, found.first_model
     if not found.has_messages:
         return JobRows(reader, Shaper(), NO_SHAPE, job_template_field(None)), model
     return _with_chat(args, tokenizer, reader, found.leading, job_template_field), model

@@ -68,10 +68,18 @@ def _text(choice: dict[str, Any] | None) -> bytes:
     return b"" if choice is None else str(choice["text"]).encode("utf-8")
 
 
+#: Item metadata asking for the JSON object output (``submit`` sets it on OpenAI batch lines, whose
+#: output file carries the server's ``finish_reason``).
+OUTPUT_METADATA_KEY = "output"
+
+
 def wants_json(item: TokenItemRecord, json_output: bool) -> bool:
-    """Whether ``item``'s output is the JSON object: the ``output=json`` option, or its request asks
-    for logprobs (which have no place in a bare text)."""
-    return json_output or (item.request is not None and item.request.logprobs is not None)
+    """Whether ``item``'s output is the JSON object: the ``output=json`` option, the item's metadata
+    ``output=json`` (an OpenAI batch line's), or its request asks for logprobs (which have no place
+    in a bare text)."""
+    if json_output or (item.request is not None and item.request.logprobs is not None):
+        return True
+    return item.metadata is not None and item.metadata.get(OUTPUT_METADATA_KEY) == "json"
 
 
 def _output(item: TokenItemRecord, choice: dict[str, Any], output_tokens: int, json_output: bool) -> bytes:

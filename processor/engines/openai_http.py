@@ -29,10 +29,14 @@ the other items complete. 401/403/404, 429, 5xx and connection failures fail the
 once, without splitting.
 
 Results, per item: ``ok`` only for an item with a choice in a successful response, matched by index
-(processor/engines/openai_choices.py); ``failed`` with the endpoint, the status or error, the server's
-message and the attempts; ``rejected`` without a request for an ``output_budget`` below 1 or a request
-the server cannot be told. ``run`` never raises for a server problem: other requests of the same batch
-may have succeeded, and a reason per item is more useful than one exception text.
+(processor/engines/openai_choices.py); ``rejected`` for a prompt the server refused alone with
+400/413/422 (``HTTP 400: <the server's message>``: the same body would be refused again, so neither
+the pipeline nor ``submit --retry-failed`` runs it again), for an ``output_budget`` below 1 or a
+request the server cannot be told; ``failed`` with the status or error, the server's message and the
+attempts. No reason names the endpoint: reasons reach output files a job's user reads, and the
+server's address is the operator's business. ``run`` never raises for a server problem: other
+requests of the same batch may have succeeded, and a reason per item is more useful than one
+exception text.
 """
 
 from __future__ import annotations
@@ -203,8 +207,10 @@ class OpenAICompletionsEngine(Engine):
             return map_choices(part, response, max_tokens, json_output=json_output)
 
         def refused(item: TokenItemRecord, refusal: Refusal, sent: int) -> ItemResult:
+            # the server refused this prompt alone: the same body would be refused again, so the
+            # item is rejected (never retried, in the pipeline or by submit --retry-failed)
             alone = f" (isolated from a request of {sent} prompts)" if sent > 1 else ""
-            return item_result(item, "failed", refusal.reason + alone)
+            return item_result(item, "rejected", refusal.reason + alone)
 
         return isolate(items, send, refused)
 
@@ -226,16 +232,16 @@ class OpenAICompletionsEngine(Engine):
             except (OSError, http.client.HTTPException) as exc:
                 refused = tls_refusal(exc)
                 if refused is not None:
-                    raise _RequestFailed(f"{self.settings.endpoint}: {refused} (not retried)") from None
+                    raise _RequestFailed(f"{refused} (not retried)") from None
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if 200 <= status < 300:
-                    return _parse_response(data, self.settings.endpoint)
+                    return _parse_response(data)
                 last = f"HTTP {status}: {_server_message(data)}"
                 if belongs_to_a_prompt(status):
-                    raise _Refused(status, f"{self.settings.endpoint}: {last} (not retried)")
+                    raise _Refused(status, f"{last} (not retried)")
                 if not (status == 429 or status >= 500):
-                    raise _RequestFailed(f"{self.settings.endpoint}: {last} (not retried)")
+                    raise _RequestFailed(f"{last} (not retried)")
                 retry_after_s = _retry_after_s(retry_after)
             if attempts > s.retries:
                 raise self._gave_up(last, attempts, f"retries={s.retries} exhausted")
@@ -271,20 +277,18 @@ class OpenAICompletionsEngine(Engine):
         return delay_ms / 1000.0
 
     def _gave_up(self, last: str, attempts: int, why: str) -> _RequestFailed:
-        failed = _RequestFailed(
-            f"{self.settings.endpoint}: {last} (gave up after {attempts} attempt(s): {why})"
-        )
+        failed = _RequestFailed(f"{last} (gave up after {attempts} attempt(s): {why})")
         failed.retriable = True
         return failed
 
 
-def _parse_response(data: bytes, where: str) -> dict[str, Any]:
+def _parse_response(data: bytes) -> dict[str, Any]:
     try:
         response = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise _RequestFailed(f"{where}: 2xx body is not JSON: {_snippet(data)} (not retried)") from None
+        raise _RequestFailed(f"2xx body is not JSON: {_snippet(data)} (not retried)") from None
     if not isinstance(response, dict) or not isinstance(response.get("choices"), list):
-        raise _RequestFailed(f"{where}: 2xx body has no choices list: {_snippet(data)} (not retried)")
+        raise _RequestFailed(f"2xx body has no choices list: {_snippet(data)} (not retried)")
     return response
 
 

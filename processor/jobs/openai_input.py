@@ -1,20 +1,24 @@
 """The OpenAI batch input format: one request per JSONL line, read as a job's rows by ``submit``.
 
-Each line is ``{"custom_id": ..., "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
-"body": {...}}`` (the OpenAI Batch API's and vLLM ``run-batch``'s input). Lines are read through the
-ordinary :class:`~processor.jobs.datasets.Dataset`, so row ``n`` is the ``n``-th non-blank line and the
-item id is ``<job>:<row>`` like every job's. The ``custom_id`` stays where it is, in the input row:
-``collect`` re-reads the dataset to join results, and :func:`custom_id_of` gives it back for the
-OpenAI output file (/work/notes/custom_id.md records that choice for the output side).
+Each line is ``{"custom_id": ..., "method": "POST", "url": "/v1/completions" | "/v1/chat/completions"
+| "/v1/embeddings", "body": {...}}`` (the OpenAI Batch API's and vLLM ``run-batch``'s input). Lines
+are read through the ordinary :class:`~processor.jobs.datasets.Dataset`, so row ``n`` is the
+``n``-th non-blank line and the item id is ``<job>:<row>`` like every job's. The ``custom_id``
+stays where it is, in the input row: ``collect`` re-reads the dataset to join results, and
+:func:`custom_id_of` gives it back for the OpenAI output file.
 
-How a body maps to an item (docs/jobs.md has the table): ``prompt`` (a string, or a list of token
-ids, or a list of one string) or ``messages`` (rendered with the chat template) is the prompt;
-``model`` the job's model unless ``--model`` overrides; ``max_tokens`` / ``max_completion_tokens``
-the output budget; ``temperature``, ``top_p``, ``seed``, ``stop``, ``logprobs`` / ``top_logprobs``
-and ``response_format`` (``json_schema``, ``json_object``) the request's fields, as do vLLM's
-``top_k``, ``stop_token_ids``, ``priority``, ``guided_json``, ``guided_choice`` and
-``guided_regex``; every other key goes to the request's ``extra`` (passed to the server as it is).
-``n`` other than 1 and ``stream: true`` are refused: a row has one result, written once.
+How a body maps to an item (docs/jobs.md has the table): ``prompt`` (a string, or a list of token ids,
+or a list of one string) or ``messages`` (rendered with the chat template) is the prompt; ``model`` the
+job's model (``--model``, else the first line's; a line naming another model names a LoRA adapter of it,
+as vLLM serves adapters by name: processor/jobs/prepare.py OpenAIRows); ``max_tokens`` /
+``max_completion_tokens`` the output budget; ``temperature``, ``top_p``, ``seed``, ``stop``,
+``logprobs`` / ``top_logprobs`` and ``response_format`` (``json_schema``, ``json_object``) the request's
+fields, as do vLLM's ``top_k``, ``stop_token_ids``, ``priority``, ``guided_json``, ``guided_choice`` and
+``guided_regex``; every other key goes to the request's ``extra`` (passed to the server as it is). ``n``
+other than 1 and ``stream: true`` are refused: a row has one result, written once. An embeddings line's
+``input`` (one text, or one list of token ids) is the prompt of an item an embed consumer runs;
+``encoding_format`` other than ``float``, and keys other than ``model``, ``input``, ``encoding_format``
+and ``user``, are refused.
 
 A line that cannot be used is a bad row with the reason, as in any job: not JSON, no or an empty
 ``custom_id``, a ``custom_id`` seen on an earlier line (:class:`CustomIds`), a method other than
@@ -36,12 +40,15 @@ from processor.jobs.templates import RowError
 
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
-ENDPOINTS = (COMPLETIONS, CHAT_COMPLETIONS)
+EMBEDDINGS = "/v1/embeddings"
+ENDPOINTS = (COMPLETIONS, CHAT_COMPLETIONS, EMBEDDINGS)
+#: Body keys of an embeddings line (``user`` is OpenAI's end-user tag: accepted, not used).
+_EMBEDDING_KEYS = frozenset({"model", "input", "encoding_format", "user"})
 #: ``JobRecord.template`` of a job submitted from an OpenAI batch input: this, then the chat
 #: template's path (empty when no line needed one).
 TEMPLATE_PREFIX = "openai-batch:"
 #: Body keys with the same name and meaning as a settings key.
-_SAME_NAME = ("temperature", "top_p", "seed", "stop", "top_k", "stop_token_ids", "priority")
+_SAME_NAME = ("temperature", "top_p", "seed", "stop", "top_k", "stop_token_ids", "priority", "adapter")
 #: vLLM's guided-decoding keys, and the settings key each becomes.
 _GUIDED = {"guided_json": "json_schema", "guided_choice": "choices", "guided_regex": "regex"}
 #: Body keys that are the prompt or the model, not settings.
@@ -126,7 +133,7 @@ def parse_line(values: Mapping[str, Any]) -> OpenAIRequest:
         raise RowError(f"method {values.get('method')!r}: the batch API takes POST")
     url = values.get("url")
     if url not in ENDPOINTS:
-        raise RowError(f"unsupported url {url!r} (tokenfabric runs {' and '.join(ENDPOINTS)})")
+        raise RowError(f"unsupported url {url!r} (tokenfabric runs {', '.join(ENDPOINTS)})")
     body = values.get("body")
     if body is None:
         raise RowError("missing body")
@@ -135,6 +142,8 @@ def parse_line(values: Mapping[str, Any]) -> OpenAIRequest:
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise RowError("body.model must be a non-empty string")
+    if url == EMBEDDINGS:
+        return _embedding(custom_id, body, model)
     try:
         settings = body_settings(body)
     except SettingsError as exc:
@@ -149,6 +158,26 @@ def parse_line(values: Mapping[str, Any]) -> OpenAIRequest:
         raise RowError(f"body.messages belong to {CHAT_COMPLETIONS}; {COMPLETIONS} takes a prompt")
     prompt, ids = _prompt(body.get("prompt"))
     return OpenAIRequest(custom_id, url, model, settings, prompt=prompt, prompt_ids=ids)
+
+
+def _embedding(custom_id: str, body: Mapping[str, Any], model: str | None) -> OpenAIRequest:
+    """An embeddings line: one ``input`` (text or token ids), embedded by an embed consumer
+    (processor/engines/embed.py); its vector comes back as a list of floats."""
+    unknown = sorted(set(body) - _EMBEDDING_KEYS)
+    if unknown:
+        raise RowError(f"body.{unknown[0]}: an embeddings line takes {', '.join(sorted(_EMBEDDING_KEYS))}")
+    if body.get("encoding_format", "float") != "float":
+        raise RowError(
+            f"encoding_format {body['encoding_format']!r}: tokenfabric writes embeddings as floats"
+        )
+    value = body.get("input")
+    if value is None:
+        raise RowError("body has no input")
+    try:
+        prompt, ids = _prompt(value)
+    except RowError as exc:
+        raise RowError(str(exc).replace("prompt", "input")) from None
+    return OpenAIRequest(custom_id, EMBEDDINGS, model, prompt=prompt, prompt_ids=ids)
 
 
 def _prompt(value: Any) -> tuple[str | None, tuple[int, ...] | None]:

@@ -6,13 +6,15 @@ object per request, matched to the input by ``custom_id`` (not by order)::
     {"id": "batch_req_...", "custom_id": "...", "error": null,
      "response": {"status_code": 200, "request_id": "...", "body": {<a completions response>}}}
 
-The output file holds the rows whose result is ``ok``; the error file every other row, each with a
-non-null ``error`` ``{"code", "message"}``: a row that ran and failed (``failed``: status 500, the
-server's error; ``rejected``: 400, the prompt was refused) also has a ``response`` carrying the
-error in its body, as OpenAI writes a request that got an HTTP error; a row that never ran
-(``cancelled``: ``batch_cancelled``, ``expired``: ``batch_expired``) has ``response: null``, as
-OpenAI writes the requests a cancelled or expired batch did not run; a row submit refused
-(``invalid``) is a 400 ``invalid_request``.
+The output file holds the rows whose result is ``ok``; the error file every other row, as OpenAI
+writes them (its ``error`` is "for requests that failed with a non-HTTP error"): a row that got an
+HTTP error has ``response: {"status_code", "request_id", "body": {"error": {"message", "type",
+"param", "code"}}}`` and ``error: null`` (``rejected``: the status the server refused the prompt with,
+400 when the engine refused it itself; ``invalid``, a line submit refused: 400; ``failed`` with a
+status in its reason: that status); a row with no HTTP response has ``response: null`` and ``error:
+{"code", "message"}`` (``failed`` without one, a timeout or a dropped connection: ``server_error``;
+``cancelled``: ``batch_cancelled``; ``expired``: ``batch_expired``, as OpenAI writes the requests a
+cancelled or expired batch did not run).
 
 Every value is derived from the collected result, so writing the files again gives the same bytes:
 ``id`` is a digest of the job, row and attempt; ``request_id`` the item id that produced the
@@ -20,11 +22,13 @@ result (``NAME:<row>``, or ``NAME.r2:<row>`` for a retry attempt); ``created`` t
 in seconds. The body is a ``text_completion`` (``choices[0].text``) for ``/v1/completions`` and a
 ``chat.completion`` (``choices[0].message.content``) for ``/v1/chat/completions``, with
 ``finish_reason``, ``logprobs`` and ``usage`` (``prompt_tokens``, ``completion_tokens``,
-``total_tokens``, ``prompt_tokens_details.cached_tokens``).
+``total_tokens``, ``prompt_tokens_details.cached_tokens``); for ``/v1/embeddings`` a ``list`` of one
+``embedding`` (its floats) with ``usage`` ``prompt_tokens`` and ``total_tokens``.
 
-The engine's output is the generated text, or (when the row asked for logprobs: processor/engines)
-the JSON object ``{"text", "finish_reason", "output_tokens", "logprobs"}``: :func:`parse_engine_output`
-tells them apart by that exact set of keys.
+The engine's output is the generated text, or (an OpenAI line's item, whose metadata asks for it, or
+a row that asked for logprobs: processor/engines) the JSON object ``{"text", "finish_reason",
+"output_tokens", "logprobs"}``: :func:`parse_engine_output` tells them apart by that exact set of
+keys.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +46,10 @@ from typing import Any, Literal
 
 from processor.jobs.model import JobRecord, RowResult, RowStatus, item_id
 
-Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
-ENDPOINTS: tuple[Endpoint, ...] = ("/v1/completions", "/v1/chat/completions")
+Endpoint = Literal["/v1/completions", "/v1/chat/completions", "/v1/embeddings"]
+ENDPOINTS: tuple[Endpoint, ...] = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+#: A reason that starts with the HTTP status the server answered (processor/engines/openai_http.py).
+_HTTP_STATUS = re.compile(r"HTTP (\d{3})\b")
 #: The keys of the engine's structured output (processor/engines: an item that asked for logprobs).
 ENGINE_OUTPUT_KEYS = frozenset({"text", "finish_reason", "output_tokens", "logprobs"})
 #: finish_reason when the engine's output does not say: the model stopped by itself.
@@ -93,8 +102,25 @@ def usage(result: RowResult) -> dict[str, Any]:
     }
 
 
+def embeddings_body(result: RowResult, *, model: str) -> dict[str, Any]:
+    """The ``/v1/embeddings`` response of one input: the embed engine's output is the vector's
+    float32 components, little-endian (processor/engines/embed.py)."""
+    vector = array("f")
+    vector.frombytes(result.output[: len(result.output) // 4 * 4])
+    if sys.byteorder != "little":
+        vector.byteswap()
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": vector.tolist()}],
+        "model": model,
+        "usage": {"prompt_tokens": result.input_tokens, "total_tokens": result.input_tokens},
+    }
+
+
 def response_body(result: RowResult, *, endpoint: Endpoint, model: str, body_id: str) -> dict[str, Any]:
-    """The completions (or chat completions) response the row's result stands for."""
+    """The completions, chat completions or embeddings response the row's result stands for."""
+    if endpoint == "/v1/embeddings":
+        return embeddings_body(result, model=model)
     out = parse_engine_output(result.output)
     choice: dict[str, Any] = {"index": 0}
     if endpoint == "/v1/chat/completions":
@@ -121,13 +147,14 @@ class ErrorKind:
 
     code: str
     status_code: int | None
-    """The HTTP status of the response; None: the request never ran (``response: null``)."""
+    """The HTTP status of the response when its reason names none; None: no HTTP response (the
+    request never ran, or failed without one: ``response: null`` and ``error`` set)."""
     error_type: str
     default_message: str
 
 
 ERROR_KINDS: Mapping[RowStatus, ErrorKind] = {
-    "failed": ErrorKind("server_error", 500, "server_error", "the engine failed this request"),
+    "failed": ErrorKind("server_error", None, "server_error", "the engine failed this request"),
     "rejected": ErrorKind("invalid_request", 400, "invalid_request_error", "the engine refused this request"),
     "invalid": ErrorKind(
         "invalid_request", 400, "invalid_request_error", "submit could not make a request of this line"
@@ -157,16 +184,29 @@ def batch_line(
         line["error"] = None
         return False, line
     kind = ERROR_KINDS[result.status]
-    error = {"code": kind.code, "message": result.reason or kind.default_message}
-    if kind.status_code is None:
+    message = result.reason or kind.default_message
+    status = http_status(result, kind)
+    if status is None:  # OpenAI: ``error`` is for a request that failed without an HTTP response
         line["response"] = None
+        line["error"] = {"code": kind.code, "message": message}
+        return True, line
+    if status >= 500:
+        error_type, code = "server_error", "server_error"
+    elif result.status == "failed":  # a 4xx the engine did not take as the prompt's (401, 403, 404)
+        error_type, code = "invalid_request_error", "invalid_request"
     else:
-        body = {
-            "error": {"message": error["message"], "type": kind.error_type, "param": None, "code": kind.code}
-        }
-        line["response"] = {"status_code": kind.status_code, "request_id": request_id, "body": body}
-    line["error"] = error
+        error_type, code = kind.error_type, kind.code
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    line["response"] = {"status_code": status, "request_id": request_id, "body": body}
+    line["error"] = None
     return True, line
+
+
+def http_status(result: RowResult, kind: ErrorKind) -> int | None:
+    """The HTTP status a row that is not ok got: the one its reason starts with (the server's, for a
+    row the engine ran), else its kind's (None: no HTTP response)."""
+    found = _HTTP_STATUS.match(result.reason or "") if result.status in ("failed", "rejected") else None
+    return int(found.group(1)) if found else kind.status_code
 
 
 #: Per joined row (its result and its input values): the custom_id, the endpoint and the model.
@@ -192,7 +232,7 @@ def request_of_job(job: JobRecord) -> RequestOf:
         model = body.get("model") if isinstance(body, dict) else None
         return (
             custom_id_of(values) or item_id(job.name, result.row),
-            "/v1/chat/completions" if endpoint == "/v1/chat/completions" else "/v1/completions",
+            next((e for e in ENDPOINTS if e == endpoint), "/v1/completions"),
             model if isinstance(model, str) and model else job.model,
         )
 

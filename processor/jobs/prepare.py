@@ -38,7 +38,7 @@ from processor.jobs.chat import (
 )
 from processor.jobs.datasets import DatasetRow
 from processor.jobs.model import BadRow
-from processor.jobs.openai_input import CustomIds, custom_id_of, parse_line
+from processor.jobs.openai_input import EMBEDDINGS, CustomIds, custom_id_of, endpoint_of, parse_line
 from processor.jobs.settings import (
     RowSettings,
     Settings,
@@ -150,26 +150,36 @@ class ChatRows:
 
 @dataclass(slots=True)
 class OpenAIRows:
-    """OpenAI batch input lines. ``model``: the job's model; a line naming another is bad (one model
-    per job, as in the OpenAI batch API) unless ``override`` (``--model``) replaces every line's."""
+    """OpenAI batch input lines. ``model``: the job's (base) model.
+
+    A line's ``body.model`` chooses what runs it, as vLLM serves LoRA adapters by name: none, the
+    job's model, or (with ``--model``, ``override``) the file's own model name ``file_model`` run on the
+    base model; any other name is a LoRA adapter of the job's model (the item's ``request.adapter``,
+    scheduled by ``model@adapter``). ``adapters``: the adapters consumers serve for the job's model
+    (``submit`` reads their contracts); a line naming one not in it is bad, so an unknown adapter is
+    that row's error rather than work no consumer takes. None: not known (no check).
+    """
 
     settings: SettingsSource
     model: str | None = None
     override: bool = False
     custom_ids: CustomIds = field(default_factory=CustomIds)
+    file_model: str | None = None
+    adapters: frozenset[str] | None = None
+    embeddings: bool | None = None
+    """Whether the job's lines are embeddings: the first usable line decides (OpenAI: one endpoint a
+    batch; an embedding and a generation need consumers of different engines)."""
 
     def read(self, drow: DatasetRow) -> RowPrompt:
         def read(values: Mapping[str, Any]) -> RowPrompt:
             custom_id = custom_id_of(values)
             if custom_id:  # first, so a custom_id belongs to its first line even when that line is bad
                 self.custom_ids.claim(custom_id, drow.row)
+            self._check_endpoint(endpoint_of(values))
             line = parse_line(values)
-            if not self.override and self.model is not None and line.model not in (None, self.model):
-                raise RowError(
-                    f"body.model {line.model!r} is not the job's model {self.model!r} (one model per job; "
-                    "--model sets it for every line)"
-                )
-            settings = self.settings.for_row(values, line.settings)
+            adapter = self._adapter(line.model, line.settings.get("adapter"))
+            own = {**line.settings, "adapter": adapter} if adapter else line.settings
+            settings = self.settings.for_row(values, own)
             return RowPrompt(
                 drow.row,
                 text=line.prompt,
@@ -180,6 +190,38 @@ class OpenAIRows:
             )
 
         return _read(drow, read)
+
+    def _check_endpoint(self, url: str | None) -> None:
+        if url is None:
+            return  # no url tokenfabric runs: parse_line says so
+        if self.embeddings is None:
+            self.embeddings = url == EMBEDDINGS
+        elif (url == EMBEDDINGS) != self.embeddings:
+            first = EMBEDDINGS if self.embeddings else "completions"
+            raise RowError(
+                f"url {url!r} in a job of {first} lines: a batch input takes one kind "
+                "(submit embeddings and generations as jobs of their own)"
+            )
+
+    def _adapter(self, named: str | None, asked: str | None = None) -> str:
+        """The LoRA adapter a line's ``body.model`` names, or its ``body.adapter`` (``asked``,
+        tokenfabric's own setting) asks for; "" for the base model; RowError for one no consumer
+        serves (when ``adapters`` is known)."""
+        key = "body.adapter" if asked else "body.model"
+        if asked:
+            named = asked
+        elif (
+            named in (None, self.model) or self.model is None or (self.override and named == self.file_model)
+        ):
+            return ""
+        if self.adapters is not None and named not in self.adapters:
+            served = ", ".join(sorted(self.adapters)) or "none"
+            raise RowError(
+                f"{key} {named!r} is neither the job's model {self.model!r} nor a LoRA adapter a "
+                f"consumer serves for it (adapters served: {served}; a consumer with --model "
+                f"{self.model} --adapter {named} serves it)"
+            )
+        return named
 
 
 @dataclass(frozen=True, slots=True)

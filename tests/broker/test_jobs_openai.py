@@ -87,12 +87,13 @@ def test_an_openai_batch_file_comes_back_as_valid_output_and_error_files(
             f"req-{n}" for n in range(LINES) if n not in malformed
         )
         assert len(ok) + len(bad) == LINES  # one line per input line
-        assert {x["error"]["code"] for x in bad} == {"invalid_request"}
+        # a refused line is an HTTP 400, as OpenAI writes one: the response carries it, error is null
+        assert {x["error"] is None for x in bad} == {True}
+        errors_said = {x["custom_id"]: x["response"]["body"]["error"] for x in bad}
+        assert {e["code"] for e in errors_said.values()} == {"invalid_request"}
         assert {x["response"]["status_code"] for x in bad} == {400}
         assert "req-broken" not in {x["custom_id"] for x in bad}  # not JSON: no custom_id, its item id
-        duplicates = {
-            x["custom_id"]: x["error"]["message"] for x in bad if "duplicate" in x["error"]["message"]
-        }
+        duplicates = {c: e["message"] for c, e in errors_said.items() if "duplicate" in e["message"]}
         assert duplicates == {  # under their item ids: req-1 is the line that ran
             f"oa:{n}": "duplicate custom_id 'req-1' (first at row 1)" for n in (119, 279)
         }

@@ -239,7 +239,7 @@ def test_a_killed_server_fails_its_batches_and_the_consumer_carries_on_when_it_i
         assert failed.status == "failed" and failed.retriable, failed
         assert failed.output == b"" and failed.cached_tokens == 0
         reason = failed.reason or ""
-        assert f"{server.url}/v1/completions" in reason and "ConnectionRefusedError" in reason, reason
+        assert server.url not in reason and "ConnectionRefusedError" in reason, reason
         assert "gave up after 2 attempt(s)" in reason, reason
     audited = audit(rig.conf, rig.topics, rig.processor.settings.group_id)
     assert audited.clean, "\n".join(audited.lines())

@@ -157,11 +157,10 @@ def test_one_refused_row_of_a_multi_prompt_request_fails_alone(server: FakeCompl
     work = batch(*(item(f"i{n}", [n + 1, BAD_ID] if n == 5 else [n + 1]) for n in range(8)))
     results = run(server, work, requests="settings")
 
-    assert [s for _, s, _ in results] == ["ok"] * 5 + ["failed"] + ["ok"] * 2
+    assert [s for _, s, _ in results] == ["ok"] * 5 + ["rejected"] + ["ok"] * 2
     reason = results[5][2]
     assert reason == (
-        f"{server.url}/v1/completions: HTTP {status}: token {BAD_ID} refused (not retried)"
-        " (isolated from a request of 8 prompts)"
+        f"HTTP {status}: token {BAD_ID} refused (not retried) (isolated from a request of 8 prompts)"
     )
     assert len(server.received) <= 7  # 1 + 2 per halving of 8
     assert [[6, BAD_ID]] in [r.body["prompt"] for r in server.received]
@@ -173,8 +172,8 @@ def test_a_refused_item_of_its_own_request_says_the_servers_message(server: Fake
     results = run(server, batch(item("a", [1]), item("bad", [BAD_ID])))
     assert results[1] == (
         "bad",
-        "failed",
-        f"{server.url}/v1/completions: HTTP 400: token {BAD_ID} refused (not retried)",
+        "rejected",
+        f"HTTP 400: token {BAD_ID} refused (not retried)",
     )
     assert results[0][1] == "ok"
 

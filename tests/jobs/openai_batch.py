@@ -8,8 +8,11 @@ batch output and error files", and the completions and chat completions response
 * a line is ``{"id": str, "custom_id": str, "response": {...} | null, "error": {...} | null}``;
 * ``response`` is ``{"status_code": int, "request_id": str, "body": object}``;
 * ``error`` is ``{"code": str, "message": str}``;
-* an output-file line has ``status_code`` 200, a response body, and ``error`` null; an error-file
-  line has an ``error``.
+* an output-file line has ``status_code`` 200, a response body, and ``error`` null;
+* an error-file line is either a request that got an HTTP error (``response`` with a status of 400
+  or more and a body ``{"error": {"message", "type", "param", "code"}}``, ``error`` null) or one that
+  failed without an HTTP response (``response`` null, ``error`` set): OpenAI's ``error`` is "for
+  requests that failed with a non-HTTP error".
 """
 
 from __future__ import annotations
@@ -77,6 +80,32 @@ CHAT_COMPLETION = _response(
         }
     },
 )
+EMBEDDINGS = {
+    "type": "object",
+    "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["object", "index", "embedding"],
+                "properties": {
+                    "object": {"const": "embedding"},
+                    "index": {"type": "integer"},
+                    "embedding": {"type": "array", "items": {"type": "number"}},
+                },
+            },
+        },
+        "model": {"type": "string"},
+        "usage": {
+            "type": "object",
+            "required": ["prompt_tokens", "total_tokens"],
+            "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+        },
+    },
+}
 ERROR = {
     "type": "object",
     "required": ["code", "message"],
@@ -115,7 +144,7 @@ OUTPUT_LINE = {
                     "type": "object",
                     "properties": {
                         "status_code": {"const": 200},
-                        "body": {"oneOf": [COMPLETION, CHAT_COMPLETION]},
+                        "body": {"oneOf": [COMPLETION, CHAT_COMPLETION, EMBEDDINGS]},
                     },
                 },
                 "error": {"type": "null"},
@@ -123,7 +152,36 @@ OUTPUT_LINE = {
         },
     ]
 }
-ERROR_LINE = {"allOf": [LINE, {"properties": {"error": ERROR}}]}
+HTTP_ERROR_BODY = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"}},
+        }
+    },
+}
+ERROR_LINE = {
+    "allOf": [
+        LINE,
+        {
+            "oneOf": [
+                {
+                    "properties": {
+                        "response": {
+                            "type": "object",
+                            "properties": {"status_code": {"minimum": 400}, "body": HTTP_ERROR_BODY},
+                        },
+                        "error": {"type": "null"},
+                    }
+                },
+                {"properties": {"response": {"type": "null"}, "error": ERROR}},
+            ]
+        },
+    ]
+}
 
 
 def validate_files(out: Path, errors: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

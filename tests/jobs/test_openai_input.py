@@ -90,7 +90,11 @@ def test_a_completions_line_takes_a_prompt_text_or_token_ids_and_vllm_s_guided_k
         (line(custom_id=""), "custom_id must be a non-empty string"),
         (line(custom_id=5), "custom_id must be a non-empty string"),
         ({**line(), "method": "GET"}, "method 'GET': the batch API takes POST"),
-        (line("/v1/embeddings"), "unsupported url '/v1/embeddings'"),
+        ({**line(), "url": "/v1/images"}, "unsupported url '/v1/images'"),
+        (line("/v1/embeddings"), "body.prompt: an embeddings line takes encoding_format, input, model, user"),
+        ({**line("/v1/embeddings"), "body": {"input": "x", "encoding_format": "base64"}}, "encoding_format"),
+        ({**line("/v1/embeddings"), "body": {"model": "e"}}, "body has no input"),
+        ({**line("/v1/embeddings"), "body": {"input": ["a", "b"]}}, "body.input must be a string"),
         ({k: v for k, v in line().items() if k != "body"}, "missing body"),
         ({**line(), "body": "text"}, "body must be a JSON object"),
         (line(model=""), "body.model must be a non-empty string"),
@@ -114,6 +118,15 @@ def test_a_malformed_line_is_refused_with_its_reason(value: dict[str, Any], reas
         parse_line(value)
 
 
+def test_an_embeddings_line_is_one_input_of_text_or_token_ids() -> None:
+    text = parse_line(
+        {**line("/v1/embeddings"), "body": {"model": "e", "input": ["a sentence"], "user": "u"}}
+    )
+    assert (text.url, text.model, text.prompt, text.settings) == ("/v1/embeddings", "e", "a sentence", {})
+    ids = parse_line({**line("/v1/embeddings"), "body": {"input": [101, 7, 102], "encoding_format": "float"}})
+    assert (ids.prompt, ids.prompt_ids, ids.model) == (None, (101, 7, 102), None)
+
+
 def test_the_first_line_with_a_custom_id_keeps_it_and_later_ones_are_duplicates() -> None:
     ids = CustomIds()
     ids.claim("a", 0)
@@ -127,7 +140,8 @@ def test_the_output_side_finds_the_custom_id_and_endpoint_in_the_input_row(tmp_p
     values = json.loads(json.dumps(line()))
     assert custom_id_of(values) == "req-1" and endpoint_of(values) == "/v1/chat/completions"
     assert custom_id_of(None) is None and custom_id_of({"custom_id": 3}) is None
-    assert endpoint_of({"url": "/v1/embeddings"}) is None
+    assert endpoint_of({"url": "/v1/embeddings"}) == "/v1/embeddings"
+    assert endpoint_of({"url": "/v1/images"}) is None
     assert looks_like_openai_batch(values) and not looks_like_openai_batch({"custom_id": "x", "prompt": "p"})
     data = tmp_path / "d.jsonl"
     data.write_text("{}\n")

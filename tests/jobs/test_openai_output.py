@@ -4,6 +4,7 @@ files, validated against the format's JSON Schema (tests/jobs/openai_batch.py)."
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def _results() -> list[RowResult]:
             **common,
         ),
         RowResult(row=3, status="failed", reason="engine timed out", **common),
-        RowResult(row=4, status="rejected", reason="prompt too long", **common),
+        RowResult(row=4, status="rejected", reason="HTTP 413: prompt too long (not retried)", **common),
         RowResult(row=5, status="cancelled", reason="job cancelled by ops", input_tokens=12),
         RowResult(row=6, status="expired", input_tokens=12),
         RowResult(row=7, status="invalid", reason="not JSON: Expecting property name"),
@@ -98,17 +99,23 @@ def test_an_openai_job_gives_valid_output_and_error_files_one_line_per_custom_id
     assert ok[0]["response"]["request_id"] == "job-1:0" and ok[1]["response"]["request_id"] == "job-1:1"
 
     by_id = {x["custom_id"]: x for x in bad}
+    # no HTTP response: OpenAI's ``error`` ("for requests that failed with a non-HTTP error")
     assert by_id["fails"]["error"] == {"code": "server_error", "message": "engine timed out"}
-    assert by_id["fails"]["response"]["status_code"] == 500
-    assert by_id["fails"]["response"]["body"]["error"]["message"] == "engine timed out"
-    assert (by_id["refused"]["error"]["code"], by_id["refused"]["response"]["status_code"]) == (
-        "invalid_request",
-        400,
-    )
+    assert by_id["fails"]["response"] is None
+    # an HTTP error: the response with the server's status and message, and no ``error``
+    refused = by_id["refused"]
+    assert refused["error"] is None and refused["response"]["status_code"] == 413
+    assert refused["response"]["body"]["error"] == {
+        "message": "HTTP 413: prompt too long (not retried)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_request",
+    }
     assert by_id["cancelled"]["response"] is None and by_id["cancelled"]["error"]["code"] == "batch_cancelled"
     assert by_id["expired"]["response"] is None and by_id["expired"]["error"]["code"] == "batch_expired"
     assert "window" in by_id["expired"]["error"]["message"]
-    assert by_id["job-1:7"]["error"]["code"] == "invalid_request"
+    assert by_id["job-1:7"]["error"] is None
+    assert by_id["job-1:7"]["response"]["body"]["error"]["code"] == "invalid_request"
 
     # ids are unique and stable: a second write gives the same bytes
     assert len({x["id"] for x in ok + bad}) == 8
@@ -149,7 +156,7 @@ def test_a_duplicate_custom_id_is_written_under_its_item_id_so_each_custom_id_ha
     write_openai(out, errors, zip(results, values, strict=True), job=job.name, request_of=request_of_job(job))
     ok, bad = validate_files(out, errors)
     assert [x["custom_id"] for x in ok] == ["chat-plain"] and [x["custom_id"] for x in bad] == ["job-1:1"]
-    assert "duplicate custom_id 'chat-plain'" in bad[0]["error"]["message"]
+    assert "duplicate custom_id 'chat-plain'" in bad[0]["response"]["body"]["error"]["message"]
 
 
 def test_the_engines_json_form_is_read_only_with_exactly_its_keys() -> None:
@@ -180,3 +187,36 @@ def test_the_engines_json_form_is_read_only_with_exactly_its_keys() -> None:
 def test_the_schema_refuses_lines_that_are_not_in_the_format(schema: Any, broken: Any) -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schema)
+
+
+@pytest.mark.parametrize(
+    ("reason", "status", "error_type"),
+    [
+        ("HTTP 503: busy (gave up after 3 attempt(s): retries=2 exhausted)", 503, "server_error"),
+        ("HTTP 404: The model `x` does not exist. (not retried)", 404, "invalid_request_error"),
+    ],
+)
+def test_a_failed_row_the_server_answered_is_an_http_error_with_its_status(
+    reason: str, status: int, error_type: str
+) -> None:
+    result = RowResult(row=0, status="failed", reason=reason, item_id="j:0")
+    is_error, line = batch_line(result, "c", job="j", model="m", endpoint="/v1/completions")
+    assert is_error and line["error"] is None
+    assert (line["response"]["status_code"], line["response"]["body"]["error"]["type"]) == (
+        status,
+        error_type,
+    )
+    assert line["response"]["body"]["error"]["message"] == reason
+    jsonschema.validate(line, ERROR_LINE)
+
+
+def test_an_embeddings_row_is_openais_embeddings_response() -> None:
+    vector = [0.6, -0.8, 0.0]
+    output = b"".join(struct.pack("<f", x) for x in vector)
+    result = RowResult(row=0, status="ok", output=output, input_tokens=5, item_id="e:0")
+    is_error, line = batch_line(result, "c", job="e", model="minilm", endpoint="/v1/embeddings")
+    assert not is_error
+    jsonschema.validate(line, OUTPUT_LINE)
+    body = line["response"]["body"]
+    assert body["data"] == [{"object": "embedding", "index": 0, "embedding": pytest.approx(vector)}]
+    assert (body["model"], body["usage"]) == ("minilm", {"prompt_tokens": 5, "total_tokens": 5})

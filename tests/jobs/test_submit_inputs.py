@@ -15,6 +15,7 @@ import pytest
 from processor.cli.submit import SubmitPlan, configure, plan_from, submit
 from processor.core.signature import shape_signature
 from processor.jobs.chat import NO_SHAPE, load_chat_template
+from processor.jobs.prepare import OpenAIRows
 from processor.jobs.retry import RowSubset, options_namespace, recorded_options
 from processor.jobs.textprep import TextTokenizer
 from processor.wire.records import ids_from_tokens
@@ -94,6 +95,12 @@ def test_chat_rows_render_with_the_template_share_the_leading_messages_shape_and
     ]
 
 
+UNKNOWN_M2 = (
+    "body.model 'm2' is neither the job's model 'm1' nor a LoRA adapter a consumer serves for it "
+    "(adapters served: sql-lora; a consumer with --model m1 --adapter m2 serves it)"
+)
+
+
 def openai_line(custom_id: str, url: str = "/v1/chat/completions", **body: Any) -> dict[str, Any]:
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "m1", **body}}
 
@@ -116,30 +123,42 @@ def test_an_openai_batch_input_is_detected_and_each_line_is_a_row_or_a_bad_row(t
     plan = plan_of(str(data), "--job", "oa-1", "--chat-template", str(CHATML), "--request", '{"top_p": 0.5}')
     sent, final = run(plan)
     assert (final.model, final.template) == ("m1", f"openai-batch:{CHATML.resolve()}")
-    assert [s["item_id"] for s in sent] == ["oa-1:0", "oa-1:1", "oa-1:7"]
+    assert [s["item_id"] for s in sent] == ["oa-1:0", "oa-1:1", "oa-1:5", "oa-1:7"]
+    assert {s["model"] for s in sent} == {"m1"}  # an adapter's item keeps its base model (request.adapter)
+    assert {json.dumps(s["metadata"]) for s in sent} == {'{"output": "json"}'}  # finish_reason comes back
     chat = load_chat_template(CHATML)
     assert final.shape == shape_signature([chat.render([SYSTEM], add_generation_prompt=False)])
-    assert [s["shape"] for s in sent] == [final.shape, NO_SHAPE, final.shape]
+    assert [s["shape"] for s in sent] == [final.shape, NO_SHAPE, NO_SHAPE, final.shape]
     assert [(s["request"], s["output_budget"]) for s in sent] == [
         (GenerationRequest(top_p=0.5, temperature=0.0), 3),
         (GenerationRequest(top_p=0.5, seed=11, stop=("\n",)), None),
+        (GenerationRequest(top_p=0.5, adapter="m2"), None),  # body.model names a LoRA adapter, as in vLLM
         (GenerationRequest(top_p=0.5, json_schema='{"type":"object"}'), None),
     ]
     assert [(b.row, b.reason) for b in final.bad_rows] == [
         (2, "not JSON: Expecting value at column 1"),
         (3, "duplicate custom_id 'a' (first at row 0)"),
-        (4, "unsupported url '/v1/embeddings' (tokenfabric runs /v1/completions and /v1/chat/completions)"),
         (
-            5,
-            "body.model 'm2' is not the job's model 'm1' (one model per job; --model sets it for every line)",
+            4,
+            "url '/v1/embeddings' in a job of completions lines: a batch input takes one kind "
+            "(submit embeddings and generations as jobs of their own)",
         ),
         (6, "missing body"),
         (8, "duplicate custom_id 'c' (first at row 4)"),
     ]
+    # with the adapters consumers serve known (submit reads their contracts), another name is bad
+    known = plan_of(str(data), "--job", "oa-3", "--chat-template", str(CHATML))
+    assert isinstance(known.job_rows.reader, OpenAIRows)
+    known.job_rows.reader.adapters = frozenset({"sql-lora"})
+    sent, final = run(known)
+    assert [s["item_id"] for s in sent] == ["oa-3:0", "oa-3:1", "oa-3:7"]
+    assert (5, UNKNOWN_M2) in [(b.row, b.reason) for b in final.bad_rows]
     overridden, _ = run(
         plan_of(str(data), "--job", "oa-2", "--chat-template", str(CHATML), "--model", "mine")
     )
     assert [s["item_id"] for s in overridden] == ["oa-2:0", "oa-2:1", "oa-2:5", "oa-2:7"]
+    assert {s["model"] for s in overridden} == {"mine"}  # the file's own model name runs on --model
+    assert overridden[0]["request"].adapter == "" and overridden[2]["request"].adapter == "m2"
     assert list(ids_from_tokens(overridden[2]["tokens"])) == [101, 2023, 102]  # token ids go as they are
 
 
@@ -151,6 +170,12 @@ def test_setup_errors_are_found_before_anything_is_produced(tmp_path: Path) -> N
         plan_of(str(batch), "--job", "j", "--request-column", "s")
     with pytest.raises(ValueError, match="give --template T"):
         plan_of(str(batch), "--job", "j", "--input-format", "rows")
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    with pytest.raises(ValueError, match=r"^empty.jsonl has no JSON lines: nothing to submit$"):
+        plan_of(str(empty), "--job", "j")
+    no_id = write_jsonl(tmp_path / "no-id.jsonl", [{"method": "POST", "url": "/v1/completions", "body": {}}])
+    with pytest.raises(ValueError, match=r"^the first JSON line of no-id.jsonl has no custom_id: an OpenAI"):
+        plan_of(str(no_id), "--job", "j")
     rows = tmp_path / "rows.csv"
     rows.write_text('messages\n"[]"\n')
     with pytest.raises(ValueError, match="--request-column s uses column"):
@@ -191,3 +216,24 @@ def test_a_retry_attempt_renders_its_rows_as_the_job_did_from_the_options_the_jo
     strip = [{k: v for k, v in s.items() if k not in ("item_id", "job_id")} for s in again]
     assert strip == [{k: v for k, v in first[n].items() if k not in ("item_id", "job_id")} for n in (1, 3)]
     assert retried.shape == job.shape and again[0]["request"].temperature == 0.5
+
+
+def test_a_lines_adapter_is_its_model_name_or_its_body_adapter_and_must_be_served() -> None:
+    from processor.jobs.datasets import DatasetRow
+    from processor.jobs.prepare import SettingsSource
+
+    reader = OpenAIRows(SettingsSource(), model="m1", adapters=frozenset({"sql-lora"}))
+
+    def read(row: int, **body: Any) -> Any:
+        return reader.read(DatasetRow(row, openai_line(f"r{row}", "/v1/completions", prompt="hi", **body)))
+
+    assert read(0).settings.request is None  # the job's model: the base model, no request at all
+    assert read(1, model="sql-lora").settings.request == GenerationRequest(adapter="sql-lora")
+    assert read(2, adapter="sql-lora").settings.request == GenerationRequest(adapter="sql-lora")
+    assert read(3, adapter="french").error == (
+        "body.adapter 'french' is neither the job's model 'm1' nor a LoRA adapter a consumer serves for "
+        "it (adapters served: sql-lora; a consumer with --model m1 --adapter french serves it)"
+    )
+    assert read(4, model="french").error == UNKNOWN_M2.replace("'m2'", "'french'").replace(
+        "--adapter m2", "--adapter french"
+    )

@@ -207,7 +207,7 @@ def test_the_model_file_is_deterministic_and_named_by_its_spec(
 def test_every_setting_reaches_the_server_command_line() -> None:
     settings = server.ServerSettings(
         slots=3, ctx_tokens=3000, threads=2, cache_prompt=False, cache_reuse_tokens=64,
-        cache_ram_mib=128, slot_similarity=0.25,
+        cache_ram_mib=128, slot_similarity=0.25, lora=("/a.gguf", "/b.gguf"),
     )  # fmt: skip
     argv = server.server_args(Path("/bin/llama-server"), Path("/m.gguf"), 8123, settings)
 
@@ -225,6 +225,8 @@ def test_every_setting_reaches_the_server_command_line() -> None:
     )  # fmt: skip
     assert value("--fit") == "off"
     assert settings.ctx_tokens_per_slot == 1000
+    loras = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--lora"]
+    assert loras == ["/a.gguf", "/b.gguf"]  # in order: llama.cpp numbers them 0, 1
 
 
 @pytest.mark.parametrize(
@@ -296,3 +298,26 @@ def test_a_record_of_another_shape_is_ignored_not_a_traceback(
 ) -> None:
     _record(monkeypatch, tmp_path, "old", {"pid": os.getpid()})  # no port, no binary
     assert server.server_status("old") is None
+
+
+@pytest.mark.parametrize("action", ["start", "build"])
+def test_without_the_llm_extra_start_and_build_say_so_in_one_line_before_any_build(
+    action: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    # numpy and gguf unimportable, as on an install without the extra; an empty cache: nothing built
+    code = (
+        "import sys; sys.modules['numpy'] = None; sys.modules['gguf'] = None\n"
+        "from processor.cli.llm import main\n"
+        f"sys.exit(main([{action!r}]))\n"
+    )
+    env = {**os.environ, "TOKENFABRIC_LLM_CACHE": str(tmp_path / "cache"), "TOKENFABRIC_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"tokenfabric llm {action}: error: the llm extra is missing: pip install 'tokenfabric[llm]' "
+        "(numpy is not installed)"
+    ]
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("llama-server*"))

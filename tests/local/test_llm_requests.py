@@ -127,7 +127,7 @@ def test_seeded_rows_reproduce_on_a_second_run(llm: ServerInfo) -> None:
     assert {k: r.output for k, r in second.items()} == {k: r.output for k, r in first.items()}
 
 
-def test_rows_the_server_refuses_fail_alone_with_its_status_and_message(llm: ServerInfo) -> None:
+def test_rows_the_server_refuses_are_rejected_alone_with_its_status_and_message(llm: ServerInfo) -> None:
     rng = random.Random(13)
     ids = {f"row-{n}": prompt(rng) for n in range(8)}
     ids["row-2"] = [*ids["row-2"][:4], VOCABULARY + 5, *ids["row-2"][4:]]  # not a token of the model
@@ -136,14 +136,12 @@ def test_rows_the_server_refuses_fail_alone_with_its_status_and_message(llm: Ser
     results = run(llm.url, work, requests="settings")
 
     assert {name: r.status for name, r in results.items()} == {
-        name: "failed" if name in ("row-2", "row-6") else "ok" for name in ids
+        name: "rejected" if name in ("row-2", "row-6") else "ok" for name in ids
     }
-    endpoint = f"{llm.url}/v1/completions"
+    assert not any(r.retriable for r in results.values())  # a refusal is the prompt's: never run again
     isolated = "(not retried) (isolated from a request of 8 prompts)"
-    assert results["row-2"].reason == f"{endpoint}: HTTP 400: Prompt contains invalid tokens {isolated}"
+    assert results["row-2"].reason == f"HTTP 400: Prompt contains invalid tokens {isolated}"
     reason = results["row-6"].reason or ""
-    assert reason.startswith(
-        f"{endpoint}: HTTP 400: request ({SLOT_TOKENS + 40} tokens) exceeds the available"
-    )
+    assert reason.startswith(f"HTTP 400: request ({SLOT_TOKENS + 40} tokens) exceeds the available")
     assert reason.endswith(isolated)
     assert all(r.output_tokens == 3 for r in results.values() if r.status == "ok")

