@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from processor.kafka.config import ConfigError
+from processor.kafka.topics import TopicNames
 from processor.wire.registry_framing import RegistryUnavailable
+from processor.wire.schemas import CANONICAL_FORMS
 
 _KEYS = ("url", "basic.auth.user.info", "ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 
@@ -148,6 +150,26 @@ class RegistryClient:
         self._down_until = now + self.retry_s
         if self.down_since is None:
             self.down_since = now
+
+
+def subjects(topics: TopicNames) -> dict[str, str]:
+    """Subject -> record name, by the topic-name strategy."""
+    return {
+        f"{topics.ingest}-value": "TokenItem",
+        f"{topics.results}-value": "CompletionBatch",
+        f"{topics.dead_letter}-value": "DeadLetter",
+    }
+
+
+def register_schemas(settings: RegistrySettings, topics: TopicNames, compatibility: str) -> dict[str, int]:
+    """Register each subject's schema and set its rule; subject -> schema id. Raises
+    RegistryUnavailable or RegistryRefused (an incompatible schema: HTTP 409)."""
+    client = RegistryClient(settings)
+    ids: dict[str, int] = {}
+    for subject, record in subjects(topics).items():
+        client.set_compatibility(subject, compatibility)
+        ids[subject] = client.register(subject, CANONICAL_FORMS[record])
+    return ids
 
 
 def _quote(subject: str) -> str:

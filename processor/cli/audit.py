@@ -36,9 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with Console(stderr=True).status("auditing") as status:
-            report = audit(
-                conf, topics, args.group, lambda topic: status.update(f"reading {topic}"), framing
-            )
+            report = audit(conf, topics, args.group, lambda topic: status.update(f"reading {topic}"), framing)
     except (KafkaException, TimeoutError, RegistryUnavailable) as exc:
         print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
         return 2

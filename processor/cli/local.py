@@ -55,6 +55,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-dir", type=Path, default=None, help="the stack's folder (default: beside the broker's)"
     )
+    _add_registry_flag(p)
+
+
+def _add_registry_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--registry", action="store_true",
+        help="with up: also a local schema registry (tokenfabric registry), the schemas registered in it, "
+        "and the processor reading registry-framed items through it",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +124,7 @@ def _up(args: argparse.Namespace, state_dir: Path, broker_dir: Path) -> int:
             model=args.model,
             prefix=args.topic_prefix,
             ingest_partitions=args.ingest_partitions,
+            registry=args.registry,
         )
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -136,6 +146,8 @@ def _up(args: argparse.Namespace, state_dir: Path, broker_dir: Path) -> int:
         ]
     )
     print(f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}")
+    if stack.registry_url:
+        print(f"registry: url={stack.registry_url} (subject {stack.prefix}.ingest-value)")
     print(f"next: tokenfabric submit DATASET --job NAME --template FILE{kafka}")
     print(f"      tokenfabric collect --job NAME --out OUT.jsonl --wait{kafka}")
     print("      tokenfabric local down")

@@ -6,7 +6,8 @@ Subjects (``<topic>-value``): ``<prefix>.ingest-value`` (TokenItem), ``<prefix>.
 (DeadLetter), each with a compatibility rule (``--compatibility``, default BACKWARD: a producer's
 next schema must read what the last one wrote). The registry is the one the Kafka settings file names
 (``schema.registry.url`` and the other ``schema.registry.`` keys, docs/schema-registry.md) unless
-``--registry URL`` names another. ``topics create --registry URL`` calls :func:`register_schemas`.
+``--registry URL`` names another. ``topics create --registry URL`` and ``local up --registry`` call
+:func:`~processor.apps.schema_registry.register_schemas`.
 """
 
 from __future__ import annotations
@@ -14,24 +15,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from processor.apps.schema_registry import RegistryClient, RegistryRefused, RegistrySettings
+from processor.apps.schema_registry import (
+    RegistryClient,
+    RegistryRefused,
+    RegistrySettings,
+    register_schemas,
+)
 from processor.cli.options import add_kafka_arguments
 from processor.kafka.config import ConfigError, registry_config
 from processor.kafka.topics import TopicNames
 from processor.wire.registry_framing import RegistryFraming, RegistryUnavailable
-from processor.wire.schemas import CANONICAL_FORMS
 
 COMPATIBILITY = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL",
                  "FULL_TRANSITIVE", "NONE")  # fmt: skip
-
-
-def subjects(topics: TopicNames) -> dict[str, str]:
-    """Subject -> record name, by the topic-name strategy."""
-    return {
-        f"{topics.ingest}-value": "TokenItem",
-        f"{topics.results}-value": "CompletionBatch",
-        f"{topics.dead_letter}-value": "DeadLetter",
-    }
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -64,17 +60,6 @@ def framing_from(args: argparse.Namespace) -> RegistryFraming | None:
     """The ingest's reader of registry-framed items, when a registry is configured."""
     settings = registry_settings(args)
     return None if settings is None else RegistryFraming(RegistryClient(settings))
-
-
-def register_schemas(settings: RegistrySettings, topics: TopicNames, compatibility: str) -> dict[str, int]:
-    """Register each subject's schema and set its rule; subject -> schema id. Raises
-    RegistryUnavailable or RegistryRefused (an incompatible schema: HTTP 409)."""
-    client = RegistryClient(settings)
-    ids: dict[str, int] = {}
-    for subject, record in subjects(topics).items():
-        client.set_compatibility(subject, compatibility)
-        ids[subject] = client.register(subject, CANONICAL_FORMS[record])
-    return ids
 
 
 def print_registered(ids: dict[str, int], compatibility: str) -> None:

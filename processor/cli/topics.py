@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _register(args: argparse.Namespace, names: TopicNames) -> int:
     """``--registry URL``: the schemas under the topics' subjects, BACKWARD (processor/cli/schemas.py)."""
-    from processor.apps.schema_registry import RegistryRefused
-    from processor.cli.schemas import print_registered, register_schemas, registry_settings
+    from processor.apps.schema_registry import RegistryRefused, register_schemas
+    from processor.cli.schemas import print_registered, registry_settings
     from processor.wire.registry_framing import RegistryUnavailable
 
     try:

@@ -43,8 +43,8 @@ from processor.wire.control import DUPLICATE_ITEM_ID, decode_dead_letter
 from processor.wire.errors import DecodeError
 from processor.wire.heads import decode_batch_head
 from processor.wire.items import decode_token_item
-from processor.wire.registry_framing import RegistryFraming, is_registry_framed
 from processor.wire.records import CompletionRecord
+from processor.wire.registry_framing import RegistryFraming, is_registry_framed
 
 
 @dataclass(slots=True)
