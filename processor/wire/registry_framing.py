@@ -8,7 +8,8 @@ a field with a default left out, another namespace). :class:`RegistryFraming` tu
 into the single-object encoding the rest of the processor reads (processor/wire/schemas.py):
 
 * a writer schema whose Parsing Canonical Form is one of ours (today's TokenItem or the one before
-  ``request``) has a byte-identical body, so the message is our header plus that body (a copy);
+  ``request``), its named types' namespaces aside, has a byte-identical body, so the message is our
+  header plus that body (a copy);
 * any other is read with Avro's schema resolution (fastavro: writer schema -> TokenItem) and
   written again as today's TokenItem, whose own checks then apply as for any item.
 
@@ -33,7 +34,7 @@ from fastavro.read import SchemaResolutionError
 from fastavro.schema import SchemaParseException, UnknownType, parse_schema, to_parsing_canonical_form
 
 from processor.wire.errors import DecodeError
-from processor.wire.schemas import HEADERS, PARSED, PREVIOUS_TOKEN_ITEM_HEADER, rabin_fingerprint
+from processor.wire.schemas import HEADERS, NAMESPACE, PARSED, PREVIOUS_TOKEN_ITEM_HEADER, rabin_fingerprint
 
 CONFLUENT_MAGIC = 0
 FRAME_SIZE = 5
@@ -109,11 +110,25 @@ class RegistryFraming:
         if not isinstance(writer, dict) or writer.get("type") != "record":
             reader: _Reader = _refuse(schema_id, "is not an Avro record schema")
         else:
-            fp = rabin_fingerprint(to_parsing_canonical_form(writer).encode()).to_bytes(8, "little")
+            ours = parse_schema(_in_our_namespace(json.loads(text)))
+            fp = rabin_fingerprint(to_parsing_canonical_form(ours).encode()).to_bytes(8, "little")
             header = _OURS.get(fp)
             reader = _splice(header) if header is not None else _resolve(schema_id, writer)
         self._readers[schema_id] = reader
         return reader
+
+
+def _in_our_namespace(schema: Any) -> Any:
+    """``schema`` (JSON) with every named type moved to our namespace: names do not change the
+    binary encoding, so a producer's TokenItem in its own namespace splices as ours."""
+    if isinstance(schema, list):
+        return [_in_our_namespace(branch) for branch in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k == "default" else _in_our_namespace(v) for k, v in schema.items() if k != "namespace"}
+    if out.get("type") in ("record", "enum", "fixed") and isinstance(out.get("name"), str):
+        out["name"] = f"{NAMESPACE}.{out['name'].rsplit('.', 1)[-1]}"
+    return out
 
 
 def _splice(header: bytes) -> _Reader:

@@ -143,3 +143,13 @@ def test_trailing_bytes_after_a_resolved_record_are_refused() -> None:
     with pytest.raises(DecodeError) as err:
         RegistryFraming(Source({9: evolved()})).single_object(message)
     assert err.value.reason == "trailing-bytes"
+
+
+def test_our_schema_in_another_namespace_is_spliced_not_resolved() -> None:
+    moved = evolved(namespace="com.acme", extra=False)
+    message = written(moved, RECORD, 12)
+    framing = RegistryFraming(Source({12: moved}))
+    ours = framing.single_object(message)
+    assert ours[HEADER_SIZE:] == message[5:]  # the body as it came
+    assert decode_item_head(ours).item_id == "e-1"
+    assert "_splice" in framing._readers[12].__qualname__  # no Avro resolution per message
