@@ -29,8 +29,8 @@ from processor.state.ingest import IngestItem
 from processor.state.modes import DeliveryMode
 from processor.wire.control import DUPLICATE_ITEM_ID, encode_dead_letter
 from processor.wire.errors import DecodeError
-from processor.wire.heads import ItemHead, decode_item_head
-from processor.wire.registry_framing import RegistryFraming, RegistryUnavailable, is_registry_framed
+from processor.wire.heads import ItemHead
+from processor.wire.registry_framing import RegistryFraming, RegistryUnavailable, decode_ingest_head
 
 log = logging.getLogger("tokenfabric.processor")
 
@@ -67,9 +67,7 @@ class Intake:
 
     def decode_head(self, value: bytes | None) -> ItemHead:
         """An ingest message's head, in either framing; raises DecodeError or RegistryUnavailable."""
-        if self.framing is not None and type(value) is bytes and is_registry_framed(value):
-            value = self.framing.single_object(value)
-        return decode_item_head(value)
+        return decode_ingest_head(value, self.framing)
 
     def item(self, msg: Any, now: int) -> IngestItem | None:
         """Decode one ingest message: the item to schedule, or None (an error, a dead letter, a repeat)."""

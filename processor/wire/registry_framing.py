@@ -10,6 +10,9 @@ into the single-object encoding the rest of the processor reads (processor/wire/
 * a writer schema whose Parsing Canonical Form is one of ours (today's TokenItem or the one before
   ``request``), its named types' namespaces aside, has a byte-identical body, so the message is our
   header plus that body (a copy);
+* one that is today's TokenItem followed by fields of the producer's own (the usual evolution: an
+  extra optional field) starts with our body: our record is walked to its end (no copy of a field),
+  the producer's fields after it are read with fastavro to check them, and our part is kept;
 * any other is read with Avro's schema resolution (fastavro: writer schema -> TokenItem) and
   written again as today's TokenItem, whose own checks then apply as for any item.
 
@@ -33,7 +36,11 @@ import fastavro
 from fastavro.read import SchemaResolutionError
 from fastavro.schema import SchemaParseException, UnknownType, parse_schema, to_parsing_canonical_form
 
-from processor.wire.errors import DecodeError
+from processor.wire.avro import read_signature
+from processor.wire.errors import MALFORMED, DecodeError
+from processor.wire.heads import ItemHead, decode_item_head
+from processor.wire.items import read_item_lead, read_item_rest
+from processor.wire.request_codec import read_request_field
 from processor.wire.schemas import HEADERS, NAMESPACE, PARSED, PREVIOUS_TOKEN_ITEM_HEADER, rabin_fingerprint
 
 CONFLUENT_MAGIC = 0
@@ -58,6 +65,16 @@ class SchemaSource(Protocol):
         """The Avro schema JSON registered under ``schema_id``; None if the registry does not know
         the id. Raises :class:`RegistryUnavailable` if it cannot tell."""
         ...
+
+
+def decode_ingest_head(
+    value: bytes | bytearray | memoryview | None, framing: RegistryFraming | None
+) -> ItemHead:
+    """An ingest message's head in either framing: single-object as ever, and a registry-framed one
+    through ``framing`` (None: none configured, so it is refused ``bad-magic`` as before)."""
+    if framing is not None and type(value) is bytes and value[:1] == b"\0":
+        value = framing.single_object(value)
+    return decode_item_head(value)
 
 
 def is_registry_framed(value: bytes) -> bool:
@@ -85,19 +102,19 @@ class RegistryFraming:
 
     def __init__(self, source: SchemaSource) -> None:
         self._source = source
-        self._readers: dict[int, _Reader] = {}
+        self._readers: dict[bytes, _Reader] = {}
 
     def single_object(self, value: bytes) -> bytes:
         """The single-object TokenItem that registry-framed ``value`` carries. Raises
         :class:`DecodeError` (``unknown-schema-id``, ``unresolvable-schema``, ``avro-decode``,
         ``trailing-bytes``) or :class:`RegistryUnavailable`."""
-        schema_id = int.from_bytes(value[1:FRAME_SIZE], "big")
-        reader = self._readers.get(schema_id)
+        reader = self._readers.get(value[1:FRAME_SIZE])  # keyed by the id's 4 bytes: no int built
         if reader is None:
-            reader = self._reader(schema_id)
+            reader = self._reader(value[1:FRAME_SIZE])
         return reader(value)
 
-    def _reader(self, schema_id: int) -> _Reader:
+    def _reader(self, raw_id: bytes) -> _Reader:
+        schema_id = int.from_bytes(raw_id, "big")
         text = self._source.schema_text(schema_id)
         if text is None:
             raise DecodeError(UNKNOWN_SCHEMA_ID, f"schema id {schema_id} is not in the schema registry")
@@ -110,11 +127,13 @@ class RegistryFraming:
         if not isinstance(writer, dict) or writer.get("type") != "record":
             reader: _Reader = _refuse(schema_id, "is not an Avro record schema")
         else:
-            ours = parse_schema(_in_our_namespace(json.loads(text)))
-            fp = rabin_fingerprint(to_parsing_canonical_form(ours).encode()).to_bytes(8, "little")
-            header = _OURS.get(fp)
-            reader = _splice(header) if header is not None else _resolve(schema_id, writer)
-        self._readers[schema_id] = reader
+            moved = _in_our_namespace(json.loads(text))
+            header = _OURS.get(_fingerprint(moved))
+            if header is not None:
+                reader = _splice(header)
+            else:
+                reader = _prefixed(schema_id, moved) or _resolve(schema_id, writer)
+        self._readers[raw_id] = reader
         return reader
 
 
@@ -131,11 +150,49 @@ def _in_our_namespace(schema: Any) -> Any:
     return out
 
 
+def _fingerprint(schema: Any) -> bytes:
+    return rabin_fingerprint(to_parsing_canonical_form(parse_schema(schema)).encode()).to_bytes(8, "little")
+
+
+def _prefixed(schema_id: int, moved: dict[str, Any]) -> _Reader | None:
+    """Today's TokenItem and then fields of the producer's own: our part kept, theirs checked."""
+    ours = len(PARSED["TokenItem"]["fields"])
+    fields = moved.get("fields")
+    if not isinstance(fields, list) or len(fields) <= ours:
+        return None
+    if _fingerprint({**moved, "fields": fields[:ours]}) != HEADERS["TokenItem"][2:]:
+        return None
+    theirs = parse_schema({"type": "record", "name": f"{NAMESPACE}.TheirFields", "fields": fields[ours:]})
+    header = HEADERS["TokenItem"]
+
+    def read(value: bytes) -> bytes:
+        try:
+            _item_id, _job, _model, pos = read_item_lead(value, FRAME_SIZE)
+            _shape, pos = read_signature(value, pos)
+            pos = read_item_rest(value, pos, False)[-1]
+            pos = read_request_field(value, pos, False)[-1]
+        except MALFORMED as exc:
+            raise DecodeError("avro-decode", f"malformed TokenItem (schema id {schema_id}): {exc}") from None
+        stream = io.BytesIO(value)
+        stream.seek(pos)
+        try:
+            fastavro.schemaless_reader(stream, theirs, None)
+        except Exception as exc:  # fastavro raises many types on a malformed body
+            raise DecodeError("avro-decode", f"malformed TokenItem (schema id {schema_id}): {exc}") from None
+        if stream.tell() != len(value):
+            raise DecodeError(
+                "trailing-bytes", f"{len(value) - stream.tell()} bytes after the end of the TokenItem record"
+            )
+        return header + memoryview(value)[FRAME_SIZE:pos]
+
+    return read
+
+
 def _splice(header: bytes) -> _Reader:
     """Same schema as ours: the body is already ours, byte for byte."""
 
     def read(value: bytes) -> bytes:
-        return header + value[FRAME_SIZE:]
+        return header + memoryview(value)[FRAME_SIZE:]  # one copy, not a slice and then a join
 
     return read
 

@@ -89,6 +89,16 @@ def test_an_evolved_producer_schema_is_resolved_and_each_id_is_asked_once() -> N
         )
         assert (head.item_id, head.model, head.shape, head.token_count) == (f"e-{n}", "m", 7, 2)
     assert source.asked == [9]
+    assert (
+        "_prefixed" in framing._readers[(9).to_bytes(4, "big")].__qualname__
+    )  # ours, then theirs: walked, not resolved
+
+
+def test_a_malformed_field_of_the_producers_own_is_avro_decode() -> None:
+    message = written(evolved(), {**RECORD, "team": None}, 9)
+    with pytest.raises(DecodeError) as err:
+        RegistryFraming(Source({9: evolved()})).single_object(message[:-1] + b"\x09")  # union index -5
+    assert err.value.reason == "avro-decode"
 
 
 def test_fields_with_defaults_left_out_by_the_writer_read_as_their_defaults() -> None:
@@ -152,4 +162,6 @@ def test_our_schema_in_another_namespace_is_spliced_not_resolved() -> None:
     ours = framing.single_object(message)
     assert ours[HEADER_SIZE:] == message[5:]  # the body as it came
     assert decode_item_head(ours).item_id == "e-1"
-    assert "_splice" in framing._readers[12].__qualname__  # no Avro resolution per message
+    assert (
+        "_splice" in framing._readers[(12).to_bytes(4, "big")].__qualname__
+    )  # no Avro resolution per message
