@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from processor.apps.schema_registry import RegistryRefused, RegistrySettings, register_schemas
@@ -156,7 +156,7 @@ def stack_up(
         create_topics(conf, specs)
         on_step(f"topics of prefix {settings.prefix} ready")
         if settings.registry:
-            _with_registry(stack, state_dir, topics, on_step)
+            stack = _with_registry(stack, state_dir, topics, on_step)
         _spawn_all(stack, state_dir, settings)
         on_step(f"processor and {settings.consumers} consumers started; waiting for their contracts")
         _wait_announced(stack, settings, conf, topics, ready_timeout_s)
@@ -175,21 +175,24 @@ def _local_broker(broker_dir: Path, on_step: Callable[[str], None]) -> tuple[str
     return start_broker(broker_dir).bootstrap, True
 
 
-def _with_registry(stack: Stack, state_dir: Path, topics: TopicNames, on_step: Callable[[str], None]) -> None:
+def _with_registry(
+    stack: Stack, state_dir: Path, topics: TopicNames, on_step: Callable[[str], None]
+) -> Stack:
     """The local schema registry (started unless one runs), with the schemas registered, BACKWARD."""
     registry_dir = registry_state_dir()
     info = registry_status(registry_dir)
+    started = info is None
     if info is None:
         on_step("starting the local schema registry")
         info = start_registry(registry_dir)
-        stack.started_registry = True
-    stack.registry_url = info.url
+    stack = replace(stack, registry_url=info.url, started_registry=started)
     stack.save(state_dir)
     try:
         register_schemas(RegistrySettings(info.url), topics, "BACKWARD")
     except (RegistryUnavailable, RegistryRefused) as exc:
         raise StackError(f"registering the schemas at {info.url}: {exc}") from None
     on_step(f"schema registry at {info.url}: schemas registered")
+    return stack
 
 
 def _spawn_all(stack: Stack, state_dir: Path, settings: StackSettings) -> None:
