@@ -54,7 +54,9 @@ class RegistrySettings:
             )
         url = registry.get("url", "").rstrip("/")
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"schema.registry.url {url!r}: expected http://HOST:PORT/... or https://...")
+            raise ConfigError(
+                f"--registry / schema.registry.url {url!r}: expected http://HOST:PORT/... or https://..."
+            )
         return cls(
             url,
             registry.get("basic.auth.user.info", ""),

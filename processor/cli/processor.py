@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
         http = http_settings(args, PROCESSOR_PORT)
         watchdog = watchdog_from(args)
-        conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
         framing = framing_from(args)
+        conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
     except (ConfigError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
