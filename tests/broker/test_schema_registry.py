@@ -17,6 +17,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,18 +98,21 @@ def dead_letters(rig: InProcess) -> list[str]:
     return [decode_dead_letter(msg.value()).reason for msg in read_topic(rig.conf, rig.topics.dead_letter)]
 
 
-def framing(url: str) -> tuple[RegistryFraming, RegistryClient]:
+@contextmanager
+def registry_pipeline(
+    bootstrap: str, url: str
+) -> Iterator[tuple[InProcess, RegistryFraming, RegistryClient]]:
+    """A processor reading registry-framed items through ``url``, and one instant consumer, running."""
     client = RegistryClient(RegistrySettings(url), timeout_s=2.0)
-    return RegistryFraming(client), client
+    reader = RegistryFraming(client)
+    with running_in_process(bootstrap, [CARD], letter="r", framing=reader, commit_interval_ms=300) as rig:
+        yield rig, reader, client
 
 
 def test_a_producer_that_is_only_avro_serializer_has_every_item_completed_once(
     kafka_bootstrap: str, schema_registry_url: str
 ) -> None:
-    reader, client = framing(schema_registry_url)
-    with running_in_process(
-        kafka_bootstrap, [CARD], letter="r", framing=reader, commit_interval_ms=300
-    ) as rig:
+    with registry_pipeline(kafka_bootstrap, schema_registry_url) as (rig, reader, client):
         messages = team_values(schema_registry_url, rig.topics.ingest, ITEMS, seed=39, prefix="")
         started = time.monotonic()
         send(kafka_bootstrap, rig.topics.ingest, messages)
@@ -128,10 +132,7 @@ def test_a_producer_that_is_only_avro_serializer_has_every_item_completed_once(
 def test_an_unknown_id_and_an_unresolvable_writer_schema_are_dead_lettered_with_their_reasons(
     kafka_bootstrap: str, schema_registry_url: str
 ) -> None:
-    reader, _client = framing(schema_registry_url)
-    with running_in_process(
-        kafka_bootstrap, [CARD], letter="r", framing=reader, commit_interval_ms=300
-    ) as rig:
+    with registry_pipeline(kafka_bootstrap, schema_registry_url) as (rig, reader, _client):
         bad_fields = [{**f, "type": "long"} if f["name"] == "model" else f for f in _OURS["fields"]]
         bad_schema = {**_OURS, "name": "TokenItem", "namespace": "com.acme.broken", "fields": bad_fields}
         ser = serializer(schema_registry_url, bad_schema)
@@ -167,10 +168,7 @@ def test_a_registry_that_stops_answering_under_load_holds_ingest_and_loses_nothi
     kafka_bootstrap: str, own_registry: tuple[str, int]
 ) -> None:
     url, pid = own_registry
-    reader, client = framing(url)
-    with running_in_process(
-        kafka_bootstrap, [CARD], letter="r", framing=reader, commit_interval_ms=300
-    ) as rig:
+    with registry_pipeline(kafka_bootstrap, url) as (rig, reader, client):
         before = team_values(url, rig.topics.ingest, 200, seed=1, prefix="a")
         evolved = {
             **TEAM_SCHEMA,
