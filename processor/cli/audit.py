@@ -41,4 +41,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenfabric audit: error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(report.lines()))
+    if report.undecodable_ingest and framing is None:
+        print(
+            "(registry-framed ingest messages read as undecodable: pass --registry URL, docs/schema-registry.md)"
+        )
     return 0 if report.clean else 1
