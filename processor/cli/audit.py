@@ -42,7 +42,5 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print("\n".join(report.lines()))
     if report.undecodable_ingest and framing is None:
-        print(
-            "(registry-framed ingest messages read as undecodable: pass --registry URL, docs/schema-registry.md)"
-        )
+        print("(undecodable ingest: if its producers write registry-framed Avro, pass --registry URL)")
     return 0 if report.clean else 1
