@@ -17,6 +17,10 @@ For 100, 1000 and 8000-token items it prints items/s for:
   processor's head and the full decoder over a cycle of distinct messages, for a job-wide request
   (every item's request bytes equal), one with an adapter and a JSON schema, and a request per row
   (a seed of its own: every request's bytes differ, none is read from the cache of requests);
+* registry-framed ingest (the Confluent wire format, processor/wire/registry_framing.py) against the
+  single-object message of the same item, side by side, once the writer schema is cached: our own
+  schema (spliced), our schema in a producer's namespace (spliced) and a producer's schema with one
+  extra optional field (resolved by fastavro and written again) (``--registry``: only these);
 
 then encode speeds. Token ids are random below 128,256 (a Llama-3-sized vocabulary), so varint
 sizes in the array<int> variant are realistic. Each figure is the best of several timed runs.
@@ -44,9 +48,10 @@ from fastavro.schema import parse_schema
 from processor.core.item import Batch, Item
 from processor.core.signature import shape_signature, to_signed
 from processor.wire import heads as fastpath
-from processor.wire.fastavro_io import decode_token_item_fastavro
+from processor.wire.fastavro_io import decode_token_item_fastavro, fastavro_decode
 from processor.wire.items import decode_batch, decode_token_item, encode_batch, encode_token_item
 from processor.wire.records import TokenItemRecord, new_token_item
+from processor.wire.registry_framing import RegistryFraming, decode_ingest_head, frame
 from processor.wire.request import GenerationRequest
 from processor.wire.schemas import HEADER_SIZE, parsed_schema, schema_dir
 
@@ -155,6 +160,50 @@ def cycled_rate(fn: Any, messages: list[bytes], seconds: float) -> float:
     return rate(lambda _: fn(next(turn)), None, seconds, time.process_time)
 
 
+def print_registry_costs(rng: random.Random, seconds: float) -> None:
+    """The processor's ingest decode of a registry-framed item vs the single-object one, per writer schema."""
+    ours = json.loads((schema_dir() / "TokenItem.avsc").read_text(encoding="utf-8"))
+    writers = {
+        1: ours,
+        2: {**ours, "namespace": "com.acme"},
+        3: {
+            **ours,
+            "fields": [*ours["fields"], {"name": "team", "type": ["null", "string"], "default": None}],
+        },
+    }
+    framing = RegistryFraming(_Writers({k: json.dumps(v) for k, v in writers.items()}))
+
+    def framed_head(value: bytes) -> Any:  # what the processor's intake calls, a registry configured
+        return decode_ingest_head(value, framing)
+
+    print("\nregistry-framed ingest vs single-object (schema cached), items/s; ratio = cost framed / single")
+    print(f"{'tokens':>7} {'single':>10} {'same schema':>12} {'ratio':>6} {'namespace':>10} {'ratio':>6}"
+          f" {'+1 field':>10} {'ratio':>6}")  # fmt: skip
+    for n in SIZES:
+        value = encode_token_item(sample_item(n, rng))
+        record = fastavro_decode(value, "TokenItem")
+        single = rate(framed_head, value, seconds, time.process_time)  # the same call, a single-object item
+        row = f"{n:>7} {single:>10,.0f}"
+        for schema_id, width in ((1, 12), (2, 10), (3, 10)):
+            body = io.BytesIO()
+            fastavro.schemaless_writer(body, parse_schema(writers[schema_id]), {**record, "team": "x"})
+            framed = frame(schema_id, body.getvalue())
+            assert framed_head(framed).item_id == record["item_id"]
+            got = rate(framed_head, framed, seconds, time.process_time)
+            row += f" {got:>{width},.0f} {single / got:>5.2f}x"
+        print(row)
+
+
+class _Writers:
+    """Writer schemas by id, as a registry answers (the lookups are cached by the framing anyway)."""
+
+    def __init__(self, schemas: dict[int, str]) -> None:
+        self.schemas = schemas
+
+    def schema_text(self, schema_id: int) -> str | None:
+        return self.schemas.get(schema_id)
+
+
 def array_int_schema() -> Any:
     raw = json.loads((schema_dir() / "TokenItem.avsc").read_text(encoding="utf-8"))
     raw["name"] = "TokenItemArrayInt"
@@ -172,12 +221,19 @@ def main() -> None:
     parser.add_argument(
         "--requests", action="store_true", help="only ingest decode with vs without a request"
     )
+    parser.add_argument(
+        "--registry", action="store_true", help="only registry-framed vs single-object ingest decode"
+    )
     args = parser.parse_args()
     seconds = 0.5 if args.quick else 3.0
     rng = random.Random(7)
     if args.requests:
         print(f"python {sys.version.split()[0]}")
         print_request_costs(rng, seconds)
+        return
+    if args.registry:
+        print(f"python {sys.version.split()[0]}, fastavro {fastavro.__version__}")
+        print_registry_costs(rng, seconds)
         return
     schema_ints = array_int_schema()
 
@@ -219,6 +275,7 @@ def main() -> None:
         print(f"{n:>7} {usual:>10,.0f} {general:>10,.0f} {usual / general:>6.2f}x")
 
     print_request_costs(rng, seconds)
+    print_registry_costs(rng, seconds)
 
     print("\nreading a batch: decode_batch vs fastpath.decode_batch_head (no token copied), items/s")
     for n_items, n in BATCH_SHAPES:

@@ -77,6 +77,25 @@ def _local_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 _SHARED_BROKER = "kafka-shared"
 
 
+@pytest.fixture(scope="session")
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Confluent-compatible base URL of a real schema registry: ``$SCHEMA_REGISTRY_URL`` if set,
+    else a local Apicurio Registry of this session (processor/local/registry.py; built once per
+    machine). The registry tests share one xdist group (tests/xdist_groups.py), so one worker starts it."""
+    external = os.environ.get("SCHEMA_REGISTRY_URL")
+    if external:
+        yield external
+        return
+    from processor.local.registry import start_registry, stop_registry
+
+    state_dir = tmp_path_factory.mktemp("registry")
+    info = start_registry(state_dir)
+    try:
+        yield info.url
+    finally:
+        stop_registry(state_dir)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The xdist controller stops the broker its workers shared (if one of them started it)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is not None or not hasattr(session.config, "_tmp_path_factory"):

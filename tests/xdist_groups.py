@@ -27,6 +27,8 @@ SERIAL = {
     "test_demo.py": "stacks",
     "test_demo_llm.py": "stacks",
     "test_benchmarks.py": "stacks",
+    "test_schema_registry.py": "registry",
+    "test_local_registry.py": "registry",
 }
 ALONE = {"test_alerts.py": "alone"}
 

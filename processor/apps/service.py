@@ -67,6 +67,7 @@ from processor.state.results import ResultsCursor
 from processor.wire.control import encode_ledger_snapshot
 from processor.wire.items import encode_batch
 from processor.wire.records import LedgerSnapshotRecord
+from processor.wire.registry_framing import RegistryFraming
 
 log = logging.getLogger("tokenfabric.processor")
 
@@ -99,6 +100,7 @@ class ProcessorService:
         clock: Callable[[], float] = time.monotonic,
         clients: ClientFactory = KAFKA,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        framing: RegistryFraming | None = None,
     ) -> None:
         self.conf = dict(conf)
         self.clients = clients
@@ -142,7 +144,9 @@ class ProcessorService:
         )
         self.producer, self.mode = self._delivery_mode(s)
         self.control_plane = ControlPlane(self._control_context())
-        self.intake = Intake(self.core, self.mode, topics, self.counters, s.dedupe_window_ms)
+        self.intake = Intake(
+            self.core, self.mode, topics, self.counters, s.dedupe_window_ms, framing, self.ingest, clock
+        )
         self.backpressure = Backpressure(self.ingest, s.max_waiting_tokens, self.core, self.counters)
         self.handover = PartitionHandover(self._handover_context())
 
@@ -214,7 +218,14 @@ class ProcessorService:
         on_waiting: OnWaiting,
     ) -> RestoredState:
         return restore(
-            self.conf, self.topics, self.settings.group_id, partitions, on_contracts, on_waiting, self.clients
+            self.conf,
+            self.topics,
+            self.settings.group_id,
+            partitions,
+            on_contracts,
+            on_waiting,
+            self.clients,
+            self.intake.decode_head,
         )
 
     def _restored(self, done: Restored) -> None:
@@ -247,6 +258,11 @@ class ProcessorService:
     def restoring_since_s(self) -> float | None:
         """Set while assigned partitions are being restored (health: live, not ready)."""
         return self.handover.restoring_since_s
+
+    @property
+    def registry_down_since_s(self) -> float | None:
+        """Since when ingest is held because the schema registry does not answer (health: not ready)."""
+        return self.intake.held_since
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -354,7 +370,10 @@ class ProcessorService:
         s = self.settings
         msgs = self.ingest.consume(num_messages=s.consume_batch, timeout=s.poll_timeout_ms / 1000)
         now = self.now_ms()
+        self.intake.release_held()
         items = [item for item in (self.intake.item(msg, now) for msg in msgs) if item is not None]
+        if msgs:
+            self.intake.registry_answered()
         if items:  # one pass for the poll's items, as ``submit`` on each in turn would place them
             self.core.submit_many(items, [now] * len(items))
         self.control_plane.read(now)

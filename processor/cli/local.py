@@ -74,6 +74,15 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with down: stop even if the broker holds jobs whose results were not collected",
     )
+    _add_registry_flag(p)
+
+
+def _add_registry_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--registry", action="store_true",
+        help="with up: also a local schema registry (tokenfabric registry), the schemas registered in it, "
+        "and the processor reading registry-framed items through it",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,6 +172,7 @@ def _up(args: argparse.Namespace, state_dir: Path, broker_dir: Path) -> int:
             model=args.model,
             prefix=args.topic_prefix,
             ingest_partitions=args.ingest_partitions,
+            registry=args.registry,
         )
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -185,6 +195,8 @@ def _up(args: argparse.Namespace, state_dir: Path, broker_dir: Path) -> int:
     )
     up = f"up: bootstrap={stack.bootstrap} prefix={stack.prefix} model={stack.model} logs={stack.log_dir}"
     print(folded(up, shutil.get_terminal_size((80, 24)).columns))
+    if stack.registry_url:
+        print(f"registry: url={stack.registry_url} (subject {stack.prefix}.ingest-value)")
     print(f"next: tokenfabric submit DATASET --job NAME --template FILE{kafka}")
     print(f"      tokenfabric collect --job NAME --out OUT.jsonl --wait{kafka}")
     print("      tokenfabric local down")

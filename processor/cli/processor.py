@@ -43,6 +43,9 @@ PROG = "tokenfabric processor"
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
+    from processor.cli.schemas import add_registry_argument
+
+    add_registry_argument(p)
     p.add_argument(
         "--instance",
         default="processor-0",
@@ -123,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.apps.service import ProcessorService
+    from processor.cli.schemas import framing_from
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure, WrongSettings
     from processor.ops.health import ProcessorHealth
@@ -134,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
         http = http_settings(args, PROCESSOR_PORT)
         watchdog = watchdog_from(args)
+        framing = framing_from(args)
         conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
     except (ConfigError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -144,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         if not serving.cluster_answered(conf):  # no broker yet: said once, retried until one answers
             return 0
         kafka_stats = KafkaStats()  # librdkafka's statistics for /metrics, reported only when it is served
-        service = ProcessorService(kafka_stats.attach(conf) if http is not None else conf, topics, settings)
+        service = ProcessorService(
+            kafka_stats.attach(conf) if http is not None else conf, topics, settings, framing=framing
+        )
         service.watchdog = watchdog
         if http is not None:
             health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)

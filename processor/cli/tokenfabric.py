@@ -16,8 +16,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("processor.cli.simulate", "replay a trace through the scheduler in virtual time"),
     "kafka": ("processor.cli.kafka", "start, stop, restart or inspect a local single-node Kafka broker"),
     "llm": ("processor.cli.llm", "build, start, stop or inspect local llama-server generation servers"),
+    "registry": (
+        "processor.cli.registry",
+        "build, start, stop or inspect a local Confluent-compatible schema registry",
+    ),
     "local": ("processor.cli.local", "start, stop or list a whole local stack: broker, processor, consumers"),
     "topics": ("processor.cli.topics", "create tokenfabric's topics"),
+    "schemas": ("processor.cli.schemas", "register tokenfabric's Avro schemas in a Schema Registry"),
     "produce": ("processor.cli.produce", "replay a trace onto the ingest topic"),
     "processor": ("processor.cli.processor", "run the stream processor"),
     "consumer": ("processor.cli.consumer", "run a GPU consumer app with an engine"),

@@ -6,8 +6,10 @@ import argparse
 import sys
 
 from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.cli.schemas import add_registry_argument
 from processor.core.contract import CONSUMER_ID
 from processor.kafka.config import ConfigError
+from processor.kafka.topics import TopicNames
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -39,6 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "(default: the broker's; production: 2)",
     )
     add_kafka_arguments(p)
+    add_registry_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +78,27 @@ def run(args: argparse.Namespace) -> int:
     for spec in specs:
         state = "created" if spec.name in created else "exists "
         print(f"{state} {spec.name} ({spec.partitions} partition{'s' if spec.partitions != 1 else ''})")
+    if args.registry:
+        return _register(args, names)
+    return 0
+
+
+def _register(args: argparse.Namespace, names: TopicNames) -> int:
+    """``--registry URL``: the schemas under the topics' subjects, BACKWARD (processor/cli/schemas.py)."""
+    from processor.apps.schema_registry import RegistryRefused, register_schemas
+    from processor.cli.schemas import print_registered, registry_settings
+    from processor.wire.registry_framing import RegistryUnavailable
+
+    try:
+        settings = registry_settings(args)
+        assert settings is not None, "--registry names one"
+        print_registered(register_schemas(settings, names, "BACKWARD"), "BACKWARD")
+    except ConfigError as exc:
+        print(f"tokenfabric topics: error: {exc}", file=sys.stderr)
+        return 2
+    except (RegistryUnavailable, RegistryRefused) as exc:
+        print(f"tokenfabric topics: error: registering the schemas: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -38,6 +38,10 @@ SECRET_MARKERS = (
 )
 
 
+REGISTRY_PREFIX = "schema.registry."
+"""Settings of the Schema Registry client (confluent-kafka's keys), kept out of librdkafka's."""
+
+
 class ConfigError(ValueError):
     pass
 
@@ -165,11 +169,7 @@ def client_config(
     nor ``KAFKA_BOOTSTRAP`` names one; without it that is a :class:`ConfigError`.
     """
     env = os.environ if env is None else env
-    conf: dict[str, str] = {}
-    path = config_file or env.get(ENV_PREFIX + "CONFIG")
-    if path:
-        conf.update(read_properties(path))
-    conf.update(from_env(env))
+    conf = {k: v for k, v in _file_and_env(config_file, env).items() if not k.startswith(REGISTRY_PREFIX)}
     if bootstrap:
         conf["bootstrap.servers"] = bootstrap
     elif "bootstrap.servers" not in conf:
@@ -178,6 +178,23 @@ def client_config(
             raise ConfigError("no Kafka to talk to: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
         conf["bootstrap.servers"] = found
     return conf
+
+
+def _file_and_env(config_file: str | None, env: Mapping[str, str]) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        conf.update(read_properties(path))
+    conf.update(from_env(env))
+    return conf
+
+
+def registry_config(config_file: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``schema.registry.`` settings of the same file and environment as :func:`client_config`'s,
+    without the prefix (``url``, ``basic.auth.user.info``, ...: as confluent-kafka's
+    ``SchemaRegistryClient`` takes them); empty when none is set."""
+    conf = _file_and_env(config_file, os.environ if env is None else env)
+    return {k[len(REGISTRY_PREFIX) :]: v for k, v in conf.items() if k.startswith(REGISTRY_PREFIX)}
 
 
 def is_secret(key: str) -> bool:

@@ -292,6 +292,9 @@ class MemoryConsumer:
     def resume(self, partitions: list[TopicPartition]) -> None:
         self._paused.difference_update((tp.topic, tp.partition) for tp in partitions)
 
+    def seek(self, partition: TopicPartition) -> None:
+        self._positions[(partition.topic, partition.partition)] = partition.offset
+
     # -- reading -------------------------------------------------------------------------------
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:

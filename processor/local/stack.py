@@ -18,15 +18,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from processor.apps.schema_registry import RegistryRefused, RegistrySettings, register_schemas
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.local.broker import broker_status, start_broker, stop_broker
 from processor.local.jars import KafkaLocalError
 from processor.local.pipeline import child_env
 from processor.local.processes import process_argv, terminate
+from processor.local.registry import default_state_dir as registry_state_dir
+from processor.local.registry import registry_status, start_registry, stop_registry
 from processor.ops.contracts import announced_contracts, consumers_of
+from processor.wire.registry_framing import RegistryUnavailable
 
 STACK_FILE = "stack.json"
 #: A consumer's contract in the local stack: small enough for a laptop, the sim engine's defaults.
@@ -48,6 +52,9 @@ class StackSettings:
     model: str = "default"
     prefix: str = "tokenfabric"
     ingest_partitions: int = 3
+    registry: bool = False
+    """Also a local schema registry (processor/local/registry.py): the schemas registered, the
+    processor reading registry-framed items through it."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.consumers <= 16:
@@ -83,6 +90,9 @@ class Stack:
     log_dir: str
     started_broker: bool
     processes: list[StackProcess] = field(default_factory=list)
+    registry_url: str = ""
+    """The schema registry's Confluent-compatible URL ("" without ``--registry``)."""
+    started_registry: bool = False
 
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -145,6 +155,8 @@ def stack_up(
         )
         create_topics(conf, specs)
         on_step(f"topics of prefix {settings.prefix} ready")
+        if settings.registry:
+            stack = _with_registry(stack, state_dir, topics, on_step)
         _spawn_all(stack, state_dir, settings)
         on_step(f"processor and {settings.consumers} consumers started; waiting for their contracts")
         _wait_announced(stack, settings, conf, topics, ready_timeout_s)
@@ -163,10 +175,31 @@ def _local_broker(broker_dir: Path, on_step: Callable[[str], None]) -> tuple[str
     return start_broker(broker_dir).bootstrap, True
 
 
+def _with_registry(
+    stack: Stack, state_dir: Path, topics: TopicNames, on_step: Callable[[str], None]
+) -> Stack:
+    """The local schema registry (started unless one runs), with the schemas registered, BACKWARD."""
+    registry_dir = registry_state_dir()
+    info = registry_status(registry_dir)
+    started = info is None
+    if info is None:
+        on_step("starting the local schema registry")
+        info = start_registry(registry_dir)
+    stack = replace(stack, registry_url=info.url, started_registry=started)
+    stack.save(state_dir)
+    try:
+        register_schemas(RegistrySettings(info.url), topics, "BACKWARD")
+    except (RegistryUnavailable, RegistryRefused) as exc:
+        raise StackError(f"registering the schemas at {info.url}: {exc}") from None
+    on_step(f"schema registry at {info.url}: schemas registered")
+    return stack
+
+
 def _spawn_all(stack: Stack, state_dir: Path, settings: StackSettings) -> None:
     """The processor, then each consumer, against the stack's bootstrap and prefix."""
     kafka = ["--bootstrap", stack.bootstrap, "--topic-prefix", settings.prefix, "--metrics-port", "0"]
-    _spawn(stack, state_dir, "processor", ["processor", *kafka, "--instance", "local-p0"])
+    registry = ["--registry", stack.registry_url] if stack.registry_url else []
+    _spawn(stack, state_dir, "processor", ["processor", *kafka, *registry, "--instance", "local-p0"])
     for name in settings.consumer_names():
         engine = ["--engine", settings.engine, *(f"--engine-opt={o}" for o in settings.engine_opts)]
         contract = ["--id", name, "--model", settings.model]
@@ -250,5 +283,7 @@ def stack_down(state_dir: Path, broker_dir: Path, timeout_s: float = 30.0) -> li
             stopped.append(p.name)
     if stack.started_broker and stop_broker(broker_dir):
         stopped.append("kafka")
+    if stack.started_registry and stop_registry(registry_state_dir()):
+        stopped.append("registry")
     (state_dir / STACK_FILE).unlink(missing_ok=True)
     return stopped

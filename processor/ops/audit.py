@@ -44,6 +44,7 @@ from processor.wire.errors import DecodeError
 from processor.wire.heads import decode_batch_head
 from processor.wire.items import decode_token_item
 from processor.wire.records import CompletionRecord
+from processor.wire.registry_framing import RegistryFraming, is_registry_framed
 
 
 @dataclass(slots=True)
@@ -141,15 +142,20 @@ def audit(
     topics: TopicNames,
     group: str = "",
     progress: Callable[[str], None] | None = None,
+    framing: RegistryFraming | None = None,
 ) -> AuditReport:
-    """``progress`` is told the name of each topic as the audit starts reading it."""
+    """``progress`` is told the name of each topic as the audit starts reading it; ``framing`` reads
+    registry-framed ingest messages (processor/wire/registry_framing.py) as the processor does."""
     say = progress or (lambda _topic: None)
     r = AuditReport()
     received: dict[tuple[int, int], tuple[str, int]] = {}  # (partition, offset) -> (item_id, tokens)
     say(topics.ingest)
     for msg in read_topic(conf, topics.ingest):
         try:
-            rec = decode_token_item(msg.value())
+            value = msg.value()
+            if framing is not None and is_registry_framed(value):
+                value = framing.single_object(value)
+            rec = decode_token_item(value)
         except DecodeError:
             r.undecodable_ingest += 1
             continue

@@ -84,6 +84,11 @@ class HealthView(Protocol):
     @property
     def restoring_since_s(self) -> float | None: ...
 
+    @property
+    def registry_down_since_s(self) -> float | None:
+        """Since when ingest is held because the schema registry does not answer (None: it answers)."""
+        ...
+
 
 class ProcessorHealth:
     """The processor's checks; ``clock`` must be the service's (monotonic by default)."""
@@ -126,6 +131,9 @@ class ProcessorHealth:
         live = self.live()
         if not live.ok or self.service.restoring_since_s is not None:
             return Verdict(False, live.reason)
+        down = self.service.registry_down_since_s
+        if down is not None:
+            return Verdict(False, f"schema registry silent for {self.clock() - down:.1f} s: ingest held")
         error = self.service.ledger_error
         if error is not None:
             return Verdict(False, f"ledger check failed: {error}")

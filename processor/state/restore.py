@@ -97,6 +97,7 @@ def restore(
     on_contracts: Callable[[dict[str, Contract]], None],
     on_waiting: OnWaiting,
     clients: ClientFactory = KAFKA,
+    decode: Callable[[bytes | None], ItemHead] = decode_item_head,
 ) -> RestoredState:
     """The state of ``partitions`` (default: all) as their last committed transactions left it; the
     waiting items go to ``on_waiting``, the heads of in-flight batches' items to ``records``.
@@ -111,7 +112,7 @@ def restore(
     lanes while the next fetches are in flight, instead of after the last one (the reading loop waits
     on fetches for about as long as it works; docs/benchmarks.md, "Restore"). A restored message is
     validated again, as it was when first consumed: a topic recreated under the same name is refused,
-    not adopted.
+    not adopted. ``decode`` reads an ingest message (the intake's, so a registry-framed one reads too).
     """
     started = time.monotonic()
     committed = committed_offsets(conf, topics.ingest, group, clients)
@@ -146,13 +147,13 @@ def restore(
                 ref = (msg.partition(), msg.offset())  # both always set on a consumed message
                 home = waiting.get(ref)
                 if home is not None:
-                    head = decode_item_head(msg.value())
+                    head = decode(msg.value())
                     on_waiting(ref, home, head, msg.timestamp()[1])
                     found(ref)
                     if ref in wanted:
                         records[ref] = head
                 elif ref in wanted:
-                    records[ref] = decode_item_head(msg.value())
+                    records[ref] = decode(msg.value())
         if len(adopted) != len(waiting) or len(records) != len(wanted):
             missing = (waiting.keys() - set(adopted)) | (wanted - records.keys())
             raise RuntimeError(

@@ -39,6 +39,7 @@ from processor.sim.tracegen import synthetic_records
 from processor.wire.completions import decode_completions
 from processor.wire.items import decode_batch
 from processor.wire.records import CompletionForm
+from processor.wire.registry_framing import RegistryFraming
 
 # -- topics, waiting, producing ---------------------------------------------------------------------
 
@@ -192,6 +193,7 @@ def in_process(
     ingest_partitions: int = 3,
     topics: tuple[dict[str, str], TopicNames] | None = None,
     app_options: Mapping[str, Any] | None = None,
+    framing: RegistryFraming | None = None,
     **settings: Any,
 ) -> InProcess:
     """Topics (unless ``topics`` are given), an instant consumer app per contract (``ConsumerApp``
@@ -199,7 +201,9 @@ def in_process(
     the group ``<prefix>-proc``; not started."""
     contracts = list(contracts)
     conf, names = topics or new_topics(bootstrap, letter, [c.consumer for c in contracts], ingest_partitions)
-    service = ProcessorService(conf, names, ProcessorSettings(group_id=f"{names.prefix}-proc", **settings))
+    service = ProcessorService(
+        conf, names, ProcessorSettings(group_id=f"{names.prefix}-proc", **settings), framing=framing
+    )
     rig = InProcess(conf, names, service)
     for contract in contracts:
         rig.add_consumer(contract, **(app_options or {}))

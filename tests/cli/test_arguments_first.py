@@ -48,6 +48,8 @@ CASES = {
     ),
     "share-weight": (["share", "j", "--weight", "0"], "weight"),
     "cancel-bad-name": (["cancel", "bad name!"], "job name"),
+    "schemas-compatibility": (["schemas", "register", "--compatibility", "SOMETIMES"], "--compatibility"),
+    "processor-registry-url": (["processor", "--registry", "ftp://r"], "--registry"),
     "submit-no-dataset": (["submit", "/nope.jsonl", "--job", "j", "--template", "/nope.toml"], "/nope"),
 }
 
@@ -80,8 +82,8 @@ def test_a_bad_argument_is_reported_before_the_missing_cluster(
 
 def test_every_command_with_arguments_of_its_own_is_covered() -> None:
     """audit and jobs take only Kafka options (checked before any connection by ``kafka_settings``);
-    simulate, demo, kafka and llm need no cluster to be named."""
+    simulate, demo, kafka, llm and registry need no cluster to be named."""
     from processor.cli.tokenfabric import COMMANDS
 
     covered = {argv[0] for argv, _ in CASES.values()}
-    assert covered == set(COMMANDS) - {"audit", "jobs", "simulate", "demo", "kafka", "llm"}
+    assert covered == set(COMMANDS) - {"audit", "jobs", "simulate", "demo", "kafka", "llm", "registry"}

@@ -164,7 +164,7 @@ def test_describe_is_one_safe_line() -> None:
 
 
 #: ``local`` runs its own stack on the local broker (or a plain --bootstrap): no security settings.
-KAFKA_COMMANDS = sorted(set(COMMANDS) - {"simulate", "kafka", "demo", "llm", "local"})
+KAFKA_COMMANDS = sorted(set(COMMANDS) - {"simulate", "kafka", "demo", "llm", "local", "registry"})
 
 
 @pytest.mark.parametrize("command", KAFKA_COMMANDS)
@@ -187,7 +187,28 @@ def test_every_kafka_command_takes_the_shared_settings(command: str, tmp_path: P
         "share": ["j"],
         "cancel": ["j"],
         "collector": ["--out-dir", "d"],
+        "schemas": ["register"],
     }.get(command, [])
     args = parser.parse_args([command, *required, "--bootstrap", "b:1", "--kafka-config", str(path)])
     conf, _ = kafka_settings(args)
     assert conf["security.protocol"] == "SASL_SSL" and conf["bootstrap.servers"] == "b:1"
+
+
+def test_schema_registry_keys_go_to_the_registry_client_not_to_librdkafka(tmp_path: Path) -> None:
+    """The same file feeds both clients: ``schema.registry.*`` is taken out of librdkafka's settings
+    (which would refuse it) and handed, without the prefix, to the registry client."""
+    from processor.kafka.config import registry_config
+
+    path = _props(
+        tmp_path,
+        "bootstrap.servers=b:9092\nschema.registry.url=https://r:8081\n"
+        "schema.registry.basic.auth.user.info=u:p\n",
+    )
+    env = {"TOKENFABRIC_KAFKA_SCHEMA_REGISTRY_SSL_CA_LOCATION": "/ca.pem"}
+    assert client_config(config_file=str(path), env=env) == {"bootstrap.servers": "b:9092"}
+    assert registry_config(str(path), env) == {
+        "url": "https://r:8081",
+        "basic.auth.user.info": "u:p",
+        "ssl.ca.location": "/ca.pem",
+    }
+    assert registry_config(None, {}) == {}

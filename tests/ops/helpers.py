@@ -37,6 +37,7 @@ class FakeService:
     last_broker_ok_s: float = field(default_factory=time.monotonic)
     ledger_error: str | None = None
     restoring_since_s: float | None = None
+    registry_down_since_s: float | None = None
     observer: ServiceObserver = field(default_factory=ServiceObserver)
     clock_ms: int = 0
     owned: frozenset[int] = frozenset({0, 1})
