@@ -59,7 +59,8 @@ def plain(schema: Any) -> Any:
 
 
 def text(schema: Any) -> str:
-    return json.dumps(plain(schema), indent=2, ensure_ascii=False) + "\n"
+    """Keys sorted: a parsed schema's key order depends on what fastavro parsed before it."""
+    return json.dumps(plain(schema), indent=2, ensure_ascii=False, sort_keys=True) + "\n"
 
 
 def header_of(path: Path) -> bytes:
