@@ -106,18 +106,30 @@ class ConsumerState:
         return (self.contract.max_inflight if self.slots is None else self.slots) - len(self.in_flight)
 
 
-class InFlightTable:
-    """Every batch in flight by id, with the consumer state that holds it (which lists it too)."""
+#: How many handed-over batch ids an :class:`InFlightTable` remembers (the oldest go first): far more
+#: than a fleet's processor holds in flight, so a late completion of one is still told apart.
+HANDED_OVER_KEPT = 1 << 16
 
-    __slots__ = ("_by_id",)
+
+class InFlightTable:
+    """Every batch in flight by id, with the consumer state that holds it (which lists it too).
+
+    Also the ids of the batches it let go at the last hand-backs (:meth:`clear`), until one comes
+    back (:meth:`hold`): a completion of such a batch belongs to the instance that adopted it, and
+    is no sign of a consumer running a batch again (``ServiceCounters.missed``)."""
+
+    __slots__ = ("_by_id", "_handed")
 
     def __init__(self) -> None:
         self._by_id: dict[str, tuple[ConsumerState, InFlight]] = {}
+        self._handed: dict[str, None] = {}  # insertion-ordered: the oldest are dropped first
 
     def hold(self, state: ConsumerState, flight: InFlight) -> None:
         batch_id = flight.batch.batch_id
         state.in_flight[batch_id] = flight
         self._by_id[batch_id] = (state, flight)
+        if self._handed:
+            self._handed.pop(batch_id, None)
 
     def get(self, batch_id: str) -> tuple[ConsumerState, InFlight] | None:
         return self._by_id.get(batch_id)
@@ -136,8 +148,17 @@ class InFlightTable:
         return (flight.batch for _, flight in self._by_id.values())
 
     def clear(self) -> None:
-        """Forget every batch (the holders' own lists are the caller's to clear)."""
+        """Forget every batch, remembering their ids as handed over (the holders' own lists are the
+        caller's to clear)."""
+        handed = self._handed
+        handed.update(dict.fromkeys(self._by_id))
+        while len(handed) > HANDED_OVER_KEPT:
+            del handed[next(iter(handed))]
         self._by_id.clear()
+
+    def handed_over(self, batch_id: str) -> bool:
+        """Whether ``batch_id`` was in flight here when it was let go, and has not come back."""
+        return batch_id in self._handed
 
     def outstanding(self) -> tuple[int, int]:
         """Items and tokens not answered yet, recounted item by item (for ``check``)."""

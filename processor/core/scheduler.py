@@ -443,6 +443,15 @@ class Scheduler:
     def is_in_flight(self, batch_id: str) -> bool:
         return batch_id in self._context.flights
 
+    def handed_over(self, batch_id: str) -> bool:
+        """Whether ``batch_id`` was in flight here when :meth:`release_all` let it go (its partition
+        was handed over), and was not adopted back since."""
+        return self._context.flights.handed_over(batch_id)
+
+    def made_here(self, batch_id: str) -> bool:
+        """Whether this scheduler (this incarnation: its ``batch_prefix``) emitted ``batch_id``."""
+        return batch_id.rsplit("-", 1)[0] == self.batch_prefix
+
     def in_flight_batch(self, batch_id: str) -> Batch | None:
         """The batch ``batch_id`` while it is in flight, else None (its dispatch time for observers)."""
         entry = self._context.flights.get(batch_id)

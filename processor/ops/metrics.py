@@ -70,13 +70,13 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "unknown_completions": (
         "tokenfabric_unknown_completions_total",
-        "Completions of batches made under this instance id that it does not hold (not replays): a "
-        "consumer ran a batch again after its completion counted, or an earlier incarnation's batch.",
+        "Completions of batches this incarnation made and neither holds nor handed over (not replays): "
+        "a consumer ran a batch again after its completion counted.",
     ),
     "foreign_completions": (
         "tokenfabric_foreign_completions_total",
-        "Completions of other instances' batches that this one does not hold: normal with several "
-        "instances (each reads the whole results topic).",
+        "Completions of batches this incarnation does not hold and did not make, or handed over with "
+        "their partition: normal with several instances (each reads the whole results topic).",
     ),
     "contracts": ("tokenfabric_contract_announcements_total", "Consumer contract announcements read."),
     "commits": ("tokenfabric_offset_commits_total", "Successful ingest offset commits."),
