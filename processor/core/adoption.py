@@ -118,4 +118,6 @@ class Adoption:
         ctx = self._context
         ctx.ledger = ledger = Ledger.restore(snapshot)
         ledger.adopt_unbooked_jobs()
+        ctx.counted_before = before = Ledger.restore(snapshot)
+        before.adopt_unbooked_jobs()
         ctx.shares.resume(ledger)
