@@ -84,10 +84,22 @@ class ConsumerState:
     """A consumer as the scheduler sees it: its contract, its share of slots, what it holds and the
     shape it is on (the dispatch rules' stickiness)."""
 
-    __slots__ = ("contract", "in_flight", "last_shape", "shape", "shape_switches", "slots", "switched_ms")
+    __slots__ = (
+        "contract",
+        "in_flight",
+        "last_shape",
+        "rank",
+        "shape",
+        "shape_switches",
+        "slots",
+        "switched_ms",
+    )
 
-    def __init__(self, contract: Contract, slots: int | None = None) -> None:
+    def __init__(self, contract: Contract, slots: int | None = None, rank: int = -1) -> None:
         self.contract = contract
+        self.rank = rank
+        """Its place in the order consumers announced (dispatch's turns); -1: not one of the
+        scheduler's consumers (a stand-in holding an adopted batch of a consumer that is gone)."""
         self.slots = slots  # this instance's share of max_inflight (processor/state/credits.py); None: all
         self.in_flight: dict[str, InFlight] = {}
         self.shape: ShapeKey | None = None
@@ -118,16 +130,22 @@ class InFlightTable:
     back (:meth:`hold`): a completion of such a batch belongs to the instance that adopted it, and
     is no sign of a consumer running a batch again (``ServiceCounters.missed``)."""
 
-    __slots__ = ("_by_id", "_handed")
+    __slots__ = ("_by_id", "_handed", "free")
 
     def __init__(self) -> None:
         self._by_id: dict[str, tuple[ConsumerState, InFlight]] = {}
         self._handed: dict[str, None] = {}  # insertion-ordered: the oldest are dropped first
+        self.free: dict[ConsumerState, None] = {}
+        """The consumers with a free slot, kept as batches are held and let go (:meth:`recount`
+        after a change of contracts or shares): dispatch looks at these only, so a busy fleet's
+        consumers cost nothing per dispatch (benchmarks/bench_consumers.py)."""
 
     def hold(self, state: ConsumerState, flight: InFlight) -> None:
         batch_id = flight.batch.batch_id
         state.in_flight[batch_id] = flight
         self._by_id[batch_id] = (state, flight)
+        if state.free_slots <= 0:
+            self.free.pop(state, None)
         if self._handed:
             self._handed.pop(batch_id, None)
 
@@ -138,8 +156,22 @@ class InFlightTable:
         """Forget the batch (answered, or handed back); None if it was not in flight."""
         entry = self._by_id.pop(batch_id, None)
         if entry is not None:
-            del entry[0].in_flight[batch_id]
+            state = entry[0]
+            del state.in_flight[batch_id]
+            if state.rank >= 0 and state.free_slots > 0:
+                self.free[state] = None
         return entry
+
+    def recount(self, states: Iterable[ConsumerState]) -> None:
+        """:attr:`free` from scratch: after contracts, shares or holdings changed wholesale."""
+        self.free = {s: None for s in states if s.free_slots > 0}
+
+    def free_in_turn(self) -> list[ConsumerState]:
+        """The consumers with a free slot, in the order they announced."""
+        free = self.free
+        if len(free) < 2:
+            return list(free)
+        return sorted(free, key=_rank)
 
     def __contains__(self, batch_id: object) -> bool:
         return batch_id in self._by_id
@@ -168,6 +200,10 @@ class InFlightTable:
                 items += 1
                 tokens += it.length
         return items, tokens
+
+
+def _rank(state: ConsumerState) -> int:
+    return state.rank
 
 
 def cached_by_id(results: Sequence[Outcome], cached_tokens: Sequence[int]) -> dict[str, int]:

@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from processor.core.accounting import Ledger
+from processor.core.accounting import Ledger, LedgerImbalance
 from processor.core.adoption import Adoption
 from processor.core.context import SchedulerContext
 from processor.core.contract import Contract, check_batch
@@ -68,6 +68,7 @@ class Scheduler:
         self.settings = dispatch or DispatchSettings()
         self.batch_prefix = batch_prefix
         self._seq = 0
+        self._announced = 0  # consumers ever announced: each one's rank (ConsumerState.rank)
         self.retries = RetryPolicy()
         self._retried: list[Item] = []
         self._rules = DispatchRules(
@@ -86,7 +87,8 @@ class Scheduler:
         ctx = self._context
         state = ctx.consumers.get(contract.consumer)
         if state is None:
-            state = ctx.consumers[contract.consumer] = ConsumerState(contract, slots)
+            self._announced += 1
+            state = ctx.consumers[contract.consumer] = ConsumerState(contract, slots, self._announced)
         else:
             state.slots = slots
             ctx.by_model[state.contract.model].remove(state)
@@ -96,11 +98,18 @@ class Scheduler:
             state.contract = contract
         ctx.by_model.setdefault(contract.model, []).append(state)
         ctx.order.unpark(contract.model)  # which shapes a consumer may take depends on its peers
+        free = ctx.flights.free
+        if state.free_slots > 0:
+            free[state] = None
+        else:
+            free.pop(state, None)
 
     def retire(self, consumer: str, now_ms: int) -> list[Batch]:
         """Remove a consumer; the batches it held go back to their lanes, counted as redelivered."""
         ctx = self._context
         state = ctx.consumers.pop(consumer)
+        ctx.flights.free.pop(state, None)
+        state.rank = -1  # its batches go back below: its slots are free no more
         ctx.by_model[state.contract.model].remove(state)
         ctx.order.unpark(state.contract.model)
         returned = [f.batch for f in state.in_flight.values()]
@@ -189,7 +198,7 @@ class Scheduler:
         if ctx.endings.deadlines:
             self._withdrawals.expire(now_ms)
         out: list[Batch] = []
-        states = list(ctx.consumers.values())  # emitting a batch adds or removes no consumer
+        states = ctx.flights.free_in_turn()  # emitting a batch adds or removes no consumer
         choose = self._rules.choose
         progress = True
         while progress:
@@ -492,5 +501,11 @@ class Scheduler:
         if deep:
             ctx.table.check()
             ctx.order.check()
+            free = {s for s in ctx.consumers.values() if s.free_slots > 0}
+            if free != set(ctx.flights.free):
+                raise LedgerImbalance(
+                    f"consumers with a free slot: {sorted(s.contract.consumer for s in free)}, but "
+                    f"dispatch would look at {sorted(s.contract.consumer for s in ctx.flights.free)}"
+                )
         waiting = (ctx.table.waiting_items, ctx.table.waiting_tokens)
         ctx.ledger.check_holdings(waiting, ctx.flights.outstanding() if deep else None)
