@@ -11,6 +11,7 @@ import pytest
 
 from processor.apps.service import ProcessorService
 from processor.wire.completions import decode_completions
+from processor.wire.records import BatchRecord
 from tests.apps.service_rig import Pipeline, contract
 
 PHASES = ("before_join", "after_join", "after_old_owner_moved", "after_both_moved")
@@ -33,15 +34,22 @@ def settle(p: Pipeline, *services: ProcessorService, rounds: int = 4) -> None:
             p.steps(svc, 1)
 
 
-@pytest.mark.parametrize("phase", PHASES)
-def test_a_completion_during_a_hand_back_is_booked_once_and_unknown_nowhere(phase: str) -> None:
+def eight_batches_on_one_processor() -> tuple[Pipeline, ProcessorService, list[BatchRecord]]:
+    """p0 alone on 2 partitions has dispatched 8 one-item batches, whose slots are spread over both
+    partitions: half of them move when a second processor joins."""
     p = Pipeline(partitions=2)
     p.announce(contract(items=1, inflight=8))
     old = p.started("p0")
     p.produce([f"i{n}" for n in range(8)], partition=0)
     p.steps(old, 4)
     batches = p.batches()
-    assert len(batches) == 8  # their slots spread over both partitions: half of them will move
+    assert len(batches) == 8
+    return p, old, batches
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_completion_during_a_hand_back_is_booked_once_and_unknown_nowhere(phase: str) -> None:
+    p, old, batches = eight_batches_on_one_processor()
 
     def answer(now: str) -> None:
         if now == phase:
@@ -69,12 +77,7 @@ def test_a_completion_during_a_hand_back_is_booked_once_and_unknown_nowhere(phas
 
 
 def test_a_batch_run_again_after_its_completion_counted_is_still_unknown_after_a_hand_back() -> None:
-    p = Pipeline(partitions=2)
-    p.announce(contract(items=1, inflight=8))
-    old = p.started("p0")
-    p.produce([f"i{n}" for n in range(8)], partition=0)
-    p.steps(old, 4)
-    batches = p.batches()
+    p, old, batches = eight_batches_on_one_processor()
     new = p.started("p1")
     settle(p, old, new)
     kept = [b for b in batches if old.core.is_in_flight(b.batch_id)]

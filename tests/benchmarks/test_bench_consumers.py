@@ -3,18 +3,12 @@ are busy. Counted in Python calls (cProfile's count), which the machine's load d
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-from tests.benchmarks.helpers import BENCHMARKS, run
+from tests.benchmarks.helpers import load_script, run
 
-_spec = importlib.util.spec_from_file_location("bench_consumers", BENCHMARKS / "bench_consumers.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_consumers"] = bench
-_spec.loader.exec_module(bench)
+bench = load_script("bench_consumers")
 
 
 def test_dispatch_calls_per_batch_are_flat_from_1_to_256_consumers() -> None:

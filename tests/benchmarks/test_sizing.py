@@ -3,20 +3,14 @@ fleet it sizes grows with the load as it must."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 
 import pytest
 
-from tests.benchmarks.helpers import BENCHMARKS, run
+from tests.benchmarks.helpers import load_script, run
 from tests.common import ROOT
 
-_spec = importlib.util.spec_from_file_location("sizing", BENCHMARKS / "sizing.py")
-assert _spec is not None and _spec.loader is not None
-sizing = importlib.util.module_from_spec(_spec)
-sys.modules["sizing"] = sizing  # its dataclasses look their module up
-_spec.loader.exec_module(sizing)
+sizing = load_script("sizing")
 
 
 def test_docs_operations_shows_the_tables_the_calculator_prints() -> None:
