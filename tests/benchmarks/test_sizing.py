@@ -32,11 +32,14 @@ def test_the_fleet_grows_with_the_load_and_processors_never_outnumber_partitions
     assert big.restore_s == pytest.approx(100 * small.restore_s * small.partitions / big.partitions)
 
 
-def test_what_breaks_first_at_ten_to_the_ten_tokens_a_day_is_the_restore_at_a_hand_back() -> None:
-    found = sizing.limits(sizing.Load(tokens_per_day=1e10, tokens_per_item=100), sizing.Measured())
-    first, factor = next(iter(found.items()))
-    assert first.startswith("restore pause") and 1 < factor < 2
-    faster = replace(sizing.Measured(), restore_items_per_s=2 * sizing.Measured().restore_items_per_s)
+def test_what_breaks_first_is_the_hand_back_with_small_items_and_the_brokers_with_large() -> None:
+    m = sizing.Measured()
+    small = sizing.limits(sizing.Load(tokens_per_day=1e10, tokens_per_item=100), m)
+    first, factor = next(iter(small.items()))
+    assert first.startswith("restore pause") and 1 < factor < 10
+    large = sizing.limits(sizing.Load(tokens_per_day=1e10, tokens_per_item=1_000), m)
+    assert next(iter(large)) == "broker throughput"
+    faster = replace(m, restore_items_per_s=2 * m.restore_items_per_s)
     assert sizing.limits(sizing.Load(tokens_per_item=100), faster)[first] == pytest.approx(2 * factor)
 
 
