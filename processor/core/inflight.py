@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from processor.core.books import LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch, Item, Outcome
 from processor.core.lanes import ShapeKey
@@ -165,6 +166,30 @@ class InFlightTable:
     def recount(self, states: Iterable[ConsumerState]) -> None:
         """:attr:`free` from scratch: after contracts, shares or holdings changed wholesale."""
         self.free = {s: None for s in states if s.free_slots > 0}
+
+    def recount_one(self, state: ConsumerState) -> None:
+        """:attr:`free` after ``state``'s contract or share changed."""
+        if state.free_slots > 0:
+            self.free[state] = None
+        else:
+            self.free.pop(state, None)
+
+    def forget(self, state: ConsumerState) -> None:
+        """``state``'s consumer retired: it is no scheduler's consumer any more (its ``rank`` -1)."""
+        self.free.pop(state, None)
+        state.rank = -1
+
+    def check_free(self, states: Iterable[ConsumerState]) -> None:
+        """Raise if :attr:`free` is not exactly the consumers of ``states`` with a free slot."""
+        free = {s for s in states if s.free_slots > 0}
+        if free != set(self.free):
+            names = sorted(s.contract.consumer for s in free)
+            raise LedgerImbalance(
+                f"consumers with a free slot: {names}, but dispatch looks at {self.names()}"
+            )
+
+    def names(self) -> list[str]:
+        return sorted(s.contract.consumer for s in self.free)
 
     def free_in_turn(self) -> list[ConsumerState]:
         """The consumers with a free slot, in the order they announced."""

@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from processor.core.accounting import Ledger, LedgerImbalance
+from processor.core.accounting import Ledger
 from processor.core.adoption import Adoption
 from processor.core.context import SchedulerContext
 from processor.core.contract import Contract, check_batch
@@ -98,18 +98,13 @@ class Scheduler:
             state.contract = contract
         ctx.by_model.setdefault(contract.model, []).append(state)
         ctx.order.unpark(contract.model)  # which shapes a consumer may take depends on its peers
-        free = ctx.flights.free
-        if state.free_slots > 0:
-            free[state] = None
-        else:
-            free.pop(state, None)
+        ctx.flights.recount_one(state)
 
     def retire(self, consumer: str, now_ms: int) -> list[Batch]:
         """Remove a consumer; the batches it held go back to their lanes, counted as redelivered."""
         ctx = self._context
         state = ctx.consumers.pop(consumer)
-        ctx.flights.free.pop(state, None)
-        state.rank = -1  # its batches go back below: its slots are free no more
+        ctx.flights.forget(state)  # its batches go back below: its slots are free no more
         ctx.by_model[state.contract.model].remove(state)
         ctx.order.unpark(state.contract.model)
         returned = [f.batch for f in state.in_flight.values()]
@@ -453,12 +448,11 @@ class Scheduler:
         return batch_id in self._context.flights
 
     def handed_over(self, batch_id: str) -> bool:
-        """Whether ``batch_id`` was in flight here when :meth:`release_all` let it go (its partition
-        was handed over), and was not adopted back since."""
+        """In flight here when :meth:`release_all` let it go, and not adopted back since."""
         return self._context.flights.handed_over(batch_id)
 
     def made_here(self, batch_id: str) -> bool:
-        """Whether this scheduler (this incarnation: its ``batch_prefix``) emitted ``batch_id``."""
+        """Emitted by this scheduler (this incarnation: its ``batch_prefix``)."""
         return batch_id.rsplit("-", 1)[0] == self.batch_prefix
 
     def in_flight_batch(self, batch_id: str) -> Batch | None:
@@ -501,11 +495,6 @@ class Scheduler:
         if deep:
             ctx.table.check()
             ctx.order.check()
-            free = {s for s in ctx.consumers.values() if s.free_slots > 0}
-            if free != set(ctx.flights.free):
-                raise LedgerImbalance(
-                    f"consumers with a free slot: {sorted(s.contract.consumer for s in free)}, but "
-                    f"dispatch would look at {sorted(s.contract.consumer for s in ctx.flights.free)}"
-                )
+            ctx.flights.check_free(ctx.consumers.values())
         waiting = (ctx.table.waiting_items, ctx.table.waiting_tokens)
         ctx.ledger.check_holdings(waiting, ctx.flights.outstanding() if deep else None)
