@@ -68,7 +68,8 @@ class CompletionReader:
         if applied and answered is not None:
             self.observer.answered(answered, applied, now)
         if applied < len(items):
-            counters.missed(len(items) - applied, batch_id, self.instance, replay)
+            unknown = core.made_here(batch_id) and not core.handed_over(batch_id)
+            counters.missed(len(items) - applied, replay, unknown)
         if not applied:
             return
         hit = self._cache_hit.setdefault(batch_id, items[0].cache_hit)  # the batch's first answer says

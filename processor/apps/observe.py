@@ -20,11 +20,11 @@ class ServiceCounters:
     batches_delivered: int = 0
     completions: int = 0
     unknown_completions: int = 0
-    """Completions of batches of this instance id that it does not hold (not replays): a consumer
-    ran a batch again after its completion counted, or a batch of an earlier incarnation."""
+    """Completions of batches this incarnation made and neither holds nor handed over (not replays):
+    a consumer ran a batch again after its completion counted."""
     foreign_completions: int = 0
-    """Completions of other instances' batches that this one does not hold: normal with several
-    instances, since each reads the whole results topic."""
+    """Completions of batches this incarnation does not hold and did not make, or handed over with
+    their partition: normal with several instances, since each reads the whole results topic."""
     contracts: int = 0
     commits: int = 0
     checkpoints: int = 0
@@ -37,13 +37,15 @@ class ServiceCounters:
     ended_items: int = 0
     """Items of cancelled or expired jobs this instance answered (processor/apps/endings.py)."""
 
-    def missed(self, items: int, batch_id: str, instance: str, replay: bool) -> None:
+    def missed(self, items: int, replay: bool, unknown: bool) -> None:
         """Completions of ``items`` items this instance did not apply: replays of the results topic,
-        batches of its own id (``<instance>-<start ms>-<n>``, any incarnation) it does not hold, or
-        other instances' batches (every instance reads the whole results topic)."""
+        batches this incarnation made and neither holds nor handed over (``unknown``: the core's
+        ``made_here`` and not ``handed_over``), or other batches: other instances', an earlier
+        incarnation's (handed over through the changelog at the restart), or handed over at a
+        rebalance (every instance reads the whole results topic)."""
         if replay:
             self.replayed_completions += items
-        elif batch_id.rsplit("-", 2)[0] == instance:
+        elif unknown:
             self.unknown_completions += items
         else:
             self.foreign_completions += items

@@ -177,11 +177,47 @@ def render_text(rep: StatusReport, width: int = 80) -> str:
     lines += _unserved_lines(rep)
     lines += _job_lines(rep)
     lines += ["", f"consumers (last sign of life; STALE past {rep.stale_after_s:g} s)"]
-    for row in rep.consumers:
-        lines += _consumer_lines(row, rep.stale_after_s)
-    if not rep.consumers:
-        lines.append("  none has announced a contract")
+    lines += _consumers_section(rep)
     return "\n".join(fold(lines, width))
+
+
+#: Past this many consumers, those that are up get one line each and only the others every detail.
+DETAILED_CONSUMERS = 8
+
+
+def _consumers_section(rep: StatusReport) -> list[str]:
+    """Every consumer in detail when there are few. With many (a fleet), what an operator needs
+    first: a count by state and the slots in use, then in detail the consumers that are not up
+    (SILENT, STALE, down), then one line per consumer that is up."""
+    rows = rep.consumers
+    if not rows:
+        return ["  none has announced a contract"]
+    if len(rows) <= DETAILED_CONSUMERS:
+        return [line for row in rows for line in _consumer_lines(row, rep.stale_after_s)]
+    states = {state: sum(1 for r in rows if r.state == state) for state in ("up", "silent", "stale", "down")}
+    held = sum(r.in_flight_batches for r in rows)
+    slots = sum(r.contract.max_inflight for r in rows)
+    counts = ", ".join(f"{n} {s if s == 'up' else s.upper()}" for s, n in states.items() if n)
+    out = [f"  {len(rows)} consumers: {counts}; {held:,} of {slots:,} batches in flight"]
+    for row in (r for r in rows if r.state != "up"):
+        out += _consumer_lines(row, rep.stale_after_s)
+    up = [r for r in rows if r.state == "up"]
+    if up:
+        out.append("  up: consumer, model, batches in flight, fill, padding waste, last completion")
+        out += _columns([_consumer_row(r) for r in up], "    ", right=(2, 3, 4, 5))
+    return out
+
+
+def _consumer_row(row: ConsumerRow) -> list[str]:
+    done = row.last_completion_age_s
+    return [
+        row.consumer,
+        row.model,
+        f"{row.in_flight_batches}/{row.contract.max_inflight}",
+        _pct(row.budget_fill),
+        _pct(row.padding_waste),
+        "-" if done is None else _age(done),
+    ]
 
 
 def _rate_lines(rep: StatusReport) -> list[str]:

@@ -83,6 +83,7 @@ class Adoption:
         """
         for state in self._context.consumers.values():
             state.slots = 0
+        self._context.flights.free.clear()
 
     def release_all(self) -> None:
         """Forget every waiting item and in-flight batch (their ingest partitions are being handed
@@ -103,6 +104,7 @@ class Adoption:
         for state in ctx.consumers.values():
             state.in_flight.clear()
             state.shape = None
+        ctx.flights.recount(ctx.consumers.values())
         ctx.ledger.release_all()
 
     def done_items(self, batch_id: str) -> list[str]:
@@ -118,4 +120,6 @@ class Adoption:
         ctx = self._context
         ctx.ledger = ledger = Ledger.restore(snapshot)
         ledger.adopt_unbooked_jobs()
+        ctx.counted_before = before = Ledger.restore(snapshot)
+        before.adopt_unbooked_jobs()
         ctx.shares.resume(ledger)

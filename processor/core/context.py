@@ -53,3 +53,6 @@ class SchedulerContext:
     """Which jobs ended and how, the deadlines of the rest, the items withdrawn since last taken."""
     oversized: int = 0
     """Single-item batches sent although they exceed their consumer's batching rule."""
+    counted_before: Ledger = field(default_factory=Ledger)
+    """The counts the ledger resumed from (a checkpoint of an earlier process), kept as they were:
+    what this process counted itself is the ledger less these (the metrics' counters export that)."""

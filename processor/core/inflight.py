@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from processor.core.books import LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch, Item, Outcome
 from processor.core.lanes import ShapeKey
@@ -84,10 +85,22 @@ class ConsumerState:
     """A consumer as the scheduler sees it: its contract, its share of slots, what it holds and the
     shape it is on (the dispatch rules' stickiness)."""
 
-    __slots__ = ("contract", "in_flight", "last_shape", "shape", "shape_switches", "slots", "switched_ms")
+    __slots__ = (
+        "contract",
+        "in_flight",
+        "last_shape",
+        "rank",
+        "shape",
+        "shape_switches",
+        "slots",
+        "switched_ms",
+    )
 
-    def __init__(self, contract: Contract, slots: int | None = None) -> None:
+    def __init__(self, contract: Contract, slots: int | None = None, rank: int = -1) -> None:
         self.contract = contract
+        self.rank = rank
+        """Its place in the order consumers announced (dispatch's turns); -1: not one of the
+        scheduler's consumers (a stand-in holding an adopted batch of a consumer that is gone)."""
         self.slots = slots  # this instance's share of max_inflight (processor/state/credits.py); None: all
         self.in_flight: dict[str, InFlight] = {}
         self.shape: ShapeKey | None = None
@@ -106,18 +119,36 @@ class ConsumerState:
         return (self.contract.max_inflight if self.slots is None else self.slots) - len(self.in_flight)
 
 
-class InFlightTable:
-    """Every batch in flight by id, with the consumer state that holds it (which lists it too)."""
+#: How many handed-over batch ids an :class:`InFlightTable` remembers (the oldest go first): far more
+#: than a fleet's processor holds in flight, so a late completion of one is still told apart.
+HANDED_OVER_KEPT = 1 << 16
 
-    __slots__ = ("_by_id",)
+
+class InFlightTable:
+    """Every batch in flight by id, with the consumer state that holds it (which lists it too).
+
+    Also the ids of the batches it let go at the last hand-backs (:meth:`clear`), until one comes
+    back (:meth:`hold`): a completion of such a batch belongs to the instance that adopted it, and
+    is no sign of a consumer running a batch again (``ServiceCounters.missed``)."""
+
+    __slots__ = ("_by_id", "_handed", "free")
 
     def __init__(self) -> None:
         self._by_id: dict[str, tuple[ConsumerState, InFlight]] = {}
+        self._handed: dict[str, None] = {}  # insertion-ordered: the oldest are dropped first
+        self.free: dict[ConsumerState, None] = {}
+        """The consumers with a free slot, kept as batches are held and let go (:meth:`recount`
+        after a change of contracts or shares): dispatch looks at these only, so a busy fleet's
+        consumers cost nothing per dispatch (benchmarks/bench_consumers.py)."""
 
     def hold(self, state: ConsumerState, flight: InFlight) -> None:
         batch_id = flight.batch.batch_id
         state.in_flight[batch_id] = flight
         self._by_id[batch_id] = (state, flight)
+        if state.free_slots <= 0:
+            self.free.pop(state, None)
+        if self._handed:
+            self._handed.pop(batch_id, None)
 
     def get(self, batch_id: str) -> tuple[ConsumerState, InFlight] | None:
         return self._by_id.get(batch_id)
@@ -126,8 +157,46 @@ class InFlightTable:
         """Forget the batch (answered, or handed back); None if it was not in flight."""
         entry = self._by_id.pop(batch_id, None)
         if entry is not None:
-            del entry[0].in_flight[batch_id]
+            state = entry[0]
+            del state.in_flight[batch_id]
+            if state.rank >= 0 and state.free_slots > 0:
+                self.free[state] = None
         return entry
+
+    def recount(self, states: Iterable[ConsumerState]) -> None:
+        """:attr:`free` from scratch: after contracts, shares or holdings changed wholesale."""
+        self.free = {s: None for s in states if s.free_slots > 0}
+
+    def recount_one(self, state: ConsumerState) -> None:
+        """:attr:`free` after ``state``'s contract or share changed."""
+        if state.free_slots > 0:
+            self.free[state] = None
+        else:
+            self.free.pop(state, None)
+
+    def forget(self, state: ConsumerState) -> None:
+        """``state``'s consumer retired: it is no scheduler's consumer any more (its ``rank`` -1)."""
+        self.free.pop(state, None)
+        state.rank = -1
+
+    def check_free(self, states: Iterable[ConsumerState]) -> None:
+        """Raise if :attr:`free` is not exactly the consumers of ``states`` with a free slot."""
+        free = {s for s in states if s.free_slots > 0}
+        if free != set(self.free):
+            names = sorted(s.contract.consumer for s in free)
+            raise LedgerImbalance(
+                f"consumers with a free slot: {names}, but dispatch looks at {self.names()}"
+            )
+
+    def names(self) -> list[str]:
+        return sorted(s.contract.consumer for s in self.free)
+
+    def free_in_turn(self) -> list[ConsumerState]:
+        """The consumers with a free slot, in the order they announced."""
+        free = self.free
+        if len(free) < 2:
+            return list(free)
+        return sorted(free, key=_rank)
 
     def __contains__(self, batch_id: object) -> bool:
         return batch_id in self._by_id
@@ -136,8 +205,17 @@ class InFlightTable:
         return (flight.batch for _, flight in self._by_id.values())
 
     def clear(self) -> None:
-        """Forget every batch (the holders' own lists are the caller's to clear)."""
+        """Forget every batch, remembering their ids as handed over (the holders' own lists are the
+        caller's to clear)."""
+        handed = self._handed
+        handed.update(dict.fromkeys(self._by_id))
+        while len(handed) > HANDED_OVER_KEPT:
+            del handed[next(iter(handed))]
         self._by_id.clear()
+
+    def handed_over(self, batch_id: str) -> bool:
+        """Whether ``batch_id`` was in flight here when it was let go, and has not come back."""
+        return batch_id in self._handed
 
     def outstanding(self) -> tuple[int, int]:
         """Items and tokens not answered yet, recounted item by item (for ``check``)."""
@@ -147,6 +225,10 @@ class InFlightTable:
                 items += 1
                 tokens += it.length
         return items, tokens
+
+
+def _rank(state: ConsumerState) -> int:
+    return state.rank
 
 
 def cached_by_id(results: Sequence[Outcome], cached_tokens: Sequence[int]) -> dict[str, int]:

@@ -68,6 +68,7 @@ class Scheduler:
         self.settings = dispatch or DispatchSettings()
         self.batch_prefix = batch_prefix
         self._seq = 0
+        self._announced = 0  # consumers ever announced: each one's rank (ConsumerState.rank)
         self.retries = RetryPolicy()
         self._retried: list[Item] = []
         self._rules = DispatchRules(
@@ -86,7 +87,8 @@ class Scheduler:
         ctx = self._context
         state = ctx.consumers.get(contract.consumer)
         if state is None:
-            state = ctx.consumers[contract.consumer] = ConsumerState(contract, slots)
+            self._announced += 1
+            state = ctx.consumers[contract.consumer] = ConsumerState(contract, slots, self._announced)
         else:
             state.slots = slots
             ctx.by_model[state.contract.model].remove(state)
@@ -96,11 +98,13 @@ class Scheduler:
             state.contract = contract
         ctx.by_model.setdefault(contract.model, []).append(state)
         ctx.order.unpark(contract.model)  # which shapes a consumer may take depends on its peers
+        ctx.flights.recount_one(state)
 
     def retire(self, consumer: str, now_ms: int) -> list[Batch]:
         """Remove a consumer; the batches it held go back to their lanes, counted as redelivered."""
         ctx = self._context
         state = ctx.consumers.pop(consumer)
+        ctx.flights.forget(state)  # its batches go back below: its slots are free no more
         ctx.by_model[state.contract.model].remove(state)
         ctx.order.unpark(state.contract.model)
         returned = [f.batch for f in state.in_flight.values()]
@@ -189,7 +193,7 @@ class Scheduler:
         if ctx.endings.deadlines:
             self._withdrawals.expire(now_ms)
         out: list[Batch] = []
-        states = list(ctx.consumers.values())  # emitting a batch adds or removes no consumer
+        states = ctx.flights.free_in_turn()  # emitting a batch adds or removes no consumer
         choose = self._rules.choose
         progress = True
         while progress:
@@ -443,6 +447,14 @@ class Scheduler:
     def is_in_flight(self, batch_id: str) -> bool:
         return batch_id in self._context.flights
 
+    def handed_over(self, batch_id: str) -> bool:
+        """In flight here when :meth:`release_all` let it go, and not adopted back since."""
+        return self._context.flights.handed_over(batch_id)
+
+    def made_here(self, batch_id: str) -> bool:
+        """Emitted by this scheduler (this incarnation: its ``batch_prefix``)."""
+        return batch_id.rsplit("-", 1)[0] == self.batch_prefix
+
     def in_flight_batch(self, batch_id: str) -> Batch | None:
         """The batch ``batch_id`` while it is in flight, else None (its dispatch time for observers)."""
         entry = self._context.flights.get(batch_id)
@@ -483,5 +495,6 @@ class Scheduler:
         if deep:
             ctx.table.check()
             ctx.order.check()
+            ctx.flights.check_free(ctx.consumers.values())
         waiting = (ctx.table.waiting_items, ctx.table.waiting_tokens)
         ctx.ledger.check_holdings(waiting, ctx.flights.outstanding() if deep else None)

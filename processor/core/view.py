@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from processor.core.accounting import ConsumerBook, JobBook, ModelBook, Tally
+from processor.core.accounting import ConsumerBook, JobBook, Ledger, ModelBook, Tally
 from processor.core.contract import Contract
 from processor.core.item import Batch, Item
 from processor.core.shares import JobPolicy
@@ -233,6 +233,11 @@ class SchedulerView:
     def prompts_counted(self) -> bool:
         """Whether any consumer reported cached prompt tokens (else the prompt counters mean nothing)."""
         return self._context.ledger.prompts_counted
+
+    def counted_before(self) -> Ledger:
+        """The counts the ledger resumed from (empty when it started from nothing): not this
+        process's events. Read-only for callers."""
+        return self._context.counted_before
 
     def dead_lettered(self) -> int:
         """Inputs that never became items (undecodable, invalid or duplicates)."""

@@ -48,7 +48,12 @@ class AlertSettings:
     lag_window_s: int = 300
     lag_for_s: int = 300
     unserved_for_s: int = 600
-    """Items waiting this long for a model no consumer announced: TokenfabricWorkNobodyServes."""
+    """Items waiting this long (from their first arrival) for a model no consumer announced:
+    TokenfabricWorkNobodyServes. Judged on the items' age, which a restarted or adopting processor
+    restores, not on a ``for:`` clock, which restarts whenever every processor does."""
+    restart_gap_s: int = 180
+    """How long an age series may vanish (a processor restarting, its partitions being adopted) and
+    the alerts judged on it still see its last value."""
     wait_s: int = 300
     """The oldest waiting item's age (from its first arrival) past this: TokenfabricItemsWaitTooLong."""
     wait_for_s: int = 60
@@ -190,8 +195,13 @@ RULES: tuple[RuleSpec, ...] = (
     ),
     RuleSpec(
         "TokenfabricWorkNobodyServes",
-        "max by (model) (tokenfabric_pipeline_unserved_items) > 0",
-        "unserved_for_s",
+        "max by (model) (tokenfabric_pipeline_unserved_items) > 0\n"
+        "and on (model) (\n"
+        "  max by (model) (max_over_time(tokenfabric_oldest_waiting_age_seconds"
+        "[${duration restart_gap_s}]))\n"
+        "  > ${unserved_for_s}\n"
+        ")",
+        "",
         "warning",
         "{{ $value }} items of model {{ $labels.model }} wait and no consumer serves the model",
         "Items wait for a model no consumer has announced a contract for. Start a consumer for "

@@ -41,6 +41,7 @@ from processor.ops.metrics_tables import (
     LANES,
     MODEL_PROMPTS,
     MODEL_STAGES,
+    books_before,
     families,
     gross,
     job_families,
@@ -70,13 +71,13 @@ SERVICE_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "unknown_completions": (
         "tokenfabric_unknown_completions_total",
-        "Completions of batches made under this instance id that it does not hold (not replays): a "
-        "consumer ran a batch again after its completion counted, or an earlier incarnation's batch.",
+        "Completions of batches this incarnation made and neither holds nor handed over (not replays): "
+        "a consumer ran a batch again after its completion counted.",
     ),
     "foreign_completions": (
         "tokenfabric_foreign_completions_total",
-        "Completions of other instances' batches that this one does not hold: normal with several "
-        "instances (each reads the whole results topic).",
+        "Completions of batches this incarnation does not hold and did not make, or handed over with "
+        "their partition: normal with several instances (each reads the whole results topic).",
     ),
     "contracts": ("tokenfabric_contract_announcements_total", "Consumer contract announcements read."),
     "commits": ("tokenfabric_offset_commits_total", "Successful ingest offset commits."),
@@ -163,13 +164,16 @@ class ProcessorCollector(Collector):
     def _ledger(self) -> Iterator[Metric]:
         view = self.service.core.view
         models = [((model,), book) for model, book in view.model_books()]
-        yield from families(MODEL_STAGES, models, ["model"])
+        before = view.counted_before()
+        earlier = books_before(before.models)
+        yield from families(MODEL_STAGES, models, ["model"], earlier)
         if view.prompts_counted():
-            yield from families(MODEL_PROMPTS, models, ["model"])
+            yield from families(MODEL_PROMPTS, models, ["model"], earlier)
         dead = CounterMetricFamily(
-            "tokenfabric_dead_lettered_messages", "Ingest messages dead-lettered (undecodable or invalid)."
+            "tokenfabric_dead_lettered_messages",
+            "Ingest messages this process dead-lettered (undecodable or invalid).",
         )
-        dead.add_metric([], view.dead_lettered())
+        dead.add_metric([], view.dead_lettered() - before.dead_lettered)
         yield dead
         imbalance = GaugeMetricFamily(
             "tokenfabric_ledger_imbalance_tokens",
@@ -195,9 +199,10 @@ class ProcessorCollector(Collector):
         view = self.service.core.view
         books = view.consumer_books()
         rows = [((consumer,), book) for consumer, book in books]
-        yield from families(CONSUMER_BOOKS, rows, ["consumer"])
+        earlier = books_before(view.counted_before().consumers)
+        yield from families(CONSUMER_BOOKS, rows, ["consumer"], earlier)
         if view.prompts_counted():  # else no consumer reported any: nothing true to export
-            yield from families(CONSUMER_PROMPTS, rows, ["consumer"])
+            yield from families(CONSUMER_PROMPTS, rows, ["consumer"], earlier)
         yield from _ratios(books)
         states = [((name, c.contract.model), c) for name, c in view.consumers().items()]
         yield from families(CONSUMER_STATES, states, ["consumer", "model"])

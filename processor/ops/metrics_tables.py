@@ -10,7 +10,7 @@ built in processor/ops/metrics.py.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -33,15 +33,29 @@ class Series(Generic[Row]):
 
 
 def families(
-    table: Iterable[Series[Row]], rows: Sequence[tuple[Sequence[str], Row]], labels: Sequence[str] = ()
+    table: Iterable[Series[Row]],
+    rows: Sequence[tuple[Sequence[str], Row]],
+    labels: Sequence[str] = (),
+    before: Mapping[tuple[str, ...], Row] | None = None,
 ) -> Iterator[Metric]:
-    """One family per series of ``table``, with a sample per ``(label values, row)`` of ``rows``."""
+    """One family per series of ``table``, with a sample per ``(label values, row)`` of ``rows``.
+
+    ``before``: the rows as the ledger resumed them from a checkpoint, by label values. A counter
+    exports its row's value less that: what this process counted (docs/metrics.md, "Counters
+    across restarts"), so a restored total never reads as new events to ``increase()``."""
     for series in table:
         cls = CounterMetricFamily if series.counter else GaugeMetricFamily
         fam = cls(series.name, series.help, labels=list(labels))
+        value = series.value
         for key, row in rows:
-            fam.add_metric(list(key), series.value(row))
+            earlier = before.get(tuple(key)) if before and series.counter else None
+            fam.add_metric(list(key), value(row) if earlier is None else value(row) - value(earlier))
         yield fam
+
+
+def books_before(books: Mapping[str, Row]) -> dict[tuple[str, ...], Row]:
+    """A resumed ledger's books (``SchedulerView.counted_before``) keyed as ``families``' ``before``."""
+    return {(name,): book for name, book in books.items()}
 
 
 def gross(book: ConsumerBook) -> Tally:
@@ -265,7 +279,8 @@ def job_families(view: SchedulerView, now_ms: int) -> Iterator[Metric]:
             tokens.add_metric([job, "cached_prompt"], book.cached_prompt_tokens)
             tokens.add_metric([job, "prefill"], book.prefill_tokens)
     yield tokens
-    yield from families(JOB_PADDED, [((job,), book) for job, book in books], ["job"])
+    before = books_before(view.counted_before().jobs)
+    yield from families(JOB_PADDED, [((job,), book) for job, book in books], ["job"], before)
     jobs = view.share_jobs()
     yield from families(_job_policy(view, now_ms), [((job,), job) for job in jobs], ["job"])
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import subprocess
 import sys
+from types import ModuleType
 
 from tests.common import ROOT
 
@@ -26,3 +28,13 @@ def run(script: str, *args: str, timeout_s: float = 90) -> subprocess.CompletedP
 
 def positive(value: float) -> bool:
     return math.isfinite(value) and value > 0
+
+
+def load_script(name: str) -> ModuleType:
+    """A benchmark script imported by its path (``benchmarks`` is no package), as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -85,3 +85,40 @@ def test_adopting_a_batch_whose_consumer_is_gone_puts_its_items_back_as_waiting(
     }
     assert other.oldest_waiting_ms(MODEL, 10) == 0  # by their arrival, not the restore
     other.check(deep=True)
+
+
+def test_a_batch_let_go_at_a_hand_back_is_known_as_handed_over_until_it_comes_back() -> None:
+    sched = make_scheduler(make_contract(items=1, inflight=2))
+    submit_all(sched, make_items([100, 100]))
+    first, second = sched.dispatch(0)
+    assert sched.made_here(first.batch_id) and not sched.made_here(f"x{first.batch_id}")
+    assert not sched.handed_over(first.batch_id)
+    sched.release_all()
+    assert sched.handed_over(first.batch_id) and sched.handed_over(second.batch_id)
+    # its completion reaching this scheduler now applies nothing: the adopting instance books it
+    assert sched.items_done(first.batch_id, [(first.items[0].id, True, False)], 1) == (0, False)
+    assert sched.view.total("completed").items == 0
+    assert sched.adopt_in_flight(_rebuilt(second), 2)  # it came back: held, not handed over
+    assert not sched.handed_over(second.batch_id) and sched.handed_over(first.batch_id)
+    assert sched.items_done(second.batch_id, [(second.items[0].id, True, False)], 3) == (1, True)
+    assert not sched.handed_over(second.batch_id)  # finished here, so a late repeat is unknown
+    sched.check(deep=True)
+
+
+def test_dispatch_looks_only_at_consumers_with_a_free_slot_and_keeps_their_turns() -> None:
+    sched = make_scheduler(*(make_contract(c, items=1, inflight=1) for c in "abc"))
+    submit_all(sched, make_items([100] * 12))
+    assert [b.consumer for b in sched.dispatch(0)] == ["a", "b", "c"]
+    assert sched.dispatch(1) == []  # every slot held: nobody to look at
+    held = {b.consumer: b for b in sched.in_flight_batches()}
+    sched.complete(held["c"].batch_id, 2)
+    sched.complete(held["a"].batch_id, 2)
+    assert [b.consumer for b in sched.dispatch(3)] == ["a", "c"]  # announce order, not answer order
+    sched.set_contract(make_contract("b", items=1, inflight=2))  # a larger contract frees a slot
+    assert [b.consumer for b in sched.dispatch(4)] == ["b"]
+    sched.retire("a", 5)
+    sched.release_slots()
+    assert sched.dispatch(6) == []
+    sched.set_contract(make_contract("c", items=1, inflight=3), slots=2)
+    assert [b.consumer for b in sched.dispatch(7)] == ["c"]
+    sched.check(deep=True)  # which consumers have a free slot is what dispatch keeps

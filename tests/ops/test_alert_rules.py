@@ -40,6 +40,12 @@ def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
 # -- series ---------------------------------------------------------------------------------------
 
 
+#: The oldest waiting item of the unserved model ``nobody``, as the processor at ``target`` reports it.
+UNSERVED_AGE = (
+    'tokenfabric_oldest_waiting_age_seconds{{job="processor", instance="{target}", model="nobody"}}'
+)
+
+
 def steady(value: float, steps: int = END) -> str:
     return f"{value}x{steps}"
 
@@ -124,12 +130,14 @@ class Pipeline:
         return self
 
     def with_unserved_model(self) -> Pipeline:
-        """Items of model ``nobody`` wait from the start, reported by both processors."""
+        """Items of model ``nobody`` wait from the start, reported by both processors; p1 (target b)
+        holds them: its oldest waiting item's age grows with the clock."""
         for target in ("a", "b"):
             name = (
                 f'tokenfabric_pipeline_unserved_items{{job="processor", instance="{target}", model="nobody"}}'
             )
             self.series[name] = steady(20)
+        self.series[UNSERVED_AGE.format(target="b")] = growing(0, STEP_S)
         return self
 
     def to_input(self) -> list[dict[str, str]]:
@@ -254,9 +262,15 @@ def test_a_killed_processor_is_down_stale_and_leaves_partitions_unowned_and_lag_
 
 
 def test_work_nobody_serves_keeps_its_clock_when_the_instance_holding_it_dies(tmp_path: Path) -> None:
-    """Unserved items from the start; p1 dies at 5 min. The alert still fires at 10 min (its
-    ``for:``), not at 15: p0 goes on reporting the pipeline's unserved items."""
+    """Unserved items from the start; p1, which holds them, dies at 5 min and p0 adopts them a minute
+    later (their first arrival restored). The alert still fires at 10 min, not at 15: p0 goes on
+    reporting the pipeline's unserved items, and the items' age goes on from where it was."""
     series = Pipeline.healthy().with_unserved_model().processor_b_killed()
+    adopted = KILL + 4
+    series.series[UNSERVED_AGE.format(target="b")] = f"0+{STEP_S}x{KILL} stale"
+    series.series[UNSERVED_AGE.format(target="a")] = (
+        f"_x{adopted} {adopted * STEP_S}+{STEP_S}x{END - adopted}"
+    )
     nobody = {"TokenfabricWorkNobodyServes": [{"model": "nobody", "severity": "warning"}]}
     checks = expect(minutes(9) + 45, {}, ["TokenfabricWorkNobodyServes"])
     checks += expect(minutes(10) + 15, nobody, ["TokenfabricWorkNobodyServes"])

@@ -230,3 +230,55 @@ def test_status_shows_the_retried_items_beside_cancelled_and_expired() -> None:
     assert rep.as_json()["ledger"]["retried"] == {"items": 4, "tokens": 160}
     (line,) = [line for line in render_text(rep).splitlines() if line.split()[:1] == ["retried"]]
     assert line.split()[1:] == ["4", "160"]
+
+
+def fleet_view(consumers: int = 64) -> StatusView:
+    """Two live processors and ``consumers`` cards of one model, each holding a batch; three of them
+    are in trouble: one silent (in its group, batches wait, no answer), two down (out of their group)."""
+    view = StatusView(read_ms=NOW, ingest_lag=0, ingest_end=100)
+    names = [f"gpu-{n:03d}" for n in range(consumers)]
+    per_consumer = {n: {"slots": 2, "in_flight_batches": 1, "last_completion_ms": NOW - 400} for n in names}
+    troubled = consumers > 41
+    if troubled:
+        per_consumer["gpu-007"]["last_completion_ms"] = NOW - 600_000
+    for p in ("tokenfabric-processor-0", "tokenfabric-processor-1"):
+        counters = {"owned_partitions": 6, "ingest_partitions": 12}
+        for n in names:
+            counters |= {f"routed_tokens#{n}": 40_000, f"completed_tokens#{n}": 39_000, f"batches#{n}": 10}
+            counters |= {f"padded_tokens#{n}": 44_000}
+        view.checkpoints[p] = LedgerSnapshotRecord(
+            instance=p,
+            taken_ms=NOW - 300,
+            sequence=1,
+            counters=counters,
+            per_model={},
+            per_consumer=per_consumer,
+        )
+    for n in names:
+        view.contracts[n] = Contract(n, "llama-8b", budget_tokens=8192, max_items=32, max_inflight=4)
+        view.announced_ms[n] = NOW - 3_600_000
+        view.groups[n] = GroupFacts(1, committed=9, end=10, unread=1)
+    if troubled:
+        view.groups["gpu-040"] = view.groups["gpu-041"] = GroupFacts(members=0)
+        view.announced_ms["gpu-040"] = view.announced_ms["gpu-041"] = NOW - 7_200_000
+    return view
+
+
+def test_status_with_64_consumers_fits_80_columns_and_leads_with_what_needs_attention() -> None:
+    rep = report(fleet_view(64), TopicNames(), stale_s=30)
+    states = {c.consumer: c.state for c in rep.consumers}
+    assert states["gpu-007"] == "silent" and states["gpu-040"] == states["gpu-041"] == "down"
+    text = render_text(rep, width=80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    start = next(i for i, line in enumerate(lines) if line.startswith("consumers ("))
+    section = lines[start + 1 :]
+    assert section[0] == "  64 consumers: 61 up, 1 SILENT, 2 DOWN; 128 of 256 batches in flight"
+    # the three in trouble come first, in detail; then one line per consumer that is up
+    troubled = [i for i, line in enumerate(section) if line.startswith("  gpu-")]
+    assert [section[i].split()[0] for i in troubled] == ["gpu-007", "gpu-040", "gpu-041"]
+    table = [line for line in section if line.startswith("    gpu-")]
+    assert len(table) == 61 and all("2/4" in line for line in table)  # a batch from each processor
+    assert len(section) < 2 * 64  # a line per healthy card, not nine (576 lines before)
+    small = render_text(report(fleet_view(4), TopicNames(), stale_s=30), width=80)
+    assert small.count("    contract  ") == 4  # a few consumers: every one in detail, as before
