@@ -43,8 +43,10 @@ ITEM_REASONS = (
 #: A ConsumerContract's and a JobShare's own reasons.
 CONTRACT_REASONS = ("invalid-contract",)
 SHARE_REASONS = ("invalid-share",)
+#: A registry-framed ingest message's own reasons (processor.wire.registry_framing).
+REGISTRY_REASONS = ("unknown-schema-id", "unresolvable-schema")
 #: Every ``DecodeError.reason``: docs/wire-format.md's table (tests/test_docs_agree.py holds both).
-DECODE_REASONS = (*FRAME_REASONS, *ITEM_REASONS, *CONTRACT_REASONS, *SHARE_REASONS)
+DECODE_REASONS = (*FRAME_REASONS, *REGISTRY_REASONS, *ITEM_REASONS, *CONTRACT_REASONS, *SHARE_REASONS)
 
 
 class Malformed(Exception):

@@ -37,7 +37,7 @@ from fastavro.read import SchemaResolutionError
 from fastavro.schema import SchemaParseException, UnknownType, parse_schema, to_parsing_canonical_form
 
 from processor.wire.avro import read_signature
-from processor.wire.errors import MALFORMED, DecodeError
+from processor.wire.errors import MALFORMED, REGISTRY_REASONS, DecodeError
 from processor.wire.heads import ItemHead, decode_item_head
 from processor.wire.items import read_item_lead, read_item_rest
 from processor.wire.request_codec import read_request_field
@@ -47,8 +47,7 @@ CONFLUENT_MAGIC = 0
 FRAME_SIZE = 5
 """The magic byte and the 4-byte big-endian schema id before the Avro body."""
 
-UNKNOWN_SCHEMA_ID = "unknown-schema-id"
-UNRESOLVABLE_SCHEMA = "unresolvable-schema"
+UNKNOWN_SCHEMA_ID, UNRESOLVABLE_SCHEMA = REGISTRY_REASONS
 
 _OURS = {h[2:]: h for h in (HEADERS["TokenItem"], PREVIOUS_TOKEN_ITEM_HEADER)}
 """Fingerprint bytes -> our 10-byte header, for writer schemas identical to one of ours."""
