@@ -65,6 +65,9 @@ class _Read:
 class PlainQueueApp:
     """One card of the plain queue. ``run`` it once, in any thread; ``stop`` ends it after a batch."""
 
+    #: The first word of this app's batch ids (the share-group queue reuses the batch code).
+    batch_prefix = "plain"
+
     def __init__(
         self,
         conf: Mapping[str, str],
@@ -218,7 +221,7 @@ class PlainQueueApp:
         self.stats.batches += 1
         longest = max(i.token_count for i in items)
         batch = BatchRecord(
-            batch_id=f"plain-{self.contract.consumer}-{self._run_id}-{self.stats.batches}",
+            batch_id=f"{self.batch_prefix}-{self.contract.consumer}-{self._run_id}-{self.stats.batches}",
             consumer=self.contract.consumer,
             model=self.contract.model,
             shape=items[0].shape,
