@@ -85,12 +85,20 @@ class ShareQueueApp(PlainQueueApp):
     ) -> None:
         super().__init__(*args, **kw)
         self._make_consumer = share_consumer
+        self._undelivered: list[str] = []
+        """Delivery errors of the batch being written (the producer's ``on_delivery`` appends them)."""
+
+    def _delivered(self, error: Any, _msg: Message) -> None:
+        if error is not None:
+            self._undelivered.append(str(error))
 
     def run(self, stop: threading.Event | None = None) -> ConsumerStats:
         stop = stop or threading.Event()
         group = share_group(self.topics)
         read_from_earliest(self.conf, group)
-        self._producer = self.clients.producer({**self.conf, **PRODUCER_SETTINGS})
+        self._producer = self.clients.producer(
+            {**self.conf, **PRODUCER_SETTINGS, "on_delivery": self._delivered}
+        )
         consumer = self._make_consumer(
             {**self.conf, "group.id": group, "share.acknowledgement.mode": "explicit", "log_level": "3"}
         )
@@ -160,6 +168,7 @@ class ShareQueueApp(PlainQueueApp):
         """Completions written and flushed, then ACCEPT (REJECT for a dead letter); RELEASE on failure."""
         producer = self._producer
         assert producer is not None
+        self._undelivered.clear()
         try:
             items = [r.item for r in reads if r.item is not None]
             if items:
@@ -169,6 +178,8 @@ class ShareQueueApp(PlainQueueApp):
                     self._dead_letter(r)
             if producer.flush(ACK_TIMEOUT_S) != 0:
                 raise KafkaException("completions not delivered within the flush timeout")
+            if self._undelivered:
+                raise KafkaException(f"completions not delivered: {self._undelivered[0]}")
         except Exception as exc:
             log.warning("batch of %d records not written (%s): released for redelivery", len(reads), exc)
             for r in reads:

@@ -101,9 +101,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--llm-slot-affinity",
-        default="on",
-        choices=("on", "off"),
-        help="--engine llm: send each shape's items to one llama-server slot (id_slot; default: on)",
+        default="tokenfabric",
+        choices=("tokenfabric", "all", "off"),
+        help="--engine llm: which runs send each shape's items to one llama-server slot (id_slot): "
+        "tokenfabric's (the default; the baselines' mixed batches do better with the server's own "
+        "choice, docs/demo.md), all runs', or none",
     )
     p.add_argument(
         "--engine",
@@ -331,7 +333,7 @@ def _one_run(
         servers = GivenEndpoints(cards, args.endpoint, args.endpoint_model)
         payloads = _payloads(records, args.engine, line, salt=LLM_RUNS.index(name) + 1)
     elif args.engine == "llm":
-        affinity = args.llm_slot_affinity == "on"
+        affinity = args.llm_slot_affinity == "all" or args.llm_slot_affinity == name
         servers = CardServers(name, cards, args.llm_slots, line.done, args.llm_model, affinity)
     if servers is not None:
         servers.start()
