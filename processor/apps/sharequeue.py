@@ -85,6 +85,8 @@ class ShareQueueApp(PlainQueueApp):
     ) -> None:
         super().__init__(*args, **kw)
         self._make_consumer = share_consumer
+        self.released = 0
+        """Records released for redelivery because their completions were not written."""
         self._undelivered: list[str] = []
         """Delivery errors of the batch being written (the producer's ``on_delivery`` appends them)."""
 
@@ -184,6 +186,7 @@ class ShareQueueApp(PlainQueueApp):
             log.warning("batch of %d records not written (%s): released for redelivery", len(reads), exc)
             for r in reads:
                 consumer.acknowledge(r.msg, AcknowledgeType.RELEASE)
+            self.released += len(reads)
             return
         for r in reads:
             consumer.acknowledge(r.msg, AcknowledgeType.ACCEPT if r.item else AcknowledgeType.REJECT)
