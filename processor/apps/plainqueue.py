@@ -131,10 +131,15 @@ class PlainQueueApp:
             if self._pending:
                 self._flush(consumer)
         finally:
-            consumer.close()
-            self._producer.flush(10.0)
-            self.engine.close()
+            self._close(consumer)
         return self.stats
+
+    def _close(self, consumer: ConsumerClient) -> None:
+        """The consumer closed, what the producer holds delivered, the engine closed."""
+        consumer.close()
+        if self._producer is not None:
+            self._producer.flush(10.0)
+        self.engine.close()
 
     def _loop(self, consumer: ConsumerClient, stop: threading.Event) -> None:
         linger_s, idle_exit_s = self.settings.linger_ms / 1000.0, self.settings.idle_exit_s
@@ -196,12 +201,7 @@ class PlainQueueApp:
         assert producer is not None
         producer.begin_transaction()
         try:
-            items = [r.item for r in reads if r.item is not None]
-            if items:
-                self._run_batch(items)
-            for r in reads:
-                if r.item is None:
-                    self._dead_letter(r)
+            self._write(reads)
             ends: dict[int, int] = {}
             for r in reads:
                 ends[r.partition] = max(ends.get(r.partition, -1), r.offset + 1)
@@ -216,6 +216,15 @@ class PlainQueueApp:
             raise
         if self.on_batch is not None:
             self.on_batch(self.stats)
+
+    def _write(self, reads: list[_Read]) -> None:
+        """The batch's completions and its undecodable messages' dead letters, produced."""
+        items = [r.item for r in reads if r.item is not None]
+        if items:
+            self._run_batch(items)
+        for r in reads:
+            if r.item is None:
+                self._dead_letter(r)
 
     def _run_batch(self, items: list[TokenItemRecord]) -> None:
         self.stats.batches += 1

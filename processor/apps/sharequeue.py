@@ -117,9 +117,7 @@ class ShareQueueApp(PlainQueueApp):
             )
             self._share_loop(consumer, stop)
         finally:
-            consumer.close()
-            self._producer.flush(10.0)
-            self.engine.close()
+            self._close(consumer)
         return self.stats
 
     def _share_loop(self, consumer: Any, stop: threading.Event) -> None:
@@ -172,12 +170,7 @@ class ShareQueueApp(PlainQueueApp):
         assert producer is not None
         self._undelivered.clear()
         try:
-            items = [r.item for r in reads if r.item is not None]
-            if items:
-                self._run_batch(items)
-            for r in reads:
-                if r.item is None:
-                    self._dead_letter(r)
+            self._write(reads)
             if producer.flush(ACK_TIMEOUT_S) != 0:
                 raise KafkaException("completions not delivered within the flush timeout")
             if self._undelivered:

@@ -58,11 +58,9 @@ def _completed(conf: dict[str, str], topics: TopicNames) -> Counter[str]:
     return done
 
 
-def test_two_cards_complete_every_item_once_and_acknowledge_it(kafka_bootstrap: str) -> None:
-    conf, topics = new_topics(kafka_bootstrap, "s", [], ingest_partitions=2)
-    ids = _produce(conf, topics)  # before any card joins: the group reads from the earliest record
+def _run_until_done(conf: dict[str, str], topics: TopicNames, cards: list[ShareQueueApp]) -> Counter[str]:
+    """Run the cards until every item has a completion; the completions per item."""
     runner = Threads()
-    cards = [_card(conf, topics, name) for name in ("a", "b")]
     for card in cards:
         runner.start(card.run, card.contract.consumer)
     try:
@@ -70,7 +68,14 @@ def test_two_cards_complete_every_item_once_and_acknowledge_it(kafka_bootstrap: 
     finally:
         runner.join()
     assert not runner.errors
-    done = _completed(conf, topics)
+    return _completed(conf, topics)
+
+
+def test_two_cards_complete_every_item_once_and_acknowledge_it(kafka_bootstrap: str) -> None:
+    conf, topics = new_topics(kafka_bootstrap, "s", [], ingest_partitions=2)
+    ids = _produce(conf, topics)  # before any card joins: the group reads from the earliest record
+    cards = [_card(conf, topics, name) for name in ("a", "b")]
+    done = _run_until_done(conf, topics, cards)
     assert set(done) == ids and max(done.values()) == 1
     assert sum(card.stats.items for card in cards) == ITEMS and all(c.released == 0 for c in cards)
     assert _left_in_the_group(conf, topics) == 0  # every record ACCEPTed: none comes back
@@ -105,13 +110,5 @@ def test_a_card_that_cannot_write_releases_its_records_and_another_completes_the
     thread.join(30)
     assert not thread.is_alive()
     assert _completed(conf, topics) == Counter()  # nothing was written
-    runner = Threads()
-    healthy = _card(conf, topics, "healthy")
-    runner.start(healthy.run, "healthy")
-    try:
-        wait_for(lambda: len(_completed(conf, topics)) == ITEMS, 90, "every item completed")
-    finally:
-        runner.join()
-    assert not runner.errors
-    done = _completed(conf, topics)
+    done = _run_until_done(conf, topics, [_card(conf, topics, "healthy")])
     assert set(done) == ids and max(done.values()) == 1  # the released records, once each
