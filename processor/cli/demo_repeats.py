@@ -63,16 +63,16 @@ def run_dict(repeats: Sequence[RunFigures], audits: bool) -> dict[str, Any]:
 
 
 def headline(runs: Mapping[str, Sequence[RunFigures]]) -> str:
-    """One line: each run's median makespan and range, and tokenfabric against the better baseline."""
+    """Lines of at most 80 columns: each run's median makespan and range, then the better baseline's
+    median over tokenfabric's."""
     medians = {name: statistics.median(f.makespan_s for f in reps) for name, reps in runs.items()}
-    parts = []
+    lines = [f"makespan, median of {len(next(iter(runs.values())))} repeat(s) (range):"]
     for name, reps in runs.items():
         low, high = min(f.makespan_s for f in reps), max(f.makespan_s for f in reps)
-        parts.append(f"{name} {medians[name]:.1f} s ({low:.1f}-{high:.1f})")
-    line = f"makespan, median of {len(next(iter(runs.values())))} (range): " + ", ".join(parts)
+        lines.append(f"  {name:<12} {medians[name]:8.1f} s ({low:.1f} to {high:.1f})")
     baselines = {n: m for n, m in medians.items() if n != "tokenfabric"}
     if "tokenfabric" in medians and baselines and medians["tokenfabric"] > 0:
         better = min(baselines, key=lambda n: baselines[n])
         ratio = baselines[better] / medians["tokenfabric"]
-        line += f"; better baseline ({better}) / tokenfabric = {ratio:.2f}x"
-    return line
+        lines.append(f"better baseline ({better}) / tokenfabric: {ratio:.2f}x")
+    return "\n".join(lines)

@@ -41,4 +41,5 @@ def test_a_runs_json_has_the_headline_keys_the_median_and_every_repeat() -> None
 
 def test_the_headline_compares_tokenfabric_with_the_better_baseline() -> None:
     line = headline({"tokenfabric": [_run(4.0)], "plain-queue": [_run(10.0)], "share-queue": [_run(8.0)]})
-    assert "better baseline (share-queue) / tokenfabric = 2.00x" in line
+    assert "better baseline (share-queue) / tokenfabric: 2.00x" in line
+    assert max(len(text) for text in line.splitlines()) <= 80
