@@ -34,6 +34,7 @@ from confluent_kafka import AcknowledgeType, KafkaException, Message
 
 from processor.apps.consumer import PRODUCER_SETTINGS, ConsumerStats
 from processor.apps.plainqueue import PlainQueueApp, _Read
+from processor.kafka.rdlog import with_kafka_logger
 from processor.kafka.topics import TopicNames
 
 log = logging.getLogger("tokenfabric.sharequeue")
@@ -62,14 +63,14 @@ def read_from_earliest(conf: Mapping[str, str], group: str) -> None:
 
     entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
-    admin = AdminClient({**conf, "log_level": "3"})
+    admin = AdminClient(with_kafka_logger({**conf, "log_level": "3"}))
     admin.incremental_alter_configs([resource])[resource].result(30)
 
 
 def _share_consumer(conf: dict[str, Any]) -> Any:
     from confluent_kafka import ShareConsumer
 
-    return ShareConsumer(conf)
+    return ShareConsumer(with_kafka_logger(conf))
 
 
 class ShareQueueApp(PlainQueueApp):
