@@ -17,9 +17,9 @@ completions reach the results topic twice. The demo counts such duplicates from 
 
 In explicit acknowledgement mode every record of a poll must be acknowledged before the next poll, so
 a batch never spans two polls: a batch closes at the contract's limits or at the end of its poll.
-Share groups start at the log's end by default; :func:`read_from_earliest` sets the group's
-``share.auto.offset.reset`` to ``earliest`` first, so no record produced before a worker joined is
-skipped.
+Share groups start at the log's end by default; ``read_from_earliest``
+(processor/kafka/share_groups.py) sets the group's ``share.auto.offset.reset`` to ``earliest`` first,
+so no record produced before a worker joined is skipped.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message
 
 from processor.apps.consumer import PRODUCER_SETTINGS, ConsumerStats
 from processor.apps.plainqueue import PlainQueueApp, _Read
-from processor.kafka.rdlog import with_kafka_logger
+from processor.kafka.share_groups import read_from_earliest
+from processor.kafka.share_groups import share_consumer as new_share_consumer
 from processor.kafka.topics import TopicNames
 
 log = logging.getLogger("tokenfabric.sharequeue")
@@ -51,28 +52,6 @@ def share_group(topics: TopicNames) -> str:
     return f"{topics.prefix}-share-queue"
 
 
-def read_from_earliest(conf: Mapping[str, str], group: str) -> None:
-    """Set the share group's ``share.auto.offset.reset`` to ``earliest`` (the default is ``latest``)."""
-    from confluent_kafka.admin import (
-        AdminClient,
-        AlterConfigOpType,
-        ConfigEntry,
-        ConfigResource,
-        ResourceType,
-    )
-
-    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
-    admin = AdminClient(with_kafka_logger({**conf, "log_level": "3"}))
-    admin.incremental_alter_configs([resource])[resource].result(30)
-
-
-def _share_consumer(conf: dict[str, Any]) -> Any:
-    from confluent_kafka import ShareConsumer
-
-    return ShareConsumer(with_kafka_logger(conf))
-
-
 class ShareQueueApp(PlainQueueApp):
     """One card of the share-group queue. ``run`` it once; ``stop`` ends it after the current poll.
 
@@ -82,7 +61,7 @@ class ShareQueueApp(PlainQueueApp):
     batch_prefix = "share"
 
     def __init__(
-        self, *args: Any, share_consumer: Callable[[dict[str, Any]], Any] = _share_consumer, **kw: Any
+        self, *args: Any, share_consumer: Callable[[dict[str, Any]], Any] = new_share_consumer, **kw: Any
     ) -> None:
         super().__init__(*args, **kw)
         self._make_consumer = share_consumer
