@@ -128,7 +128,9 @@ def _rows(engine: str) -> list[Row]:
         return [
             *common,
             ("output tokens/s", lambda f: f"{f.output_tokens_per_s:,.0f}", lambda f: f.output_tokens_per_s),
+            ("total tokens/s", lambda f: f"{f.total_tokens_per_s:,.0f}", lambda f: f.total_tokens_per_s),
             ("prompt tokens", lambda f: f"{f.tokens:,}", None),
+            ("output tokens", lambda f: f"{f.cards_sum('output_tokens'):,}", None),
             ("cacheable (shared prefixes)", lambda f: f"{f.prefix_tokens:,}", None),
             ("cached prompt tokens", lambda f: f"{f.cards_sum('cached_prompt_tokens'):,}", None),
             ("cached / cacheable", lambda f: _share(f.cached_share_of_prefix), None),
