@@ -16,7 +16,10 @@ be acquired again when their lock (``group.share.record.lock.duration.ms``) runs
 completions reach the results topic twice. The demo counts such duplicates from the results topic.
 
 In explicit acknowledgement mode every record of a poll must be acknowledged before the next poll, so
-a batch never spans two polls: a batch closes at the contract's limits or at the end of its poll.
+a batch never spans two polls: a batch closes at the contract's limits or at the end of its poll. A
+poll takes at most the contract's ``max_items`` records (``max.poll.records``) and the group's lock
+is 60 s (processor/kafka/share_groups.py): the records a worker holds are one batch, whose engine time
+must fit in the lock, or they are delivered again to another worker (and completed twice).
 Share groups start at the log's end by default; ``read_from_earliest``
 (processor/kafka/share_groups.py) sets the group's ``share.auto.offset.reset`` to ``earliest`` first,
 so no record produced before a worker joined is skipped.
@@ -82,7 +85,13 @@ class ShareQueueApp(PlainQueueApp):
             {**self.conf, **PRODUCER_SETTINGS, "on_delivery": self._delivered}
         )
         consumer = self._make_consumer(
-            {**self.conf, "group.id": group, "share.acknowledgement.mode": "explicit", "log_level": "3"}
+            {
+                **self.conf,
+                "group.id": group,
+                "share.acknowledgement.mode": "explicit",
+                "max.poll.records": str(self.rule.max_items),  # a poll is one batch: it fits the lock
+                "log_level": "3",
+            }
         )
         try:
             consumer.subscribe([self.topics.ingest])
