@@ -43,13 +43,16 @@ RATIOS = {"prefill_tokens", "makespan_s", "real_tokens_per_s"}
 
 def table(report: dict[str, Any]) -> str:
     """The report's runs side by side, ratios where dividing means something."""
-    tf, pq = report["runs"]["tokenfabric"], report["runs"]["plain-queue"]
-    lines = ["| | tokenfabric | plain queue | tokenfabric / plain |", "|---|---:|---:|---:|"]
+    runs = report["runs"]
+    tf, pq = runs["tokenfabric"], runs["plain-queue"]
+    others = [n for n in runs if n != "tokenfabric"]  # plain-queue, and share-queue where it ran
+    lines = [f"| | tokenfabric | {' | '.join(n.replace('-', ' ') for n in others)} | tokenfabric / plain |"]
+    lines.append("|---|" + "---:|" * (len(others) + 2))
     for label, key, fmt in ROWS:
         a, b = tf.get(key), pq.get(key)
         ratio = f"{a / b:.2f}x" if key in RATIOS and a is not None and b else ""
-        show = [("-" if v is None else fmt.format(v)) for v in (a, b)]
-        lines.append(f"| {label} | {show[0]} | {show[1]} | {ratio} |")
+        show = [("-" if v is None else fmt.format(v)) for v in (a, *(runs[n].get(key) for n in others))]
+        lines.append(f"| {label} | {' | '.join(show)} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -65,6 +65,9 @@ class _Read:
 class PlainQueueApp:
     """One card of the plain queue. ``run`` it once, in any thread; ``stop`` ends it after a batch."""
 
+    #: The first word of this app's batch ids (the share-group queue reuses the batch code).
+    batch_prefix = "plain"
+
     def __init__(
         self,
         conf: Mapping[str, str],
@@ -128,10 +131,15 @@ class PlainQueueApp:
             if self._pending:
                 self._flush(consumer)
         finally:
-            consumer.close()
-            self._producer.flush(10.0)
-            self.engine.close()
+            self._close(consumer)
         return self.stats
+
+    def _close(self, consumer: ConsumerClient) -> None:
+        """The consumer closed, what the producer holds delivered, the engine closed."""
+        consumer.close()
+        if self._producer is not None:
+            self._producer.flush(10.0)
+        self.engine.close()
 
     def _loop(self, consumer: ConsumerClient, stop: threading.Event) -> None:
         linger_s, idle_exit_s = self.settings.linger_ms / 1000.0, self.settings.idle_exit_s
@@ -193,12 +201,7 @@ class PlainQueueApp:
         assert producer is not None
         producer.begin_transaction()
         try:
-            items = [r.item for r in reads if r.item is not None]
-            if items:
-                self._run_batch(items)
-            for r in reads:
-                if r.item is None:
-                    self._dead_letter(r)
+            self._write(reads)
             ends: dict[int, int] = {}
             for r in reads:
                 ends[r.partition] = max(ends.get(r.partition, -1), r.offset + 1)
@@ -214,11 +217,20 @@ class PlainQueueApp:
         if self.on_batch is not None:
             self.on_batch(self.stats)
 
+    def _write(self, reads: list[_Read]) -> None:
+        """The batch's completions and its undecodable messages' dead letters, produced."""
+        items = [r.item for r in reads if r.item is not None]
+        if items:
+            self._run_batch(items)
+        for r in reads:
+            if r.item is None:
+                self._dead_letter(r)
+
     def _run_batch(self, items: list[TokenItemRecord]) -> None:
         self.stats.batches += 1
         longest = max(i.token_count for i in items)
         batch = BatchRecord(
-            batch_id=f"plain-{self.contract.consumer}-{self._run_id}-{self.stats.batches}",
+            batch_id=f"{self.batch_prefix}-{self.contract.consumer}-{self._run_id}-{self.stats.batches}",
             consumer=self.contract.consumer,
             model=self.contract.model,
             shape=items[0].shape,

@@ -19,17 +19,18 @@ otherwise, 2 for bad arguments or an unreadable trace.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from processor.cli.demo_report import RUNS
+from processor.cli.demo_phases import PhaseLine, drain, wait_ready
+from processor.cli.demo_repeats import headline, median_repeat, run_dict, run_order
+from processor.cli.demo_report import LLM_RUNS, RUNS
 from processor.cli.demo_report import report as render_report
 from processor.cli.options import check_plot
 from processor.local.pipeline import (
@@ -51,13 +52,17 @@ if TYPE_CHECKING:  # Kafka loads only when the command runs
 
 #: The default item count: both runs' drains fit in about two minutes on the 2-core machine (README).
 DEFAULT_ITEMS = 500
+#: ``--engine llm``'s default: three runs of the ``prod`` model, repeated 3 times, fit 15 minutes on the
+#: 2-core machine (docs/demo.md).
+LLM_DEFAULT_ITEMS = 300
 #: Longest item the embed engine takes (MiniLM's positions).
 EMBED_MAX_TOKENS = 512
 ENGINES = ("embed", "llm", "sim")
-#: ``--engine llm``: slots per llama-server (4,096 positions each), and the output tokens asked per item
-#: (the random-weight model's text means nothing; prefill is what the prefix cache saves).
+#: ``--engine llm``: slots per llama-server (4,096 positions each). Each item asks for its trace's output
+#: length (processor/sim/generative.py, ``output_budget``), held to it with ``ignore_eos``.
 LLM_SLOTS = 4
-LLM_MAX_TOKENS = 8
+#: Each run's topic prefix ends with its tag.
+_TOPIC_TAGS = {"tokenfabric": "tf", "plain-queue": "pq", "share-queue": "sq"}
 #: The processor's lane settings for cards that pad to 1 token: padding is measured in single tokens and
 #: an item shares a lane that pads it by at most one token (``simulate --trace templated --policy lanes``
 #: with these flags: 250 batches for 1,000 items, 0.29% waste; the defaults give 368 batches, 0.01%).
@@ -76,7 +81,31 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--shape-blocks", type=int, default=1, help="mooncake: hash ids that make a shape (default: 1)"
     )
     p.add_argument(
-        "--limit", type=int, default=DEFAULT_ITEMS, help=f"items (default: {DEFAULT_ITEMS}; 0 = all)"
+        "--limit",
+        type=int,
+        default=None,
+        help=f"items (default: {DEFAULT_ITEMS}, {LLM_DEFAULT_ITEMS} for --engine llm; 0 = all)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each pipeline N times, alternating the order; medians and ranges (default: 1)",
+    )
+    p.add_argument(
+        "--llm-model",
+        default="prod",
+        choices=("prod", "small"),
+        help="--engine llm: the random-weight model's shape (prod: 8 layers, 256 wide, the default; "
+        "small: 2 layers, 128 wide, the first one; docs/demo.md)",
+    )
+    p.add_argument(
+        "--llm-slot-affinity",
+        default="tokenfabric",
+        choices=("tokenfabric", "all", "off"),
+        help="--engine llm: which runs send each shape's items to one llama-server slot (id_slot): "
+        "tokenfabric's (the default; the baselines' mixed batches do better with the server's own "
+        "choice, docs/demo.md), all runs', or none",
     )
     p.add_argument(
         "--engine",
@@ -120,34 +149,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON (docs/demo.md)")
 
 
-class PhaseLine:
-    """One line per phase: rewritten in place on a terminal, printed every few seconds otherwise."""
-
-    def __init__(self, stream: io.TextIOBase | None = None, every_s: float = 5.0) -> None:
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.every_s = every_s
-        self._last = 0.0
-
-    def update(self, text: str) -> None:
-        now = time.monotonic()
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + text)
-            self.stream.flush()
-        elif now - self._last >= self.every_s:
-            self.stream.write(text + "\n")
-            self.stream.flush()
-        else:
-            return
-        self._last = now
-
-    def done(self, text: str) -> None:
-        self.stream.write(("\r\x1b[2K" if self.tty else "") + text + "\n")
-        self.stream.flush()
-        self._last = 0.0
-
-
 def _load(args: argparse.Namespace) -> tuple[list[TraceRecord], str]:
+    if args.limit is None:
+        args.limit = LLM_DEFAULT_ITEMS if args.engine == "llm" else DEFAULT_ITEMS
+    if not 1 <= args.repeat <= 20:
+        raise ValueError(f"--repeat must be 1 to 20, got {args.repeat}")
     if args.limit < 0:
         raise ValueError(f"--limit must be >= 0, got {args.limit}")
     if not args.time_scale >= 0:
@@ -245,36 +251,42 @@ def _main_job(
     )
     payloads = _payloads(records, args.engine, line)
     logs = log_dir()
-    figures: dict[str, RunFigures] = {}
+    runs = LLM_RUNS if args.engine == "llm" else RUNS
+    repeats: dict[str, list[RunFigures]] = {name: [] for name in runs}
     codes: dict[str, dict[str, int | None]] = {}
-    for name in RUNS:
-        figures[name], codes[name] = _one_run(
-            name, args, conf, bootstrap, records, payloads, cards, logs, line
-        )
+    for r in range(args.repeat):
+        for name in run_order(runs, r):
+            if args.repeat > 1:
+                line.done(f"repeat {r + 1} of {args.repeat}: {name}")
+            f, codes[name] = _one_run(name, args, conf, bootstrap, records, payloads, cards, logs, line)
+            repeats[name].append(f)
+            if any(c != 0 for c in codes[name].values()):
+                line.done(f"{name}: a card exited {codes[name]}")
     if args.engine == "llm":
         from processor.sim.generative import cacheable_tokens, generative_rows
 
         cacheable = cacheable_tokens(generative_rows(len(records)))
-        for f in figures.values():
+        for f in (f for reps in repeats.values() for f in reps):
             f.prefix_tokens = cacheable
+    figures = {name: median_repeat(reps) for name, reps in repeats.items()}
     width = shutil.get_terminal_size((100, 24)).columns
-    report = render_report(trace_name, records, figures, codes, args.engine, cards, width)
-    print(report)
+    print(render_report(trace_name, records, figures, codes, args.engine, cards, width))
+    print(headline(repeats))
     print(f"logs in {logs}; total {time.monotonic() - started:.0f} s")
     if args.json:
         doc = {
             "trace": trace_name,
             "cards": {c.name: {"budget": c.budget, "items": c.items, "pad": c.pad} for c in cards},
-            "runs": {name: f.to_dict() for name, f in figures.items()},
+            "repeat": args.repeat,
+            "runs": {name: run_dict(reps, audits=name != "share-queue") for name, reps in repeats.items()},
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         print(f"report as JSON: {args.json}")
     if args.plot:
         _plot_measured(figures, trace_name, args.plot)
-    ok = all(
-        f.audit_clean and f.items_completed_once == f.items == len(records) for f in figures.values()
-    ) and all(c == 0 for run_codes in codes.values() for c in run_codes.values())
-    return 0 if ok else 1
+    every = [f for reps in repeats.values() for f in reps]
+    ok = all(f.audit_clean and f.items_completed_once == f.items == len(records) for f in every)
+    return 0 if ok and all(c == 0 for run_codes in codes.values() for c in run_codes.values()) else 1
 
 
 def _payloads(records: list[TraceRecord], engine: str, line: PhaseLine, salt: int = 0) -> list[bytes]:
@@ -309,7 +321,7 @@ def _one_run(
     from processor.local.card_servers import CardServers, GivenEndpoints
     from processor.local.pipeline import Pipeline
 
-    topics = TopicNames(f"{unique_prefix()}-{'tf' if name == 'tokenfabric' else 'pq'}")
+    topics = TopicNames(f"{unique_prefix()}-{_TOPIC_TAGS[name]}")
     create_topics(conf, topic_specs(topics, consumers=[c.name for c in cards]))
     env = child_env(bootstrap)
     env["OPENBLAS_NUM_THREADS"] = "1"  # one core per card: the cards run side by side
@@ -319,9 +331,10 @@ def _one_run(
     servers: CardServers | GivenEndpoints | None = None
     if args.engine == "llm" and args.endpoint:
         servers = GivenEndpoints(cards, args.endpoint, args.endpoint_model)
-        payloads = _payloads(records, args.engine, line, salt=RUNS.index(name) + 1)
+        payloads = _payloads(records, args.engine, line, salt=LLM_RUNS.index(name) + 1)
     elif args.engine == "llm":
-        servers = CardServers(name, cards, args.llm_slots, line.done)
+        affinity = args.llm_slot_affinity == "all" or args.llm_slot_affinity == name
+        servers = CardServers(name, cards, args.llm_slots, line.done, args.llm_model, affinity)
     if servers is not None:
         servers.start()
     try:
@@ -351,6 +364,7 @@ def _run_pipeline(
     from processor.apps.producer import TokenProducer
     from processor.local.compare import ResultsWatcher, measure
     from processor.local.pipeline import group_members
+    from processor.sim.generative import output_budget
 
     prefix = ["--topic-prefix", topics.prefix]
     quiet = ["--metrics-port", "0"]
@@ -369,14 +383,12 @@ def _run_pipeline(
             pipeline.spawn(card.name, ["consumer", *prefix, *quiet, *card_args], env)
     else:
         for card in cards:
-            pipeline.spawn(
-                card.name, ["plain-queue", *prefix, *card.contract_args(model), *engine(card)], env
-            )
-    budget = (lambda r: min(r.output_length, LLM_MAX_TOKENS)) if servers else (lambda r: r.output_length)
+            pipeline.spawn(card.name, [name, *prefix, *card.contract_args(model), *engine(card)], env)
+    budget = (lambda r: output_budget(r.output_length)) if servers else (lambda r: r.output_length)
     watcher: ResultsWatcher | None = None
     try:
         group = topics.processor_group if tf else plain_group(topics)
-        _wait_ready(name, conf, topics, cards, group, pipeline, line, tf, group_members)
+        wait_ready(name, conf, topics, cards, group, pipeline, line, group_members)
         key_of = None if tf else (lambda rec: rec.item_id.encode("utf-8"))
         t0 = time.monotonic()
         with TokenProducer(conf, topics, key_of=key_of) as producer:
@@ -386,7 +398,7 @@ def _run_pipeline(
                     line.update(f"{name}: produce {i:,}/{len(records):,} items")
         line.done(f"{name}: produced {len(records):,} items in {time.monotonic() - t0:.1f} s")
         watcher = ResultsWatcher(conf, topics.results)
-        _drain(name, watcher, len(records), pipeline, args.timeout_s, line)
+        drain(name, watcher, len(records), pipeline, args.timeout_s, line)
         if tf:
             from processor.local.pipeline import wait_until_done
 
@@ -400,63 +412,9 @@ def _run_pipeline(
     return figures, codes
 
 
-def _wait_ready(
-    name: str,
-    conf: dict[str, str],
-    topics: TopicNames,
-    cards: tuple[Card, ...],
-    group: str,
-    pipeline: Pipeline,
-    line: PhaseLine,
-    tf: bool,
-    group_members: Callable[[Mapping[str, str], str], list[int]],
-) -> None:
-    """Until every card has its engine loaded and its place: contracts announced and the processor in
-    its group (tokenfabric), or every card in the plain queue's group with partitions assigned."""
-    from processor.ops.status import gather
-
-    t0 = time.monotonic()
-    while True:
-        pipeline.check_alive()
-        if tf:
-            view = gather(conf, topics)
-            ready = all(c.name in view.contracts for c in cards) and bool(group_members(conf, group))
-        else:
-            members = group_members(conf, group)
-            ready = len(members) == len(cards) and all(members)
-        waited = time.monotonic() - t0
-        if ready:
-            line.done(f"{name}: {len(cards)} cards ready in {waited:.1f} s")
-            return
-        if waited > 120:
-            raise TimeoutError(f"{name}: the cards were not ready within 120 s (logs in {pipeline})")
-        line.update(f"{name}: starting the cards ({waited:.0f} s)")
-        time.sleep(0.5)
-
-
-def _drain(
-    name: str, watcher: ResultsWatcher, total: int, pipeline: Pipeline, timeout_s: float, line: PhaseLine
-) -> None:
-    t0 = time.monotonic()
-    done = 0
-    while done < total:
-        pipeline.check_alive()
-        done = watcher.poll(0.5)
-        elapsed = time.monotonic() - t0
-        rate = watcher.tokens / elapsed if elapsed > 0 else 0.0
-        line.update(f"{name}: drain {done:,}/{total:,} items, {rate:,.0f} tokens/s, {elapsed:.0f} s")
-        if elapsed > timeout_s:
-            raise TimeoutError(f"{name}: only {done:,} of {total:,} items completed within {timeout_s:.0f} s")
-    elapsed = time.monotonic() - t0
-    line.done(
-        f"{name}: drained {total:,} items in {elapsed:.1f} s, "
-        f"{watcher.tokens / elapsed if elapsed else 0:,.0f} tokens/s"
-    )
-
-
 def _audit(conf: dict[str, str], topics: TopicNames, f: RunFigures, tf: bool) -> bool:
     """tokenfabric: ``tokenfabric audit`` (topics against the processor's ledger) and the read-back; the
-    plain queue has no ledger, so its audit is the read-back: every item completed once, none lost."""
+    queues have no ledger, so their audit is the read-back: every item completed once, none lost."""
     from processor.kafka.reader import read_topic
     from processor.ops.audit import audit
 

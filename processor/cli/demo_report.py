@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from processor.local.compare import RunFigures
 
 RUNS = ("tokenfabric", "plain-queue")
+#: ``--engine llm`` also runs the share-group queue (processor/apps/sharequeue.py).
+LLM_RUNS = (*RUNS, "share-queue")
 
 
 def _pct(value: float) -> str:
@@ -49,7 +51,11 @@ def report(
     so padding and fill give way to the prefix cache's measured figures.
     """
     console = Console(record=True, width=width, file=io.StringIO())
-    tf, pq = (figures[n] for n in RUNS)
+    names = [n for n in LLM_RUNS if n in figures]
+    tf = figures["tokenfabric"]
+    baselines = [n for n in names if n != "tokenfabric"]
+    better = min(baselines, key=lambda n: figures[n].makespan_s)  # the baseline the ratio is against
+    pq = figures[better]
     tokens = sum(r.length for r in records)
     what = {
         "embed": "embed (all-MiniLM-L6-v2 on the CPU, real compute)",
@@ -62,17 +68,24 @@ def report(
         f"engine {what}; figures read back from each run's topics"
     )
     table = Table(
-        title="the same items, the same two cards: tokenfabric against a plain Kafka queue",
+        title="the same items, the same two cards: tokenfabric against "
+        + ("a plain Kafka queue" if len(baselines) == 1 else "plain queues (consumer group, share group)"),
         box=box.SIMPLE_HEAD,
         collapse_padding=True,
     )
-    for col in ("", "tokenfabric", "plain queue", "tokenfabric / plain"):
+    short = better.removesuffix("-queue")
+    ratio_head = f"tokenfabric / {short}" if len(names) == 2 else f"tf / {short}"  # 80 columns hold 3 runs
+    for col in (
+        "",
+        *(n.replace("-", " ") if len(names) == 2 else n.split("-")[0] for n in names),
+        ratio_head,
+    ):
         table.add_column(col, justify="left" if not col else "right", no_wrap=bool(col))
     for label, fmt, ratio_of in _rows(engine):
         ratio = "" if ratio_of is None else _ratio(ratio_of(tf), ratio_of(pq))
-        table.add_row(label, fmt(tf), fmt(pq), ratio)
+        table.add_row(label, *(fmt(figures[n]) for n in names), ratio)
     console.print(table)
-    for name in RUNS:
+    for name in names:
         console.print(_per_card(name, figures[name], codes[name], cards, engine))
     if engine == "llm":
         console.print(
@@ -115,7 +128,9 @@ def _rows(engine: str) -> list[Row]:
         return [
             *common,
             ("output tokens/s", lambda f: f"{f.output_tokens_per_s:,.0f}", lambda f: f.output_tokens_per_s),
+            ("total tokens/s", lambda f: f"{f.total_tokens_per_s:,.0f}", lambda f: f.total_tokens_per_s),
             ("prompt tokens", lambda f: f"{f.tokens:,}", None),
+            ("output tokens", lambda f: f"{f.cards_sum('output_tokens'):,}", None),
             ("cacheable (shared prefixes)", lambda f: f"{f.prefix_tokens:,}", None),
             ("cached prompt tokens", lambda f: f"{f.cards_sum('cached_prompt_tokens'):,}", None),
             ("cached / cacheable", lambda f: _share(f.cached_share_of_prefix), None),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
@@ -21,6 +22,9 @@ from processor.cli.options import (
     kafka_settings,
 )
 from processor.engines.base import ENGINES
+
+if TYPE_CHECKING:
+    from processor.apps.plainqueue import PlainQueueApp
 
 PROG = "tokenfabric plain-queue"
 
@@ -48,9 +52,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from processor.apps.plainqueue import PlainQueueApp
+
+    return run_card(args, PROG, PlainQueueApp)
+
+
+def run_card(args: argparse.Namespace, prog: str, app_class: type[PlainQueueApp]) -> int:
+    """One baseline card (``plain-queue`` or ``share-queue``: same flags, same contract and engine)."""
     from confluent_kafka import KafkaException
 
-    from processor.apps.plainqueue import PlainQueueApp
     from processor.core.contract import CONSUMER_ID, Contract
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError
@@ -64,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
         contract = Contract(args.id, args.model, args.budget, args.items, args.pad, 1)
         engine = make_engine(args.engine, engine_options(args))
         conf, topics = kafka_settings(args)  # last: arguments are checked before any cluster is looked for
-        app = PlainQueueApp(
+        app = app_class(
             conf, topics, contract, engine, linger_ms=args.linger_ms, idle_exit_s=args.idle_exit_s
         )
     except (ValueError, ConfigError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     setup_logging(args.log_level, args.log_format)
     stop = threading.Event()
@@ -76,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         stats = app.run(stop)
     except KafkaException as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
+        print(f"{prog}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
         return 130
-    print(f"plain-queue {args.id}: {stats.summary()}")
+    print(f"{prog.removeprefix('tokenfabric ')} {args.id}: {stats.summary()}")
     return 0

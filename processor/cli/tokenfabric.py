@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "processor.cli.plainqueue",
         "one card of the plain Kafka queue baseline the demo compares with (not a product mode)",
     ),
+    "share-queue": (
+        "processor.cli.sharequeue",
+        "one card of the share-group queue baseline the demo compares with (not a product mode)",
+    ),
     "submit": ("processor.cli.submit", "submit a dataset as a job: render, tokenise and produce every row"),
     "collect": ("processor.cli.collect", "write a job's results next to its input rows (resumable)"),
     "collector": (

@@ -57,6 +57,7 @@ from processor.engines.generation import Unsupported, dialect
 from processor.engines.isolate import Refusal, belongs_to_a_prompt, isolate
 from processor.engines.openai_choices import cached_prompt_tokens, item_result, map_choices
 from processor.engines.openai_options import OPTIONS, OpenAISettings, parse_options
+from processor.engines.slot_affinity import SlotAffinity
 from processor.engines.tls import tls_context, tls_refusal
 from processor.wire.records import BatchRecord, TokenItemRecord
 
@@ -129,6 +130,7 @@ class OpenAICompletionsEngine(Engine):
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key}"
         self._pool: ThreadPoolExecutor | None = None
+        self._slots = SlotAffinity(settings.slot_affinity) if settings.slot_affinity else None
 
     def run(self, batch: BatchRecord) -> list[ItemResult]:
         deadline = self._clock() + self.settings.deadline_s
@@ -169,6 +171,7 @@ class OpenAICompletionsEngine(Engine):
                 results[i] = item_result(item, "rejected", str(exc))
                 continue
             body = {"model": model, "max_tokens": max_tokens, "n": 1, "stream": False, **fields}
+            body.update(self._placement(item))
             if s.requests == "item":
                 requests.append(_Request(body, [i]))
                 continue
@@ -178,6 +181,13 @@ class OpenAICompletionsEngine(Engine):
                 requests.append(by_body[key])
             by_body[key].positions.append(i)
         return requests
+
+    def _placement(self, item: TokenItemRecord) -> dict[str, Any]:
+        """``ignore_eos`` and llama.cpp's ``id_slot`` (the slot of the item's shape), when enabled."""
+        out: dict[str, Any] = {"ignore_eos": True} if self.settings.ignore_eos else {}
+        if self._slots is not None:
+            out["id_slot"] = self._slots.slot(item.shape)
+        return out
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -54,6 +54,12 @@ class OpenAISettings:
     lora_ids: dict[str, int] = field(default_factory=dict)
     """llama.cpp only: adapter name -> the id of the adapter the server loaded (``--lora``, from 0)."""
     output: OutputMode = "text"
+    ignore_eos: bool = False
+    """Send ``ignore_eos: true`` (llama.cpp, vLLM, SGLang): each item generates exactly its
+    ``max_tokens`` (its ``output_budget``), as a benchmark of real output lengths needs."""
+    slot_affinity: int = 0
+    """llama.cpp only: the server's slot count; each item's ``id_slot`` is its shape's slot
+    (processor/engines/slot_affinity.py). 0: the server picks slots."""
 
 
 OPTIONS = (
@@ -75,6 +81,8 @@ OPTIONS = (
     "server",
     "lora_ids",
     "output",
+    "ignore_eos",
+    "slot_affinity",
 )
 
 
@@ -117,7 +125,17 @@ def parse_options(options: dict[str, str]) -> OpenAISettings:
         server=server,
         lora_ids=_lora_ids(options.get("lora_ids"), server),
         output=_choice(options, "output", OUTPUT_MODES, d.output),
+        ignore_eos=_choice(options, "ignore_eos", ("false", "true"), "false") == "true",
+        slot_affinity=_slot_affinity(options, server),
     )
+
+
+def _slot_affinity(options: dict[str, str], server: ServerName) -> int:
+    """``slot_affinity=N``: llama.cpp's ``id_slot`` by shape over N slots (0: off)."""
+    slots = int(_number(options, "slot_affinity", 0, minimum=0, integer=True))
+    if slots and server != "llamacpp":
+        raise ValueError(f"openai engine: slot_affinity is for server=llamacpp, not server={server}")
+    return slots
 
 
 def _tls_files(options: dict[str, str]) -> TlsFiles:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from processor.local.llm.build import build_server
-from processor.local.llm.model import ensure_model
+from processor.local.llm.model import MODEL_SHAPES, ensure_model
 from processor.local.llm.server import ServerInfo, ServerSettings, start_server, stop_server
 from processor.local.pipeline import Card
 
@@ -23,8 +23,18 @@ class CardServers:
     """The servers of one run's cards: :meth:`start` them all, give each card its engine flags,
     :meth:`stop` them all (also those of a start that failed half-way)."""
 
-    def __init__(self, run: str, cards: Sequence[Card], slots: int, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        run: str,
+        cards: Sequence[Card],
+        slots: int,
+        say: Callable[[str], None],
+        shape: str = "prod",
+        affinity: bool = True,
+    ) -> None:
         self.run = run
+        self.shape = shape
+        self.affinity = affinity
         self.cards = tuple(cards)
         self.settings = ServerSettings(slots=slots, ctx_tokens=slots * SLOT_TOKENS, threads=1)
         self.say = say
@@ -35,7 +45,7 @@ class CardServers:
 
     def start(self) -> None:
         binary = build_server(progress=self.say).binary  # at once when built; the first time ~14 min
-        model = ensure_model()
+        model = ensure_model(MODEL_SHAPES[self.shape])
         for card in self.cards:
             stop_server(self.name(card))  # one left over by a killed demo: this run starts cold
             self.started[card.name] = start_server(
@@ -46,13 +56,19 @@ class CardServers:
     def describe(self) -> str:
         s = self.settings
         return (
-            f"{s.slots} slots of {s.ctx_tokens_per_slot:,} positions, {s.threads} thread, prompt cache on, "
-            f"no host-memory cache, slot similarity {s.slot_similarity}"
+            f"model {self.shape}, {s.slots} slots of {s.ctx_tokens_per_slot:,} positions, "
+            f"{s.threads} thread, prompt cache on, no host-memory cache, "
+            + ("slot by shape (id_slot)" if self.affinity else f"slot similarity {s.slot_similarity}")
         )
 
     def engine_args(self, card: Card) -> list[str]:
-        """The ``consumer`` / ``plain-queue`` flags that send ``card``'s batches to its server."""
-        return ["--engine", "openai", "--engine-opt", f"url={self.started[card.name].url}"]
+        """The ``consumer`` / ``plain-queue`` / ``share-queue`` flags that send ``card``'s batches to its
+        server: llama.cpp's spelling, each item held to its output budget (``ignore_eos``), and each
+        shape's items in one slot (``slot_affinity``) unless turned off."""
+        opts = [f"url={self.started[card.name].url}", "server=llamacpp", "ignore_eos=true"]
+        if self.affinity:
+            opts.append(f"slot_affinity={self.settings.slots}")
+        return ["--engine", "openai", *(a for o in opts for a in ("--engine-opt", o))]
 
     def stop(self) -> None:
         for card in self.cards:
@@ -84,4 +100,5 @@ class GivenEndpoints:
 
     def engine_args(self, card: Card) -> list[str]:
         named = [] if self.model is None else ["--engine-opt", f"model={self.model}"]
-        return ["--engine", "openai", "--engine-opt", f"url={self.urls[card.name]}", *named]
+        held = ["--engine-opt", "ignore_eos=true"]  # vLLM and SGLang take it too
+        return ["--engine", "openai", "--engine-opt", f"url={self.urls[card.name]}", *named, *held]

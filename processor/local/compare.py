@@ -147,6 +147,12 @@ class RunFigures:
     def output_tokens_per_s(self) -> float:
         return self.cards_sum("output_tokens") / self.makespan_s if self.makespan_s else 0.0
 
+    @property
+    def total_tokens_per_s(self) -> float:
+        """Prompt tokens completed and output tokens generated, per second of makespan."""
+        total = self.completed_tokens + self.cards_sum("output_tokens")
+        return total / self.makespan_s if self.makespan_s else 0.0
+
     def latency_ms(self, q: float) -> float | None:
         """The ``q`` quantile of dispatch-to-completion times (None without an ok item)."""
         return percentile(self.latencies_ms, q) if self.latencies_ms else None
@@ -189,6 +195,8 @@ class RunFigures:
             "output_tokens": self.cards_sum("output_tokens"),
             "cached_share_of_prefix": _rounded(self.cached_share_of_prefix),
             "output_tokens_per_s": round(self.output_tokens_per_s, 1),
+            "total_tokens": self.tokens + self.cards_sum("output_tokens"),
+            "total_tokens_per_s": round(self.total_tokens_per_s, 1),
             "dispatch_to_completion_p50_ms": self.latency_ms(0.5),
             "dispatch_to_completion_p99_ms": self.latency_ms(0.99),
             "cards": {name: c.to_dict() for name, c in self.cards.items()},

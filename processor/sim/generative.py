@@ -19,6 +19,13 @@ cacheable text gives), then the row's own user ids (drawn from a seed of the ite
 model uses (docs/llm-local.md): its weights are random, so the text means nothing, but its prefill
 cost, KV cache and continuous batching are real, and a cache can only serve what rows truly share.
 
+Output lengths (:func:`output_budget`): the row's ``GeneratedTokens`` in the Azure conversation trace,
+divided by ``OUTPUT_DIVISOR`` (8), rounded up. The prompts are scaled too: their user parts by 1/10,
+their prefixes up by 8x, which brings the whole prompts to 0.94 of the trace's; outputs at 0.94 (about
+250 tokens an item) would make a CPU demo decode for most of an hour, so they are divided by 8 (33.6
+tokens an item over the first 500 rows, 32.5 over 300), between the user parts' 1/10 and the
+prompts' 0.94. The demo holds each request to that length (``ignore_eos``, docs/demo.md).
+
 A perfect prefix cache serves ``1 + prefix`` tokens of every row (``[CLS]`` and the prefix):
 :func:`cacheable_tokens`, what the demo's report calls ``prefix_tokens``.
 """
@@ -46,6 +53,8 @@ from processor.sim.traces import read_shipped
 
 #: A generative template's prefix is this many times its MiniLM word-piece count (modelled lengths).
 PREFIX_SCALE = 8
+#: A row's output length is the trace's ``GeneratedTokens`` divided by this, rounded up (module docstring).
+OUTPUT_DIVISOR = 8
 #: Longest prompt (``[CLS]`` + prefix + user + ``[SEP]``): it and a few output tokens fit a 4,096-position
 #: server slot.
 MAX_PROMPT_TOKENS = 3072
@@ -64,6 +73,11 @@ def generative_rows(limit: int | None = None, workload: Workload | None = None) 
     items = workload.items if limit is None else min(limit, workload.items)
     source = read_shipped(workload.length_source, limit=items)
     return templated_records(replace(workload, items=items), source)
+
+
+def output_budget(output_length: int) -> int:
+    """The tokens a row generates: the trace's output length / ``OUTPUT_DIVISOR``, at least 1."""
+    return max(1, -(-output_length // OUTPUT_DIVISOR))
 
 
 def prefix_ids(shape: int, count: int) -> list[int]:

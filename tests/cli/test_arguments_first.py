@@ -46,6 +46,10 @@ CASES = {
         ["plain-queue", "--id", "c", "--model", "m", "--budget", "0", "--items", "4"],
         "budget",
     ),
+    "share-queue-items-0": (
+        ["share-queue", "--id", "c", "--model", "m", "--budget", "64", "--items", "0"],
+        "items",
+    ),
     "share-weight": (["share", "j", "--weight", "0"], "weight"),
     "cancel-bad-name": (["cancel", "bad name!"], "job name"),
     "schemas-compatibility": (["schemas", "register", "--compatibility", "SOMETIMES"], "--compatibility"),

@@ -63,6 +63,15 @@ class TinyModelSpec:
         return self.n_embd // self.n_head
 
 
+#: Named shapes. ``prod`` (the demo's default): prefill of the generative backlog's median prompt
+#: (861 tokens) costs about 0.35 s on one thread, over 10x the path's fixed cost per request
+#: (docs/demo.md has the measurements); ``small``: the first shape (2 layers, 128 wide), 5x cheaper.
+MODEL_SHAPES: dict[str, TinyModelSpec] = {
+    "prod": TinyModelSpec(n_layer=8, n_embd=256, n_ff=768),
+    "small": TinyModelSpec(),
+}
+
+
 def tensor_shapes(spec: TinyModelSpec, vocab_size: int) -> dict[str, tuple[int, ...]]:
     """Every tensor of the model in numpy order (rows = outputs), as llama.cpp's ``llama`` arch names
     them. No ``output.weight``: llama.cpp then ties the output projection to ``token_embd``."""
