@@ -164,3 +164,17 @@ def test_no_process_started_with_the_secured_broker_showed_a_password(secured: B
     assert any(".format-" in line for line in STARTING.lines), "the watch missed kafka-storage format"
     shown = {s[:4] + "...": STARTING.showing(s) for s in secrets if STARTING.showing(s)}
     assert not shown, shown
+
+
+def test_acls_creates_and_deletes_exactly_its_list(secured: BrokerInfo) -> None:
+    names = new_pipeline(secured, "d")
+    admin_config = str(properties(secured, "tokenfabric-admin", TLS))
+    wanted = set(acls_for(["producer", "status"], names)["producer"] + acls_for(["status"], names)["status"])
+    argv = ["acls", "--principal", "User:dave", "--role", "producer", "--role", "status"]
+    admin = KAFKA.admin(admin_conf(secured))
+    created = _run([*argv, "--create"], Path(admin_config), names.prefix)
+    assert created.returncode == 0, created.stderr
+    assert held_acls(admin, "User:dave") == wanted
+    deleted = _run([*argv, "--delete"], Path(admin_config), names.prefix)
+    assert deleted.returncode == 0 and f"deleted {len(wanted)} ACLs" in deleted.stdout, deleted.stderr
+    assert held_acls(admin, "User:dave") == set()
