@@ -59,8 +59,10 @@ def settings_line(text: str, conf: Mapping[str, Any]) -> str:
 
 def settings_refused(exc: BaseException, conf: Mapping[str, Any]) -> WrongClientSettings:
     """The :class:`WrongClientSettings` for a client librdkafka refused to build (``exc``)."""
+    from confluent_kafka import KafkaError
+
     error = exc.args[0] if exc.args else None
-    text = error.str() if hasattr(error, "str") else str(exc)
+    text = error.str() if isinstance(error, KafkaError) else str(exc)
     return WrongClientSettings(f"{settings_line(text, conf)}; exiting with {EXIT_CONFIG}")
 
 
