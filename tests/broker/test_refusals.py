@@ -25,7 +25,6 @@ from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.local.broker import BrokerInfo
 from processor.local.secure import MTLS, TLS
 from tests.broker.test_security import (
-    STARTING,
     USERS,
     admin_conf,
     grant,
@@ -33,6 +32,7 @@ from tests.broker.test_security import (
     properties,
     revoke,
     secured,
+    started_with,
 )
 from tests.common import ROOT
 
@@ -159,10 +159,11 @@ def test_no_process_started_with_the_secured_broker_showed_a_password(secured: B
         if key.endswith("password")
     }
     assert len(secrets) >= len(USERS)
-    assert STARTING.scans > 10, "the watch did not run"
-    assert any("keytool" in line for line in STARTING.lines), "the watch missed keytool"
-    assert any(".format-" in line for line in STARTING.lines), "the watch missed kafka-storage format"
-    shown = {s[:4] + "...": STARTING.showing(s) for s in secrets if STARTING.showing(s)}
+    watched = started_with()
+    assert watched.scans > 10, "the watch did not run"
+    assert any("keytool" in line for line in watched.lines), "the watch missed keytool"
+    assert any(".format-" in line for line in watched.lines), "the watch missed kafka-storage format"
+    shown = {s[:4] + "...": watched.showing(s) for s in secrets if watched.showing(s)}
     assert not shown, shown
 
 

@@ -43,9 +43,15 @@ EXPIRED = "old"
 OPS_ROLES = ("topics", "producer", "submit", "collect", "jobs", "status", "audit")
 
 
-STARTING = CommandLines()
+_WATCHED: list[CommandLines] = []
 """The command lines the machine showed while :func:`secured` started the broker
-(tests/broker/test_refusals.py looks for the passwords in them)."""
+(tests/broker/test_refusals.py looks for the passwords in them: :func:`started_with`)."""
+
+
+def started_with() -> CommandLines:
+    """What :func:`secured`'s watch saw while the session's secured broker started."""
+    return _WATCHED[-1]
+
 
 _STARTED: list[BrokerInfo] = []
 """The one secured broker of the session: tests/broker/test_acls.py imports :func:`secured`, which
@@ -58,9 +64,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInfo]:
         yield _STARTED[0]
         return
     state = tmp_path_factory.mktemp("kafka-secured")
-    with STARTING:  # every process the start runs (keytool, kafka-storage format, the broker), as ps shows it
+    watch = CommandLines()  # every process the start runs (keytool, kafka-storage format, the broker)
+    _WATCHED.append(watch)
+    with watch:
         info = start_broker(
-            state, heap_mb=512, secure_users=[*USERS, EXPIRED], expired_users=[EXPIRED], timeout_s=300
+            state, heap_mb=512, secure_users=[*USERS, EXPIRED], expired_users=[EXPIRED], timeout_s=240
         )
     _STARTED.append(info)
     try:
