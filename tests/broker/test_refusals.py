@@ -179,3 +179,26 @@ def test_acls_creates_and_deletes_exactly_its_list(secured: BrokerInfo) -> None:
     deleted = _run([*argv, "--delete"], Path(admin_config), names.prefix)
     assert deleted.returncode == 0 and f"deleted {len(wanted)} ACLs" in deleted.stdout, deleted.stderr
     assert held_acls(admin, "User:dave") == set()
+
+
+@pytest.mark.parametrize("resource", ["transactional-id", "group"])
+def test_a_processor_refused_its_group_or_transactional_id_at_start_exits_77_not_75(
+    secured: BrokerInfo, resource: str
+) -> None:
+    """Not "a restart recovers": under Kubernetes 75 would be a restart loop on a missing ACL."""
+    names = new_pipeline(secured, "g")
+    held = [a for a in acls_for(["processor"], names)["processor"] if a.resource != resource]
+    grant(secured, "carol", held)
+    try:
+        proc = _run(
+            ["processor", "--instance", "p0", *QUIET], properties(secured, "carol", TLS), names.prefix
+        )
+    finally:
+        revoke(secured, "carol", held)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == EXIT_REFUSED and len(lines) == 1, (proc.returncode, proc.stderr[-800:])
+    kind = resource.replace("-", " ")
+    assert (
+        "refused by the cluster's authorizer: " in lines[0]
+        and f"on {kind} '{names.prefix}-processor" in lines[0]
+    )
