@@ -24,6 +24,7 @@ SERIAL = {
     "test_sasl.py": "own-broker",
     "test_security.py": "own-broker",
     "test_acls.py": "own-broker",
+    "test_refusals.py": "own-broker",
     "test_demo.py": "stacks",
     "test_demo_llm.py": "stacks",
     "test_benchmarks.py": "stacks",

@@ -46,7 +46,7 @@ from processor.engines.base import Engine
 from processor.kafka.clients import static_member, static_member_present
 from processor.kafka.exits import TransientFailure, ended_by, fatal, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
-from processor.kafka.pipelines import missing_pipeline
+from processor.kafka.pipelines import missing_pipeline, raise_if_hidden
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.kafka.watchdog import CallWatchdog
 from processor.wire.control import encode_contract
@@ -134,6 +134,7 @@ class ConsumerApp:
             raise ConsumerAppError(f"cannot reach Kafka at {where} within {timeout_s:g} s: {exc}") from None
         if self.batch_topic in existing:
             return False
+        raise_if_hidden(self.clients.admin(self.conf), self.batch_topic, self.conf, timeout_s)
         refusal = missing_pipeline(self.topics, existing, self.conf)
         if refusal is not None:  # a typo in --topic-prefix, or the topics Job still running: create nothing
             raise TransientFailure(f"{refusal} (the consumer creates its own batch topic only)")
@@ -172,10 +173,10 @@ class ConsumerApp:
         # Before the delivery strategy fences it (a transactional producer fences its twin).
         if static_member_present(self.conf, self.group, self.group, clients=self.clients):
             log.warning("%s", taking_over(self._who(), self.group))
-        self.delivery.open()
         consumer: ConsumerClient | None = None
         clean = False
         try:
+            self.delivery.open()  # init_transactions: a refused transactional id is classified below
             if self.ensure_topic():
                 log.info("created topic %s", self.batch_topic)
             self.announce()

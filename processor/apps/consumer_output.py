@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, Message
 
-from processor.kafka.exits import DeliveryFailed
+from processor.kafka.exits import DeliveryFailed, refusal
 from processor.kafka.factory import KAFKA, ClientFactory, ProducerClient
 from processor.kafka.topics import TopicNames
 
@@ -88,14 +88,17 @@ def retire(
     again with the same id announces itself and resumes them).
     """
     producer = clients.producer({**conf, **PRODUCER_SETTINGS})
-    errors: list[str] = []
+    errors: list[KafkaError] = []
 
     def on_delivery(err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
-            errors.append(err.str())
+            errors.append(err)
 
     producer.produce(topics.contracts, None, consumer.encode("utf-8"), on_delivery=on_delivery)
     remaining = producer.flush(timeout_s)
+    refused = refusal(errors[0], conf, operation="Write", topic=topics.contracts) if errors else None
+    if refused is not None:
+        raise refused
     if errors or remaining:
-        detail = errors[0] if errors else f"not acknowledged after {timeout_s:g} s"
+        detail = errors[0].str() if errors else f"not acknowledged after {timeout_s:g} s"
         raise ConsumerAppError(f"retiring {consumer}: tombstone on {topics.contracts} lost: {detail}")

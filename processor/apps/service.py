@@ -54,6 +54,7 @@ from processor.kafka.clients import (
 )
 from processor.kafka.exits import MissingTopics, ended_by, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
+from processor.kafka.pipelines import raise_if_hidden
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
 from processor.kafka.watchdog import CallWatchdog, guarded
@@ -313,8 +314,8 @@ class ProcessorService:
         On an exception nothing more is committed: the open transaction is abandoned (the broker
         aborts it) and a restart resumes from the last commit.
         """
-        self.start()
         try:
+            self.start()  # a refused group or transactional id is classified below: exit 77, no restart
             try:
                 while not stop.is_set():
                     self.step()
@@ -357,7 +358,8 @@ class ProcessorService:
         needed = (t.ingest, t.results, t.contracts, t.accounting, t.changelog, t.dead_letter)
         existing = self.control.list_topics(timeout=30).topics
         missing = [name for name in needed if name not in existing]
-        if missing:
+        if missing:  # hidden by the authorizer is not missing: exit 77, not a restart loop
+            raise_if_hidden(self.clients.admin(self.conf), missing[0], self.conf, timeout_s=30)
             raise MissingTopics(
                 f"missing topic(s) {', '.join(missing)} on {self.conf.get('bootstrap.servers', '?')}: "
                 f"create them with 'tokenfabric topics create --topic-prefix {t.prefix}' (the topics Job)"

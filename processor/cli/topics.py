@@ -10,6 +10,7 @@ from processor.cli.schemas import add_registry_argument
 from processor.core.contract import CONSUMER_ID
 from processor.kafka.config import ConfigError
 from processor.kafka.topics import TopicNames
+from processor.kafka.pipelines import refuse_new_nested_pipeline
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--consumer {consumer!r}: a consumer id is 1-200 of A-Z a-z 0-9 . _ -")
         _check_durability(args.replication_factor, args.min_insync_replicas)
         conf, names = kafka_settings(args, reach=True)
+        refuse_new_nested_pipeline(conf, names)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         created = set(create_topics(with_kafka_logger(conf), specs))
     except (KafkaException, TimeoutError) as exc:
+        from processor.kafka.exits import refusal
+
+        refused = refusal(exc, conf, operation="Create", resource=f"topic '{names.prefix}.*'")
+        if refused is not None:
+            raise refused from None  # one line and exit 77 (tokenfabric's main)
         detail = str(exc) or "no answer in 30 s"
         print(f"{prog}: error: creating topics on {conf['bootstrap.servers']}: {detail}", file=sys.stderr)
         return 1

@@ -240,7 +240,7 @@ class OpenAICompletionsEngine(Engine):
             except TimeoutError:
                 last = f"no response within {min(s.timeout_s, remaining_s):g} s"
             except (OSError, http.client.HTTPException) as exc:
-                refused = tls_refusal(exc)
+                refused = tls_refusal(exc, presented_cert=self.settings.tls.cert_file is not None)
                 if refused is not None:
                     raise _RequestFailed(f"{refused} (not retried)") from None
                 last = f"{type(exc).__name__}: {exc}"

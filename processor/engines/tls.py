@@ -46,11 +46,22 @@ def tls_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
-def tls_refusal(exc: BaseException) -> str | None:
+def tls_refusal(exc: BaseException, presented_cert: bool = True) -> str | None:
     """What was refused, when ``exc`` is a TLS handshake that no retry will pass: this side did not
-    trust the server's certificate, or the server refused ours (or wanted one); else None."""
+    trust the server's certificate, or the server refused ours (or wanted one); else None.
+
+    ``presented_cert``: whether this client has a certificate to present. Under TLS 1.3 the client's
+    handshake ends before the server checks the client's certificate, so a server that wants one and
+    got none may just close the connection: the request then reads an EOF (``SSLEOFError``) instead
+    of the alert. Without a certificate of ours that EOF is the refusal, not a passing fault.
+    """
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"the server's certificate is not trusted ({exc.verify_message}; check ca_file)"
     if isinstance(exc, ssl.SSLError) and "ALERT" in (exc.reason or ""):
         return f"the server refused the TLS handshake ({exc.reason}; check cert_file and key_file)"
+    if isinstance(exc, ssl.SSLEOFError) and not presented_cert:
+        return (
+            "the server closed the TLS connection unanswered: it wants a client certificate (set "
+            "cert_file and key_file)"
+        )
     return None

@@ -59,6 +59,11 @@ EXIT_REFUSED = 77
 #: ``EX_CONFIG`` (sysexits.h): a newer process took over this instance id (two were given the same
 #: ``--instance`` or consumer ``--id``, or this one was a zombie that got replaced). Do not restart.
 EXIT_SUPERSEDED = 78
+#: ``EX_CONFIG`` (sysexits.h) again: the client's own settings are wrong (an unknown or malformed
+#: property, a TLS file missing or unreadable, a key store its password does not open, a SASL mechanism
+#: the broker does not offer: processor.kafka.settings_check). Like a superseded process, a restart
+#: does not cure it: fix the setting the line names.
+EXIT_CONFIG = 78
 #: A consumer's second SIGINT/SIGTERM: aborted without committing the current batch (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 

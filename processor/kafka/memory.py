@@ -112,6 +112,20 @@ class MemoryAdmin:
             out[new.topic] = future
         return out
 
+    def describe_topics(self, topics: Any, **kwargs: Any) -> dict[str, Any]:
+        """Futures per topic name (``topics`` a ``TopicCollection``): ``UNKNOWN_TOPIC_OR_PART`` for one
+        not there; the memory cluster has no authorizer, so nothing is ever refused."""
+        self.cluster._call("describe_topics")
+        out: dict[str, Any] = {}
+        for name in topics.topic_names:
+            future: Future[Any] = Future()
+            if name in self.cluster.topics:
+                future.set_result(SimpleNamespace(name=name))
+            else:
+                future.set_exception(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))
+            out[name] = future
+        return out
+
     def describe_consumer_groups(self, group_ids: list[str], **kwargs: Any) -> dict[str, Any]:
         self.cluster._call("describe_consumer_groups")
         out: dict[str, Any] = {}

@@ -12,8 +12,8 @@ import difflib
 from collections.abc import Iterable, Mapping
 
 from processor.kafka.config import ConfigError
-from processor.kafka.factory import KAFKA, ClientFactory
-from processor.kafka.topics import TopicNames
+from processor.kafka.factory import KAFKA, AdminClientLike, ClientFactory
+from processor.kafka.topics import TopicNames, unisolated
 
 INGEST_SUFFIX = ".ingest"
 
@@ -41,10 +41,34 @@ def check_pipeline(
     """Return if ``topics``' ingest topic exists; raise :class:`NoSuchPipeline` naming the prefixes
     that do exist (and how to create this one) if not. ``create`` is the command that makes a
     pipeline on the caller's path (default: ``tokenfabric topics create --topic-prefix P``)."""
-    listed = clients.admin(conf).list_topics(timeout=timeout_s).topics
-    refusal = missing_pipeline(topics, listed, conf, create)
+    admin = clients.admin(conf)
+    refusal = missing_pipeline(topics, admin.list_topics(timeout=timeout_s).topics, conf, create)
     if refusal is not None:
+        raise_if_hidden(admin, topics.ingest, conf, timeout_s)
         raise refusal
+
+
+def raise_if_hidden(admin: AdminClientLike, topic: str, conf: Mapping[str, str], timeout_s: float) -> None:
+    """Raise :class:`~processor.kafka.exits.Refused` (exit 77) if ``topic`` is missing from the
+    cluster's metadata because the authorizer hides it from this principal, not because it is not there.
+
+    A metadata listing leaves out every topic the principal may not Describe, so "no such topic" and
+    "no right to see it" look alike there; describing the topic by name tells them apart (Kafka
+    answers TOPIC_AUTHORIZATION_FAILED, whether or not the topic exists, and never creates it).
+    """
+    from confluent_kafka import KafkaException, TopicCollection
+
+    from processor.kafka.exits import refusal
+
+    future = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
+    try:
+        future.result(timeout=timeout_s)
+    except TimeoutError:
+        return  # no answer: the caller's own check says what is missing
+    except KafkaException as exc:
+        refused = refusal(exc, conf, operation="Describe", topic=topic)
+        if refused is not None:
+            raise refused from None
 
 
 #: A prefix at least this similar (difflib's ratio) to one given is taken for what was meant.
@@ -83,3 +107,17 @@ def _named(prefix: str, found: list[str]) -> str:
         return f"prefixes there: {', '.join(found)}"
     nearest = difflib.get_close_matches(prefix, found, n=NAMED_PREFIXES, cutoff=0.0)
     return f"{len(found)} prefixes there, the nearest: {', '.join(nearest)}"
+
+
+def refuse_new_nested_pipeline(
+    conf: Mapping[str, str], topics: TopicNames, clients: ClientFactory = KAFKA, timeout_s: float = 10.0
+) -> None:
+    """Raise :class:`~processor.kafka.config.ConfigError` (exit 2) before a new pipeline is created
+    under a prefix that is not isolated (processor.kafka.topics.unisolated); a pipeline that already
+    exists under such a prefix keeps working (its names are unchanged)."""
+    problem = unisolated(topics.prefix)
+    if problem is None:
+        return
+    if topics.ingest in clients.admin(conf).list_topics(timeout=timeout_s).topics:
+        return
+    raise ConfigError(f"{problem} (pipelines already created under it keep working)")

@@ -21,9 +21,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from processor.kafka.exits import EXIT_REFUSED, EXIT_UNREACHABLE, BrokerUnreachable
+from processor.kafka.exits import EXIT_CONFIG, EXIT_REFUSED, EXIT_UNREACHABLE, BrokerUnreachable
+from processor.kafka.settings_check import WrongClientSettings, misconfigured_line, settings_refused
 
-__all__ = ["EXIT_UNREACHABLE", "BrokerUnreachable", "ClusterRefused", "probe", "wait_for_cluster"]
+__all__ = [
+    "EXIT_UNREACHABLE",
+    "BrokerUnreachable",
+    "ClusterRefused",
+    "WrongClientSettings",
+    "probe",
+    "wait_for_cluster",
+]
 
 PROBE_TIMEOUT_S = 10.0
 #: A waiting long-running command probes again this long after a probe failed.
@@ -105,13 +113,19 @@ def probe(conf: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> None:
     bootstrap = conf.get("bootstrap.servers", "?")
     started = time.monotonic()
     settings: dict[str, Any] = {**conf, "logger": logger}
-    admin = AdminClient(settings)
+    try:  # librdkafka checks every setting, and loads the TLS files, as it builds the client
+        admin = AdminClient(settings)
+    except KafkaException as exc:
+        raise settings_refused(exc, conf) from None
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         waited = time.monotonic() - started
         admin.poll(0)  # hands librdkafka's queued log lines to the logger: they say what failed
         seen = kept.texts[0] if kept.texts else str(exc.args[0].str() if exc.args else exc)
+        wrong = misconfigured_line(kept.texts, conf)
+        if wrong is not None:
+            raise WrongClientSettings(f"{bootstrap}: {wrong}; exiting with {EXIT_CONFIG}") from None
         refused = refused_line(kept.texts, conf)
         if refused is not None:
             raise ClusterRefused(f"{bootstrap}: {refused}; exiting with {EXIT_REFUSED}") from None
@@ -145,7 +159,7 @@ def wait_for_cluster(
     while not stop.is_set():
         try:
             probe(conf, timeout_s)
-        except ClusterRefused:
+        except (ClusterRefused, WrongClientSettings):  # waiting cures neither
             raise
         except BrokerUnreachable as exc:
             if not failed:

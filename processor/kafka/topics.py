@@ -12,12 +12,38 @@ accounting and jobs are compacted: the latest value per key is the state, and a 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 DEFAULT_PREFIX = "tokenfabric"
+
+DELIMITERS = ".-"
+"""What follows the prefix in every name a pipeline owns: ``.`` in a topic's, ``-`` in a group's or a
+transactional id's. An isolated prefix (:func:`unisolated`) contains neither, so the names of two
+pipelines never start alike past their prefixes, and a prefixed ACL on ``<prefix>.`` or ``<prefix>-``
+(processor.kafka.acls) covers only its own pipeline's names: ``teamA-`` cannot cover
+``teamA-consumer-processor-p0``, because ``teamA-consumer`` is not an isolated prefix."""
+
+_ISOLATED = re.compile(r"^[A-Za-z0-9_]{1,100}$")
+
+
+def unisolated(prefix: str) -> str | None:
+    """None if ``prefix`` is isolated (A-Z a-z 0-9 _), else the one line that says why not and the fix.
+
+    Prefixes with ``.`` or ``-`` still name the pipelines that already use them (their names are
+    unchanged); ``topics create`` refuses a new one and ``acls`` refuses to grant one rights.
+    """
+    if _ISOLATED.match(prefix):
+        return None
+    fix = re.sub(r"[^A-Za-z0-9_]", "_", prefix)[:100] or "p"
+    return (
+        f"--topic-prefix {prefix!r}: a prefix with '.' or '-' is not isolated (another pipeline's "
+        f"ACLs on a shorter prefix would cover its names); use A-Z a-z 0-9 _, e.g. {fix!r}"
+    )
+
 
 if TYPE_CHECKING:
     from processor.kafka.factory import ClientFactory

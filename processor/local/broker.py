@@ -145,7 +145,8 @@ def start_broker(
     """Start a fresh single-node broker whose files live in *state_dir*, and wait until it serves.
 
     *port* is the client port (default: a free one). The controller port is always picked free.
-    *timeout_s* bounds the wait for readiness, not the one-off jar download before it.
+    *timeout_s* bounds the wait for readiness, not the one-off jar download, a secured broker's
+    certificates nor the storage format before it.
     *sasl_users* (user name -> password) makes the client listener ``SASL_PLAINTEXT`` with the
     ``PLAIN`` mechanism: only those users (and the broker's own, random, inter-broker user) may
     connect. That is for testing how clients log in; PLAIN over plaintext sends the password in the
@@ -169,7 +170,6 @@ def start_broker(
     sasl = SaslSetup.create(sasl_users) if sasl_users is not None else None
     jars = jars_dir()
     java = java_executable()
-    deadline = time.monotonic() + timeout_s
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
     reset_dirs(state_dir, data_dir, log_dir)
     secure = (
@@ -183,6 +183,7 @@ def start_broker(
     write_properties(props, data_dir, ports=ports, sasl=sasl, secure=secure)
     # Formatting does not record the ports (static quorum), so one format serves every attempt.
     format_storage(java, jars, props, cluster_id, log_dir, secure.format_args() if secure else [])
+    deadline = time.monotonic() + timeout_s  # the broker's own start: certificates take what they take
     for attempt in range(1, _MAX_START_ATTEMPTS + 1):
         try:
             return _launch_and_wait(

@@ -136,16 +136,32 @@ def _sasl_settings(sasl: SaslSetup, ports: Ports) -> dict[str, str]:
 def format_storage(
     java: str, jars: Path, props: Path, cluster_id: str, log_dir: Path, extra: list[str] | None = None
 ) -> None:
-    """``kafka-storage format``; ``extra`` adds arguments (a secured broker's ``--add-scram`` users,
-    whose passwords are never quoted in the error)."""
-    cmd = [
-        java, *jvm_logging_opts(log_dir), "-cp", f"{jars}{os.sep}*",
-        "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), *(extra or []),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    """``kafka-storage format``; ``extra`` adds arguments (a secured broker's ``--add-scram`` users).
+
+    The tool and its arguments travel in a java argument file (``java @FILE``, owner-only, removed
+    once the tool ends), never on the command line: ``--add-scram`` carries passwords, and any user
+    of the machine can read a process's command line (``ps``). The java launcher expands the file
+    inside the process, so ``/proc/<pid>/cmdline`` shows only ``@FILE``. The error quotes the tool's
+    output, never the arguments.
+    """
+    tool = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), *(extra or [])]
+    argfile = props.parent / f".format-{os.getpid()}.args"
+    fd = os.open(argfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("\n".join(_argfile_quoted(a) for a in tool) + "\n")
+    cmd = [java, *jvm_logging_opts(log_dir), "-cp", f"{jars}{os.sep}*", f"@{argfile}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        argfile.unlink(missing_ok=True)
     if proc.returncode != 0:
         output = tail_text(proc.stdout + proc.stderr, 30)
         raise KafkaLocalError(f"kafka-storage format failed (exit {proc.returncode}):\n{output}")
+
+
+def _argfile_quoted(arg: str) -> str:
+    """One argument of a java argument file: double-quoted, with backslashes and quotes escaped."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def jvm_logging_opts(log_dir: Path) -> list[str]:

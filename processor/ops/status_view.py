@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from processor.core.contract import Contract
 from processor.core.ledger_keys import Scope, consumer_key, job_key, parse_key, stage_unit
 from processor.kafka.factory import KAFKA
-from processor.kafka.reader import passing, read_topic, watermarks
+from processor.kafka.reader import passing, read_topic, reader_group, watermarks
 from processor.kafka.topics import TopicNames
 from processor.ops.contracts import read_announcements
 from processor.wire.control import decode_ledger_snapshot
@@ -150,7 +150,8 @@ def consumer_groups(
         )[topics.consumer_group(c)]
         for c in consumers
     }
-    probe = KAFKA.consumer({**conf, "group.id": f"{topics.prefix}-status", "enable.auto.commit": "false"})
+    # a throwaway reader's group: the status role's prefixed Describe covers it (no denial logged)
+    probe = KAFKA.consumer({**conf, "group.id": reader_group(topics.ingest), "enable.auto.commit": "false"})
     try:
         for c, future in offsets.items():
             facts = out[c]

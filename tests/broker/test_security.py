@@ -31,14 +31,26 @@ from processor.local.broker import BrokerInfo, start_broker, stop_broker
 from processor.local.secure import MTLS, SCRAM, TLS
 from processor.ops.status import gather
 from processor.sim.tracegen import synthetic_records
+from tests.broker.cmdlines import CommandLines
 from tests.broker.rig import CARDS, Threads, instant_app, wait_for
 
 pytestmark = pytest.mark.kafka
 
-#: proc, cons, ops: one pipeline's roles; alice, bob: two pipelines; carol: one ACL missing at a time.
-USERS = ("proc", "cons", "ops", "alice", "bob", "carol")
+#: proc, cons, ops: one pipeline's roles; alice, bob: two pipelines; carol: one ACL missing at a time;
+#: nobody: never granted an ACL (tests/broker/test_refusals.py).
+USERS = ("proc", "cons", "ops", "alice", "bob", "carol", "nobody")
 EXPIRED = "old"
 OPS_ROLES = ("topics", "producer", "submit", "collect", "jobs", "status", "audit")
+
+
+_WATCHED: list[CommandLines] = []
+"""The command lines the machine showed while :func:`secured` started the broker
+(tests/broker/test_refusals.py looks for the passwords in them: :func:`started_with`)."""
+
+
+def started_with() -> CommandLines:
+    """What :func:`secured`'s watch saw while the session's secured broker started."""
+    return _WATCHED[-1]
 
 
 _STARTED: list[BrokerInfo] = []
@@ -52,7 +64,12 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInfo]:
         yield _STARTED[0]
         return
     state = tmp_path_factory.mktemp("kafka-secured")
-    info = start_broker(state, heap_mb=512, secure_users=[*USERS, EXPIRED], expired_users=[EXPIRED])
+    watch = CommandLines()  # every process the start runs (keytool, kafka-storage format, the broker)
+    _WATCHED.append(watch)
+    with watch:
+        info = start_broker(
+            state, heap_mb=512, secure_users=[*USERS, EXPIRED], expired_users=[EXPIRED], timeout_s=240
+        )
     _STARTED.append(info)
     try:
         yield info

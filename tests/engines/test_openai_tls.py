@@ -56,7 +56,9 @@ def _issue(folder: Path, ca: tuple[Path, Path], name: str, san: str | None) -> t
 class TlsRelay:
     """TLS in, plain TCP out to ``target``: one thread per connection, bytes copied both ways."""
 
-    def __init__(self, target: int, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+    def __init__(
+        self, target: int, cert: Path, key: Path, client_ca: Path | None = None, tls13: bool = False
+    ) -> None:
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(cert, key)
         if client_ca is not None:
@@ -65,7 +67,8 @@ class TlsRelay:
             # TLS 1.2: the server refuses a missing certificate inside the handshake, so the client
             # always reads the alert. Under TLS 1.3 the client's handshake is over before the server
             # checks, and the alert races the client's request (it saw an EOF about 1 run in 4).
-            self.context.maximum_version = ssl.TLSVersion.TLSv1_2
+            if not tls13:
+                self.context.maximum_version = ssl.TLSVersion.TLSv1_2
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -173,6 +176,21 @@ def test_mutual_tls_needs_the_client_certificate(server: ServerInfo, pki: dict[s
     assert all(status == "failed" for _, status, _ in refused), refused
     assert all("refused the TLS handshake" in (reason or "") for _, _, reason in refused), refused
     assert [(i, status) for i, status, _ in done] == [("a", "ok"), ("b", "ok")], done
+
+
+def test_under_tls13_a_missing_client_certificate_is_never_retried(
+    server: ServerInfo, pki: dict[str, Path]
+) -> None:
+    """TLS 1.3: the server's refusal races the request, which reads either the alert or an EOF
+    (``SSLEOFError``); both are the refusal, failed at once and said so, never retried as a fault."""
+    relay = TlsRelay(server.port, pki["server_cert"], pki["server_key"], client_ca=pki["ca"], tls13=True)
+    try:
+        runs = [_run({"url": f"https://127.0.0.1:{relay.port}", "ca_file": str(pki["ca"])}) for _ in range(4)]
+    finally:
+        relay.close()
+    reasons = [reason or "" for run in runs for _, _, reason in run]
+    assert all(status == "failed" for run in runs for _, status, _ in run), runs
+    assert all(r.endswith("(not retried)") and "cert_file" in r for r in reasons), reasons
 
 
 @pytest.mark.parametrize(

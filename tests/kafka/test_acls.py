@@ -8,10 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from processor.kafka.acls import ROLES, Acl, acls_for, distinct, render, role_acls
 from processor.kafka.reader import pipeline_prefix, reader_group
-from processor.kafka.topics import TopicNames, topic_specs
+from processor.kafka.topics import TopicNames, topic_specs, unisolated
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
@@ -67,3 +69,41 @@ def test_a_throwaway_reader_takes_a_group_id_inside_its_pipelines_prefix() -> No
         assert reader_group(topic).startswith("my.shop-reader-")
     readers = [a for a in role_acls("status", names) if a.resource == "group" and "-reader-" in a.name]
     assert len(readers) == 1 and _covers(readers[0], reader_group(names.contracts))
+
+
+def _every_name(names: TopicNames) -> list[str]:
+    """Every name a pipeline uses: topics, groups, transactional ids, throwaway readers' groups."""
+    return [s.name for s in topic_specs(names, consumers=["gpu0", "x-y.z"])] + [
+        names.processor_group,
+        f"{names.processor_group}-p0",
+        f"{names.processor_group}-control-p0",
+        names.consumer_group("gpu0"),
+        names.consumer_group("x-y.z"),
+        f"{names.prefix}-reader-0a1b2c3d",
+        f"{names.prefix}-collect-0a1b2c3d",
+    ]
+
+
+ISOLATED = st.text(alphabet="ab_1", min_size=1, max_size=6)  # nesting and overlapping often
+
+
+@given(ISOLATED, ISOLATED)
+def test_no_isolated_prefix_gains_rights_on_another_pipelines_names(mine: str, theirs: str) -> None:
+    """By construction: a prefix without '.' or '-' followed by one of them starts every ACL name, so
+    no ACL of one pipeline covers a name of another, however the two prefixes nest or overlap."""
+    assume(mine != theirs)
+    assert unisolated(mine) is None and unisolated(theirs) is None
+    acls = [a for role in ROLES for a in role_acls(role, TopicNames(mine))]
+    covered = [(a, n) for a in acls for n in _every_name(TopicNames(theirs)) if _covers(a, n)]
+    assert not covered, covered
+
+
+def test_a_nested_prefix_is_not_isolated_and_was_the_takeover() -> None:
+    """carol's ``teamA-consumer``: alice's ``teamA`` consumer ACLs (prefixed ``teamA-consumer-``)
+    covered carol's processors' group and transactional ids; such a prefix is now refused."""
+    alice = [a for role in ROLES for a in role_acls(role, TopicNames("teamA"))]
+    carol = TopicNames("teamA-consumer")
+    assert any(_covers(a, f"{carol.processor_group}-p0") for a in alice if a.resource == "transactional-id")
+    assert unisolated("teamA-consumer") is not None and unisolated("teamA.x") is not None
+    assert unisolated("teamA") is None and unisolated("team_A1") is None
+    assert "'teamA_consumer'" in (unisolated("teamA-consumer") or "")

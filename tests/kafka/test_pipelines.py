@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from processor.kafka.config import ConfigError
 from processor.kafka.memory import MemoryClients, MemoryKafka
-from processor.kafka.pipelines import NAMED_PREFIXES, NoSuchPipeline, check_pipeline, pipeline_prefixes
+from processor.kafka.pipelines import (
+    NAMED_PREFIXES,
+    NoSuchPipeline,
+    check_pipeline,
+    pipeline_prefixes,
+    refuse_new_nested_pipeline,
+)
 from processor.kafka.topics import TopicNames, topic_specs
 
 CONF = {"bootstrap.servers": "memory:9092"}
@@ -58,3 +65,19 @@ def test_on_a_busy_cluster_only_the_nearest_prefixes_are_named() -> None:
 def test_a_cluster_with_no_pipeline_says_so() -> None:
     with pytest.raises(NoSuchPipeline, match=r"no topic x\.ingest; it holds no pipeline yet\)"):
         check_pipeline(CONF, TopicNames("x"), MemoryClients(MemoryKafka()))
+
+
+def test_a_new_pipeline_needs_an_isolated_prefix_and_an_old_one_keeps_working() -> None:
+    kafka = MemoryKafka()
+    clients = MemoryClients(kafka)
+    with pytest.raises(ConfigError, match="not isolated"):
+        refuse_new_nested_pipeline(CONF, TopicNames("team-a"), clients)
+    refuse_new_nested_pipeline(CONF, TopicNames("team_a"), clients)
+    kafka.create_topic("team-a.ingest", 1, {})  # made before prefixes had to be isolated
+    refuse_new_nested_pipeline(CONF, TopicNames("team-a"), clients)
+
+
+def test_a_missing_pipeline_on_a_cluster_without_an_authorizer_is_still_missing() -> None:
+    clients = MemoryClients(MemoryKafka())
+    with pytest.raises(NoSuchPipeline):
+        check_pipeline(CONF, TopicNames("order"), clients)
