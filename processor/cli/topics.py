@@ -9,8 +9,8 @@ from processor.cli.options import add_kafka_arguments, kafka_settings
 from processor.cli.schemas import add_registry_argument
 from processor.core.contract import CONSUMER_ID
 from processor.kafka.config import ConfigError
-from processor.kafka.topics import TopicNames
 from processor.kafka.pipelines import refuse_new_nested_pipeline
+from processor.kafka.topics import TopicNames
 
 
 def configure(p: argparse.ArgumentParser) -> None:
