@@ -15,10 +15,10 @@ is the roles' (``processor/state/modes.py``).
 
 At start-up in exactly-once mode the processor first fences any older process with its transactional
 id and loads its last ledger checkpoint. Lane state belongs to ingest partitions, not to instances:
-whenever the group assigns partitions (at start, or when instances join or leave) the processor
-commits, releases everything it held, and restores the changelog of the partitions it now owns
-(``processor/state/handover.py``, ``processor/state/restore.py``); consumer in-flight slots move with them
-(``processor/state/credits.py``).
+whenever the group moves partitions (at start, or when instances join or leave) the rebalance
+callbacks record what moved and the loop restores the changelog of the partitions it now owns, the
+others dispatching meanwhile (``processor/state/handover.py``, ``processor/state/restore.py``);
+consumer in-flight slots move with them (``processor/state/credits.py``).
 
 librdkafka's own threads do the network I/O; everything that touches lanes or the ledger runs here,
 so nothing on the hot path takes a lock. The core is unaware of Kafka; this module is the adapter.
@@ -47,8 +47,10 @@ from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
 from processor.core.shares import Shares
 from processor.kafka.clients import (
+    BROKER_SESSION_TIMEOUT_MS,
     batch_producer_settings,
     control_settings,
+    group_session_config,
     ingest_settings,
     static_member_present,
 )
@@ -135,7 +137,7 @@ class ProcessorService:
         self.identity = transactional_id(s.instance, s.group_id)
         """Its transactional id and its group.instance.id: one identity, fenced as one by a twin."""
         self.ingest: ConsumerClient = clients.consumer(
-            ingest_settings(self.conf, s.group_id, s.session_timeout_ms, self.identity)
+            ingest_settings(self.conf, s.group_id, s.session_timeout_ms, self.identity, s.group_protocol)
         )
         self.control: ConsumerClient = clients.consumer(
             control_settings(self.conf, f"{s.group_id}-control-{s.instance}")
@@ -143,8 +145,10 @@ class ProcessorService:
         self.producer, self.mode = self._delivery_mode(s)
         self.control_plane = ControlPlane(self._control_context())
         self.intake = Intake(self.core, self.mode, topics, self.counters, s.dedupe_window_ms)
-        self.backpressure = Backpressure(self.ingest, s.max_waiting_tokens, self.core, self.counters)
         self.handover = PartitionHandover(self._handover_context())
+        self.backpressure = Backpressure(
+            self.ingest, s.max_waiting_tokens, self.core, self.counters, lambda: self.handover.pending
+        )
 
     @property
     def observer(self) -> ServiceObserver:
@@ -205,6 +209,8 @@ class ProcessorService:
             now_ms=self.now_ms,
             clock=self._clock,
             on_restored=self._restored,
+            ingest_topic=self.topics.ingest,
+            incremental=self.settings.group_protocol == "consumer",
         )
 
     def _restore(
@@ -276,10 +282,27 @@ class ProcessorService:
         self.mode.durability.start(self.watchdog)
         self.credits.count_partitions(len(self.control_plane.partitions(self.topics.ingest)))
         self.mode.ownership.on_start(self._resume)
+        self._set_group_session()
+        h = self.handover
         self.ingest.subscribe(
-            [self.topics.ingest], on_assign=self.handover.on_assign, on_revoke=self.handover.on_revoke
+            [self.topics.ingest], on_assign=h.on_assign, on_revoke=h.on_revoke, on_lost=h.on_lost
         )
         self.control_plane.assign()
+
+    def _set_group_session(self) -> None:
+        """Consumer protocol: the session timeout is the group's config, not the client's; set it
+        when it is not the broker's default (45 s), and say once if the broker refused it."""
+        s = self.settings
+        if s.group_protocol != "consumer" or s.session_timeout_ms == BROKER_SESSION_TIMEOUT_MS:
+            return
+        refused = group_session_config(self.conf, s.group_id, s.session_timeout_ms, self.clients)
+        if refused is not None:
+            log.warning(
+                "group %s keeps the broker's session timeout: consumer.session.timeout.ms=%d refused (%s)",
+                s.group_id,
+                s.session_timeout_ms,
+                refused,
+            )
 
     def _resume(self) -> None:
         """Lane state moves with partitions: resume the ledger from the last checkpoint, and read
@@ -353,6 +376,7 @@ class ProcessorService:
         """One pass of the loop; returns how many ingest messages it took."""
         s = self.settings
         msgs = self.ingest.consume(num_messages=s.consume_batch, timeout=s.poll_timeout_ms / 1000)
+        self.handover.restore_pending(self.ingest)  # what the group just assigned (paused till then)
         now = self.now_ms()
         items = [item for item in (self.intake.item(msg, now) for msg in msgs) if item is not None]
         if items:  # one pass for the poll's items, as ``submit`` on each in turn would place them

@@ -11,25 +11,75 @@ from collections.abc import Mapping
 from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.reader import LARGE_FETCH_QUEUE
 
+GROUP_PROTOCOLS = ("consumer", "classic")
+"""The rebalance protocols a processor's ingest group may use: KIP-848's ``consumer`` (the default:
+the broker computes incremental, sticky assignments and only moved partitions stop) or ``classic``
+(eager: every rebalance revokes every partition of every member)."""
+
+
+BROKER_SESSION_TIMEOUT_MS = 45_000
+"""The broker's default ``group.consumer.session.timeout.ms`` (and the classic client default)."""
+
 
 def ingest_settings(
-    conf: Mapping[str, str], group_id: str, session_timeout_ms: int, instance_id: str
+    conf: Mapping[str, str],
+    group_id: str,
+    session_timeout_ms: int,
+    instance_id: str,
+    group_protocol: str = "consumer",
 ) -> dict[str, str]:
     """The processor's ingest consumer: its own offsets (committed with its output), committed reads.
 
     A static member (``group.instance.id``, :func:`static_member`): a restart within the session
-    timeout gets its partitions back without a rebalance of the other instances."""
+    timeout gets its partitions back without a rebalance of the other instances. Under the consumer
+    protocol the session timeout is the group's (:func:`group_session_config`): librdkafka refuses
+    ``session.timeout.ms`` there."""
     return {
         **conf,
         "group.id": group_id,
         **static_member(instance_id),
+        **protocol_settings(group_protocol, session_timeout_ms),
         "enable.auto.commit": "false",
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
-        "session.timeout.ms": str(session_timeout_ms),
         "fetch.max.bytes": str(64 * 1024 * 1024),
         **LARGE_FETCH_QUEUE,
     }
+
+
+def protocol_settings(group_protocol: str, session_timeout_ms: int) -> dict[str, str]:
+    """The client settings of a rebalance protocol. Classic: the session timeout is the client's.
+    Consumer (KIP-848): ``session.timeout.ms``, ``heartbeat.interval.ms`` and
+    ``partition.assignment.strategy`` are refused by the client (the broker holds them); the
+    assignor is the broker's ``uniform`` (sticky) one."""
+    if group_protocol == "classic":
+        return {"group.protocol": "classic", "session.timeout.ms": str(session_timeout_ms)}
+    if group_protocol == "consumer":
+        return {"group.protocol": "consumer"}
+    raise ValueError(f"group protocol must be one of {', '.join(GROUP_PROTOCOLS)}, got {group_protocol!r}")
+
+
+def group_session_config(
+    conf: Mapping[str, str], group_id: str, session_timeout_ms: int, clients: ClientFactory = KAFKA
+) -> str | None:
+    """Under the consumer protocol, set the group's ``consumer.session.timeout.ms`` (a group config,
+    KIP-848). Returns None when set, else the broker's one-line reason (a value outside the broker's
+    ``group.consumer.min/max.session.timeout.ms``, or no answer): the group then keeps the broker's
+    default, and the caller says so once."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    entry = ConfigEntry(
+        "consumer.session.timeout.ms", str(session_timeout_ms), incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=[entry])
+    admin = clients.admin(conf)
+    try:
+        admin.incremental_alter_configs([resource], request_timeout=10)[resource].result(timeout=15)
+    except (KafkaException, TimeoutError, ValueError) as exc:
+        cause = exc.args[0] if exc.args else exc
+        return str(getattr(cause, "str", lambda: cause)())
+    return None
 
 
 def static_member(instance_id: str) -> dict[str, str]:
