@@ -1,0 +1,416 @@
+"""The fleet through change: rolling restarts, a processor added and removed, a kill during a restore.
+
+    python benchmarks/bench_rebalance.py --json FILE            # 4 processors, 32 consumers, both protocols
+    python benchmarks/bench_rebalance.py --smoke --json FILE    # 2 processors, 4 consumers (CI)
+    python benchmarks/bench_rebalance.py --protocols consumer --bootstrap HOST:PORT
+
+What is measured is pauses and correctness, not throughput (a 2-core machine). For each group
+protocol in turn (``consumer``, KIP-848, then ``classic``), on fresh topics: processors run as real
+processes (``tokenfabric processor --group-protocol P``), consumer apps with the sim engine as
+threads of this process (light: 32 processes would not fit 2 cores), and a producer feeds items at a
+steady rate. Then each event, under load:
+
+- ``processor-rolling-restart``: every processor, one at a time: SIGTERM, restart under the same
+  instance id, settle;
+- ``consumer-rolling-restart``: every consumer app, one at a time;
+- ``processor-added`` and ``processor-removed``: one more processor, then it stops;
+- ``kill-during-restore``: a processor joins (its partitions start restoring) and another is
+  SIGKILLed a second later; it is started again once the group has settled.
+
+After each event the producer stops, the bench waits for every item to finish and runs the audit
+(``audit_clean``). Per event, from the changelog's batch records (each names the ingest partitions
+and offsets of its items, when it was made and by which instance) and the ingest messages' timestamps:
+
+- the gap of a partition: the longest time it had an item waiting and dispatched nothing;
+  ``max_gap_unaffected_ms`` over partitions whose owner the event did not touch or move,
+  ``max_gap_moved_ms`` over the others;
+- ``stable_after_ms``: from the event's last action until every partition dispatched again.
+
+The broker: ``--bootstrap``, else a private one started here (processor/local/broker.py settings: a
+1 s consumer-protocol heartbeat and a 6 s minimum session, so ``--session-timeout-ms 6000`` applies
+to both protocols).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import load_average, unique, write_json
+
+from processor.apps.consumer import ConsumerApp
+from processor.apps.producer import TokenProducer, synthetic_tokens
+from processor.apps.settings import ConsumerSettings
+from processor.core.contract import Contract
+from processor.engines.sim import SimEngine
+from processor.kafka.reader import read_topic
+from processor.kafka.topics import TopicNames, create_topics, topic_specs
+from processor.local import broker as kafka_local
+from processor.local.pipeline import Pipeline, child_env
+from processor.ops.audit import audit
+from processor.sim.cardmodel import CardSpec
+from processor.sim.tracegen import synthetic_records
+from processor.state.changelog import BATCH, BatchEntry
+
+
+@dataclass(frozen=True)
+class Size:
+    processors: int
+    consumers: int
+    partitions: int
+    rate_per_s: float
+    settle_s: float
+    events: tuple[str, ...]
+
+
+FULL = Size(4, 32, 16, 120.0, 8.0, (
+    "processor-rolling-restart", "consumer-rolling-restart", "processor-added", "processor-removed",
+    "kill-during-restore",
+))  # fmt: skip
+SMOKE = Size(2, 4, 4, 60.0, 5.0, ("processor-rolling-restart", "kill-during-restore"))
+PROCESSOR_ARGS = (
+    "--session-timeout-ms", "6000", "--transaction-timeout-ms", "6000", "--commit-interval-ms", "200",
+)  # fmt: skip
+
+
+@dataclass
+class Event:
+    """One event's actions: when it began and its last action ended (epoch ms), whom it touched."""
+
+    name: str
+    started_ms: int
+    last_action_ms: int = 0
+    ended_ms: int = 0
+    touched: set[str] = field(default_factory=set)
+    audit_clean: bool = False
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Load:
+    """Items for the consumers' model at a steady rate, from a thread, until :meth:`stop`."""
+
+    def __init__(self, conf: dict[str, str], topics: TopicNames, rate_per_s: float, seed: int) -> None:
+        self.conf, self.topics, self.rate, self.seed = conf, topics, rate_per_s, seed
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self.seed += 1
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        records = synthetic_records(
+            20_000, seed=self.seed, shapes=8, min_len=16, max_len=200, rate_per_s=None
+        )
+        started = time.monotonic()
+        with TokenProducer(self.conf, self.topics) as producer:
+            for i, r in enumerate(records):
+                if self._stop.is_set():
+                    return
+                producer.send(f"{self.seed}-{r.id}", r.model, synthetic_tokens(r.id, r.length), shape=r.shape)
+                self.sent += 1
+                ahead = started + i / self.rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+
+class Fleet:
+    """The processes and consumer threads of one protocol's run."""
+
+    def __init__(self, bootstrap: str, protocol: str, size: Size, log_dir: Path) -> None:
+        self.bootstrap, self.protocol, self.size = bootstrap, protocol, size
+        self.conf = {"bootstrap.servers": bootstrap}
+        self.topics = TopicNames(unique(f"rb{protocol[:2]}"))
+        self.group = f"{self.topics.prefix}-proc"
+        self.cards = [
+            Contract(f"c{i:02d}", "default", budget_tokens=2048, max_items=8, pad_multiple=8, max_inflight=2)
+            for i in range(size.consumers)
+        ]
+        names = [c.consumer for c in self.cards]
+        create_topics(self.conf, topic_specs(self.topics, ingest_partitions=size.partitions, consumers=names))
+        self.pipeline = Pipeline(log_dir)
+        self.apps: dict[str, tuple[threading.Event, threading.Thread]] = {}
+
+    def processor(self, instance: str) -> None:
+        self.pipeline.spawn(
+            instance,
+            [
+                "processor", "--bootstrap", self.bootstrap, "--topic-prefix", self.topics.prefix,
+                "--instance", instance, "--group", self.group, "--group-protocol", self.protocol,
+                "--metrics-port", "0", "--log-level", "INFO", *PROCESSOR_ARGS,
+            ],
+            child_env(self.bootstrap),
+        )  # fmt: skip
+
+    def stop_processor(self, instance: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.pipeline.procs[instance]
+        proc.send_signal(sig)
+        proc.wait(60)
+
+    def consumer(self, card: Contract) -> None:
+        stop = threading.Event()
+        engine = SimEngine(CardSpec(tokens_per_s=2e6, overhead_ms=5), 0.0)
+        app = ConsumerApp(self.conf, self.topics, card, engine, ConsumerSettings(poll_timeout_s=0.1))
+        thread = threading.Thread(target=app.run, args=(stop,), name=card.consumer, daemon=True)
+        thread.start()
+        self.apps[card.consumer] = (stop, thread)
+
+    def stop_consumer(self, name: str) -> None:
+        stop, thread = self.apps.pop(name)
+        stop.set()
+        thread.join(60)
+
+    def close(self) -> None:
+        for name in list(self.apps):
+            self.stop_consumer(name)
+        self.pipeline.stop()
+
+
+def settle(fleet: Fleet, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+
+
+def run_event(fleet: Fleet, name: str, spare: list[str]) -> Event:
+    """The actions of event ``name``; ``spare`` holds instance ids not used yet."""
+    s = fleet.size
+    event = Event(name, now_ms())
+    if name == "processor-rolling-restart":
+        for instance in [f"p{i}" for i in range(s.processors)]:
+            event.touched.add(instance)
+            fleet.stop_processor(instance)
+            fleet.processor(instance)
+            event.last_action_ms = now_ms()
+            settle(fleet, s.settle_s)
+    elif name == "consumer-rolling-restart":
+        for card in fleet.cards:
+            fleet.stop_consumer(card.consumer)
+            fleet.consumer(card)
+            event.last_action_ms = now_ms()
+            settle(fleet, 1.0)
+    elif name == "processor-added":
+        added = spare.pop(0)
+        event.touched.add(added)
+        fleet.processor(added)
+        event.last_action_ms = now_ms()
+        settle(fleet, s.settle_s)
+        spare.insert(0, added)
+    elif name == "processor-removed":
+        removed = spare[0]
+        event.touched.add(removed)
+        fleet.stop_processor(removed)
+        event.last_action_ms = now_ms()
+        settle(fleet, s.settle_s)
+    elif name == "kill-during-restore":
+        joining, victim = spare.pop(0), "p1"
+        event.touched |= {joining, victim}
+        fleet.processor(joining)
+        time.sleep(1.0)  # it has joined the group and restores what it was given
+        fleet.stop_processor(victim, signal.SIGKILL)
+        event.last_action_ms = now_ms()
+        settle(fleet, s.settle_s + 6.0)  # the victim's session (6 s) runs out first
+        fleet.processor(victim)
+        settle(fleet, s.settle_s)
+    else:
+        raise ValueError(f"unknown event {name!r}")
+    event.ended_ms = now_ms()
+    return event
+
+
+def drained_and_audited(fleet: Fleet, timeout_s: float) -> bool:
+    """Whether every item produced so far finished and the audit is clean, within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        report = audit(fleet.conf, fleet.topics, fleet.group)
+        if report.clean or time.monotonic() > deadline:
+            if not report.clean:
+                print("\n".join(report.lines()), file=sys.stderr)
+            return report.clean
+        time.sleep(3)
+
+
+# -- what the topics say --------------------------------------------------------------------------
+
+
+@dataclass
+class Dispatches:
+    """Per ingest partition: when each batch with its items was made, by whom; and each item's life."""
+
+    times: dict[int, list[tuple[int, str]]] = field(default_factory=dict)  # p -> sorted (ms, instance)
+    items: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # p -> (produced, dispatched)
+
+
+def read_dispatches(conf: dict[str, str], topics: TopicNames) -> Dispatches:
+    produced: dict[tuple[int, int], int] = {}
+    for msg in read_topic(conf, topics.ingest):
+        produced[(msg.partition(), msg.offset())] = msg.timestamp()[1]
+    first: dict[tuple[int, int], int] = {}
+    out = Dispatches()
+    seen: set[bytes] = set()
+    for msg in read_topic(conf, topics.changelog):
+        key, value = msg.key() or b"", msg.value()
+        if not key.startswith(BATCH) or value is None or key in seen:
+            continue
+        seen.add(key)  # its first record: when it was made; later ones mark progress
+        batch_id = key[len(BATCH) :].decode()
+        entry = BatchEntry.parse(batch_id, value)
+        instance = batch_id.split("-", 1)[0]
+        for p in {p for p, _o in entry.refs}:
+            out.times.setdefault(p, []).append((entry.created_ms, instance))
+        for ref in entry.refs:
+            first[ref] = min(entry.created_ms, first.get(ref, entry.created_ms))
+    for ref, at in produced.items():
+        if ref in first:
+            out.items.setdefault(ref[0], []).append((at, first[ref]))
+    for times in out.times.values():
+        times.sort()
+    return out
+
+
+def longest_gap(times: list[int], items: list[tuple[int, int]], start: int, end: int) -> int:
+    """The longest stretch in [start, end] in which the partition had an item waiting (produced, not
+    yet dispatched) and dispatched nothing."""
+    gaps = 0
+    stamps = [t for t in times if t <= end]
+    for at, first in items:
+        if first < start or at > end:
+            continue
+        # waiting over [at, first]: the dispatch just before ``first`` bounds the stretch with none
+        i = bisect.bisect_left(stamps, first)
+        before = stamps[i - 1] if i > 0 else at
+        gaps = max(gaps, first - max(at, before, start))
+    return gaps
+
+
+def figures(event: Event, seen: Dispatches, lookback_ms: int = 5_000) -> dict[str, Any]:
+    moved: list[int] = []
+    unaffected: list[int] = []
+    for p in sorted(seen.times):
+        before = event.started_ms - lookback_ms
+        owners_before = {i for t, i in seen.times[p] if before <= t < event.started_ms}
+        owners_during = {i for t, i in seen.times[p] if event.started_ms <= t <= event.ended_ms}
+        touched = (owners_before | owners_during) & event.touched or owners_before != owners_during
+        times = [t for t, _i in seen.times[p]]
+        gap = longest_gap(times, seen.items.get(p, []), event.started_ms, event.ended_ms)
+        (moved if touched else unaffected).append(gap)
+    resumed = [
+        next((t for t, _i in seen.times[p] if t >= event.last_action_ms), event.ended_ms) for p in seen.times
+    ]
+    return {
+        "event": event.name,
+        "stable_after_ms": max(resumed, default=event.ended_ms) - event.last_action_ms,
+        "max_gap_unaffected_ms": max(unaffected, default=0),
+        "max_gap_moved_ms": max(moved, default=0),
+        "moved_partitions": len(moved),
+        "audit_clean": event.audit_clean,
+    }
+
+
+def run_protocol(bootstrap: str, protocol: str, size: Size, log_dir: Path) -> dict[str, Any]:
+    fleet = Fleet(bootstrap, protocol, size, log_dir)
+    load = Load(fleet.conf, fleet.topics, size.rate_per_s, seed=7)
+    events: list[Event] = []
+    spare = [f"p{i}" for i in range(size.processors, size.processors + 3)]
+    try:
+        for card in fleet.cards:
+            fleet.consumer(card)
+        for i in range(size.processors):
+            fleet.processor(f"p{i}")
+        load.start()
+        settle(fleet, size.settle_s * 2)  # every processor owns partitions and dispatches
+        for name in size.events:
+            if events:
+                load.start()
+                settle(fleet, 3.0)
+            print(f"{protocol}: {name} (load {load_average()})", file=sys.stderr)
+            event = run_event(fleet, name, spare)
+            load.stop()
+            event.audit_clean = drained_and_audited(fleet, timeout_s=120)
+            events.append(event)
+        seen = read_dispatches(fleet.conf, fleet.topics)
+    finally:
+        load.stop()
+        fleet.close()
+    return {"events": [figures(e, seen) for e in events], "items": load.sent, "prefix": fleet.topics.prefix}
+
+
+@contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-rebalance-") as folder:
+        state = Path(folder) / "kafka"
+        info = kafka_local.start_broker(state)
+        try:
+            yield info.bootstrap
+        finally:
+            kafka_local.stop_broker(state)
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    out = [
+        "| protocol | event | stable after ms | max gap unaffected ms | max gap moved ms | audit |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for protocol, run in results["protocols"].items():
+        for e in run["events"]:
+            out.append(
+                f"| {protocol} | {e['event']} | {e['stable_after_ms']:,} | {e['max_gap_unaffected_ms']:,} "
+                f"| {e['max_gap_moved_ms']:,} | {'clean' if e['audit_clean'] else 'NOT CLEAN'} |"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--smoke", action="store_true", help="2 processors, 4 consumers, 2 events (CI)")
+    ap.add_argument("--protocols", default="consumer,classic", help="comma-separated (default: both)")
+    ap.add_argument("--bootstrap", default=None, help="a broker to use (default: start a private one)")
+    ap.add_argument("--logs", default=None, help="keep the processors' logs in this folder")
+    args = ap.parse_args(argv)
+    size = SMOKE if args.smoke else FULL
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    results: dict[str, Any] = {"size": asdict(size), "load_before": load_average(), "protocols": {}}
+    logs = tempfile.TemporaryDirectory(prefix="bench-rebalance-logs-")
+    with logs as tmp, broker(args.bootstrap) as bootstrap:
+        for protocol in protocols:
+            log_dir = Path(args.logs or tmp) / protocol
+            log_dir.mkdir(parents=True, exist_ok=True)
+            results["protocols"][protocol] = run_protocol(bootstrap, protocol, size, log_dir)
+    results["load_after"] = load_average()
+    write_json(args.json, results)
+    print("\n".join(table(results)))
+    before, after = results["load_before"], results["load_after"]
+    print(f"load average before {before}, after {after} ({os.cpu_count()} CPUs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
