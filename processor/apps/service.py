@@ -53,8 +53,9 @@ from processor.kafka.clients import (
     group_session_config,
     ingest_settings,
     static_member_present,
+    wait_for_instance_id,
 )
-from processor.kafka.exits import MissingTopics, ended_by, taking_over
+from processor.kafka.exits import MissingTopics, TransientFailure, ended_by, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
@@ -277,9 +278,12 @@ class ProcessorService:
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         member = self.identity
-        if static_member_present(self.conf, self.settings.group_id, member, clients=self.clients):
+        present = static_member_present(self.conf, self.settings.group_id, member, clients=self.clients)
+        if present:
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
-        self.mode.durability.start(self.watchdog)
+        self.mode.durability.start(self.watchdog)  # fences a live twin's transactions: it exits
+        if present and self.settings.group_protocol == "consumer":
+            self._wait_for_instance_id()
         self.credits.count_partitions(len(self.control_plane.partitions(self.topics.ingest)))
         self.mode.ownership.on_start(self._resume)
         self._set_group_session()
@@ -288,6 +292,27 @@ class ProcessorService:
             [self.topics.ingest], on_assign=h.on_assign, on_revoke=h.on_revoke, on_lost=h.on_lost
         )
         self.control_plane.assign()
+
+    def _wait_for_instance_id(self) -> None:
+        """Consumer protocol: the group refuses this id while the member that had it is not gone (a
+        crash leaves it there for the session timeout): wait for it, saying so once."""
+        s = self.settings
+        settings = ingest_settings(
+            self.conf, s.group_id, s.session_timeout_ms, self.identity, s.group_protocol
+        )
+        wait_s = max(s.session_timeout_ms, BROKER_SESSION_TIMEOUT_MS) / 1000 + 15
+        if not wait_for_instance_id(settings, self.topics.ingest, 0.0, self.clients):
+            log.warning(
+                "%s: the group still holds instance id %s for a member that did not leave (a crash?); "
+                "waiting up to %.0f s for its session to time out",
+                self._who(),
+                self.identity,
+                wait_s,
+            )
+            if not wait_for_instance_id(settings, self.topics.ingest, wait_s, self.clients):
+                raise TransientFailure(
+                    f"{self._who()}: instance id {self.identity} still held after {wait_s:.0f} s"
+                )
 
     def _set_group_session(self) -> None:
         """Consumer protocol: the session timeout is the group's config, not the client's; set it

@@ -149,3 +149,45 @@ def batch_producer_settings(
         # batch back into Python to say so: a third copy of every token (docs/benchmarks.md).
         out["delivery.report.only.error"] = True
     return out
+
+
+UNRELEASED_INSTANCE_ID = "instance ID is still used by another member"
+"""librdkafka's fatal error under the consumer protocol when a static member joins with the id of a
+member the group has not let go of yet (KIP-848: the older member keeps it, the newer is refused)."""
+
+
+def wait_for_instance_id(
+    settings: Mapping[str, str],
+    topic: str,
+    timeout_s: float,
+    clients: ClientFactory = KAFKA,
+    probe_s: float = 3.0,
+) -> bool:
+    """Consumer protocol: join ``settings``' group under its ``group.instance.id`` with a throwaway
+    member until the broker accepts the id, then leave; True once accepted, False after ``timeout_s``.
+
+    Why: under KIP-848 a static member that died without leaving (SIGKILL, a lost node) keeps its id
+    until its session times out, and a replacement with the same id fails fatally (the classic
+    protocol let the newer one in and fenced the older). A process restarted in that window waits
+    here instead of crash-looping. The probe leaves as a static member leaves (temporarily), so the
+    real member that joins next takes the same id and partitions without a rebalance."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    refused: list[str] = []
+    watched = {**settings, "error_cb": lambda e: refused.append(str(e))}
+    while True:
+        refused.clear()
+        probe = clients.consumer(watched)
+        try:
+            probe.subscribe([topic])
+            until = time.monotonic() + probe_s
+            while time.monotonic() < until and not refused and not probe.assignment():
+                probe.consume(num_messages=1, timeout=0.2)
+        finally:
+            probe.close()
+        if not any(UNRELEASED_INSTANCE_ID in why for why in refused):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
