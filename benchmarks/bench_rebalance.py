@@ -87,15 +87,31 @@ PROCESSOR_ARGS = (
 
 
 @dataclass
+class Action:
+    """One step of an event: when it began and when the next began (epoch ms), whom it touched."""
+
+    started_ms: int
+    touched: frozenset[str]
+    ended_ms: int = 0
+
+
+@dataclass
 class Event:
-    """One event's actions: when it began and its last action ended (epoch ms), whom it touched."""
+    """An event's actions, one after another, and whether the audit after it was clean."""
 
     name: str
-    started_ms: int
-    last_action_ms: int = 0
-    ended_ms: int = 0
-    touched: set[str] = field(default_factory=set)
+    actions: list[Action] = field(default_factory=list)
     audit_clean: bool = False
+
+    def act(self, *touched: str) -> None:
+        """A new action starts now; the previous one ends."""
+        at = now_ms()
+        if self.actions:
+            self.actions[-1].ended_ms = at
+        self.actions.append(Action(at, frozenset(touched)))
+
+    def end(self) -> None:
+        self.actions[-1].ended_ms = now_ms()
 
 
 def now_ms() -> int:
@@ -199,46 +215,40 @@ def settle(fleet: Fleet, seconds: float) -> None:
 def run_event(fleet: Fleet, name: str, spare: list[str]) -> Event:
     """The actions of event ``name``; ``spare`` holds instance ids not used yet."""
     s = fleet.size
-    event = Event(name, now_ms())
+    event = Event(name)
     if name == "processor-rolling-restart":
         for instance in [f"p{i}" for i in range(s.processors)]:
-            event.touched.add(instance)
+            event.act(instance)
             fleet.stop_processor(instance)
             fleet.processor(instance)
-            event.last_action_ms = now_ms()
             settle(fleet, s.settle_s)
     elif name == "consumer-rolling-restart":
         for card in fleet.cards:
+            event.act()  # no partition moves: every one is unaffected
             fleet.stop_consumer(card.consumer)
             fleet.consumer(card)
-            event.last_action_ms = now_ms()
             settle(fleet, 1.0)
     elif name == "processor-added":
-        added = spare.pop(0)
-        event.touched.add(added)
-        fleet.processor(added)
-        event.last_action_ms = now_ms()
+        event.act(spare[0])
+        fleet.processor(spare[0])
         settle(fleet, s.settle_s)
-        spare.insert(0, added)
     elif name == "processor-removed":
-        removed = spare[0]
-        event.touched.add(removed)
-        fleet.stop_processor(removed)
-        event.last_action_ms = now_ms()
+        event.act(spare[0])
+        fleet.stop_processor(spare[0])
         settle(fleet, s.settle_s)
     elif name == "kill-during-restore":
         joining, victim = spare.pop(0), "p1"
-        event.touched |= {joining, victim}
+        event.act(joining, victim)
         fleet.processor(joining)
         time.sleep(1.0)  # it has joined the group and restores what it was given
         fleet.stop_processor(victim, signal.SIGKILL)
-        event.last_action_ms = now_ms()
         settle(fleet, s.settle_s + 6.0)  # the victim's session (6 s) runs out first
+        event.act(victim)
         fleet.processor(victim)
         settle(fleet, s.settle_s)
     else:
         raise ValueError(f"unknown event {name!r}")
-    event.ended_ms = now_ms()
+    event.end()
     return event
 
 
@@ -307,26 +317,37 @@ def longest_gap(times: list[int], items: list[tuple[int, int]], start: int, end:
     return gaps
 
 
-def figures(event: Event, seen: Dispatches, lookback_ms: int = 5_000) -> dict[str, Any]:
+def split_gaps(action: Action, seen: Dispatches, lookback_ms: int = 5_000) -> tuple[list[int], list[int]]:
+    """The partitions' gaps during ``action``: (unaffected, moved). Moved: a partition that a touched
+    instance dispatched just before or during it, or whose dispatching instances changed."""
     moved: list[int] = []
     unaffected: list[int] = []
-    for p in sorted(seen.times):
-        before = event.started_ms - lookback_ms
-        owners_before = {i for t, i in seen.times[p] if before <= t < event.started_ms}
-        owners_during = {i for t, i in seen.times[p] if event.started_ms <= t <= event.ended_ms}
-        touched = (owners_before | owners_during) & event.touched or owners_before != owners_during
-        times = [t for t, _i in seen.times[p]]
-        gap = longest_gap(times, seen.items.get(p, []), event.started_ms, event.ended_ms)
+    start, end = action.started_ms, action.ended_ms
+    for p, stamps in seen.times.items():
+        before = {i for t, i in stamps if start - lookback_ms <= t < start}
+        during = {i for t, i in stamps if start <= t <= end}
+        touched = bool((before | during) & action.touched) or before != during
+        gap = longest_gap([t for t, _i in stamps], seen.items.get(p, []), start, end)
         (moved if touched else unaffected).append(gap)
+    return unaffected, moved
+
+
+def figures(event: Event, seen: Dispatches) -> dict[str, Any]:
+    unaffected: list[int] = []
+    moved: list[int] = []
+    for action in event.actions:
+        calm, shaken = split_gaps(action, seen)
+        unaffected += calm
+        moved += shaken
+    last = event.actions[-1]
     resumed = [
-        next((t for t, _i in seen.times[p] if t >= event.last_action_ms), event.ended_ms) for p in seen.times
+        next((t for t, _i in stamps if t >= last.started_ms), last.ended_ms) for stamps in seen.times.values()
     ]
     return {
         "event": event.name,
-        "stable_after_ms": max(resumed, default=event.ended_ms) - event.last_action_ms,
+        "stable_after_ms": max(resumed, default=last.ended_ms) - last.started_ms,
         "max_gap_unaffected_ms": max(unaffected, default=0),
         "max_gap_moved_ms": max(moved, default=0),
-        "moved_partitions": len(moved),
         "audit_clean": event.audit_clean,
     }
 

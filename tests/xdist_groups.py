@@ -27,6 +27,7 @@ SERIAL = {
     "test_demo.py": "stacks",
     "test_demo_llm.py": "stacks",
     "test_benchmarks.py": "stacks",
+    "test_rebalance_fleet.py": "stacks",
 }
 ALONE = {"test_alerts.py": "alone"}
 
