@@ -18,8 +18,8 @@ steady rate. Then each event, under load:
   SIGKILLed a second later; it is started again once the group has settled.
 
 After each event the producer stops, the bench waits for every item to finish and runs the audit
-(``audit_clean``). Per event, from the changelog's batch records (each names the ingest partitions
-and offsets of its items, when it was made and by which instance) and the ingest messages' timestamps:
+(``audit_clean``). Per event, from the batch topics (each batch says when it was made, by which
+instance, and its items, whose ingest partition and produce time the ingest topic gives):
 
 - the gap of a partition: the longest time it had an item waiting and dispatched nothing;
   ``max_gap_unaffected_ms`` over partitions whose owner the event did not touch or move,
@@ -63,7 +63,8 @@ from processor.local.pipeline import Pipeline, child_env
 from processor.ops.audit import audit
 from processor.sim.cardmodel import CardSpec
 from processor.sim.tracegen import synthetic_records
-from processor.state.changelog import BATCH, BatchEntry
+from processor.wire.heads import decode_item_head
+from processor.wire.items import decode_batch
 
 
 @dataclass(frozen=True)
@@ -275,28 +276,26 @@ class Dispatches:
     items: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # p -> (produced, dispatched)
 
 
-def read_dispatches(conf: dict[str, str], topics: TopicNames) -> Dispatches:
-    produced: dict[tuple[int, int], int] = {}
+def read_dispatches(conf: dict[str, str], topics: TopicNames, consumers: list[str]) -> Dispatches:
+    """From the batch topics (committed batches: what consumers could run) and the ingest topic (each
+    item's partition and produce time). Not from the changelog: compaction removes finished batches."""
+    produced: dict[str, tuple[int, int]] = {}  # item id -> (partition, produced ms)
     for msg in read_topic(conf, topics.ingest):
-        produced[(msg.partition(), msg.offset())] = msg.timestamp()[1]
-    first: dict[tuple[int, int], int] = {}
+        produced[decode_item_head(msg.value()).item_id] = (msg.partition(), msg.timestamp()[1])
+    first: dict[str, int] = {}
     out = Dispatches()
-    seen: set[bytes] = set()
-    for msg in read_topic(conf, topics.changelog):
-        key, value = msg.key() or b"", msg.value()
-        if not key.startswith(BATCH) or value is None or key in seen:
-            continue
-        seen.add(key)  # its first record: when it was made; later ones mark progress
-        batch_id = key[len(BATCH) :].decode()
-        entry = BatchEntry.parse(batch_id, value)
-        instance = batch_id.split("-", 1)[0]
-        for p in {p for p, _o in entry.refs}:
-            out.times.setdefault(p, []).append((entry.created_ms, instance))
-        for ref in entry.refs:
-            first[ref] = min(entry.created_ms, first.get(ref, entry.created_ms))
-    for ref, at in produced.items():
-        if ref in first:
-            out.items.setdefault(ref[0], []).append((at, first[ref]))
+    for consumer in consumers:
+        for msg in read_topic(conf, topics.batches(consumer)):
+            batch = decode_batch(msg.value())
+            instance = batch.batch_id.split("-", 1)[0]
+            parts = {produced[it.item_id][0] for it in batch.items if it.item_id in produced}
+            for p in parts:
+                out.times.setdefault(p, []).append((batch.created_ms, instance))
+            for it in batch.items:
+                first[it.item_id] = min(batch.created_ms, first.get(it.item_id, batch.created_ms))
+    for item_id, (p, at) in produced.items():
+        if item_id in first:
+            out.items.setdefault(p, []).append((at, first[item_id]))
     for times in out.times.values():
         times.sort()
     return out
@@ -373,7 +372,7 @@ def run_protocol(bootstrap: str, protocol: str, size: Size, log_dir: Path) -> di
             load.stop()
             event.audit_clean = drained_and_audited(fleet, timeout_s=120)
             events.append(event)
-        seen = read_dispatches(fleet.conf, fleet.topics)
+        seen = read_dispatches(fleet.conf, fleet.topics, [c.consumer for c in fleet.cards])
     finally:
         load.stop()
         fleet.close()
