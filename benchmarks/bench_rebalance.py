@@ -77,7 +77,7 @@ class Size:
     events: tuple[str, ...]
 
 
-FULL = Size(4, 32, 16, 120.0, 8.0, (
+FULL = Size(4, 32, 8, 120.0, 8.0, (
     "processor-rolling-restart", "consumer-rolling-restart", "processor-added", "processor-removed",
     "kill-during-restore",
 ))  # fmt: skip
@@ -163,8 +163,9 @@ class Fleet:
         self.conf = {"bootstrap.servers": bootstrap}
         self.topics = TopicNames(unique(f"rb{protocol[:2]}"))
         self.group = f"{self.topics.prefix}-proc"
+        # max_inflight >= partitions: every partition owns a slot of every consumer (docs/operations.md)
         self.cards = [
-            Contract(f"c{i:02d}", "default", budget_tokens=2048, max_items=8, pad_multiple=8, max_inflight=2)
+            Contract(f"c{i:02d}", "default", 2048, max_items=8, pad_multiple=8, max_inflight=size.partitions)
             for i in range(size.consumers)
         ]
         names = [c.consumer for c in self.cards]

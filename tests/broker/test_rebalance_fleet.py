@@ -20,7 +20,7 @@ import pytest
 from processor.kafka.exits import EXIT_TEMPFAIL
 from processor.local import broker as kafka_local
 from tests.benchmarks.helpers import run
-from tests.broker.rig import assert_exactly_once, produce_paced, running_rig
+from tests.broker.rig import assert_exactly_once, produce, produce_paced, running_rig
 
 pytestmark = pytest.mark.kafka
 
@@ -79,5 +79,31 @@ def test_a_processor_paused_past_its_session_is_fenced_by_the_group_and_nothing_
         rig.wait_completed(len(ids), timeout_s=240)
         log = (rig.pipeline.log_dir / "p1.log").read_text()
         rig.pipeline.stop()
+    assert "Traceback" not in log, log[-3000:]
+    assert_exactly_once(rig, ids, tokens)
+
+
+def test_a_processor_restarted_at_once_after_a_sigkill_waits_for_its_instance_id(
+    private_bootstrap: str, tmp_path: Path
+) -> None:
+    """Static membership under the consumer protocol: the SIGKILLed member never left, so the group
+    refuses its id to a newer member until the session (6 s) times out, fatally in librdkafka. The
+    replacement, started at once as a pod's restart would be, says so in one line, waits, joins and
+    finishes the work: nothing lost or doubled."""
+    args = ("--session-timeout-ms", "6000")
+    with running_rig(private_bootstrap, tmp_path, ingest_partitions=2) as rig:
+        ids, tokens = produce(rig, 3_000, seed=29)
+        rig.spawn_processor("first", instance="p0", extra=args)
+        rig.wait_completed(1, timeout_s=120)
+        first = rig.pipeline.procs["first"]
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        rig.spawn_processor("again", instance="p0", extra=args)
+        rig.wait_completed(len(ids), timeout_s=240)
+        codes = rig.pipeline.stop()
+    log = (rig.pipeline.log_dir / "again.log").read_text()
+    assert codes["again"] == 0, log[-3000:]
+    waits = [line for line in log.splitlines() if "the group still holds instance id" in line]
+    assert len(waits) == 1, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     assert_exactly_once(rig, ids, tokens)
