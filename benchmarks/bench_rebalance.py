@@ -56,6 +56,7 @@ from processor.apps.producer import TokenProducer, synthetic_tokens
 from processor.apps.settings import ConsumerSettings
 from processor.core.contract import Contract
 from processor.engines.sim import SimEngine
+from processor.kafka.exits import EXIT_TEMPFAIL
 from processor.kafka.reader import read_topic
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
 from processor.local import broker as kafka_local
@@ -83,7 +84,7 @@ FULL = Size(4, 32, 8, 120.0, 8.0, (
 ))  # fmt: skip
 SMOKE = Size(2, 4, 4, 60.0, 5.0, ("processor-rolling-restart", "kill-during-restore"))
 PROCESSOR_ARGS = (
-    "--session-timeout-ms", "6000", "--transaction-timeout-ms", "6000", "--commit-interval-ms", "200",
+    "--session-timeout-ms", "6000", "--transaction-timeout-ms", "15000", "--commit-interval-ms", "200",
 )  # fmt: skip
 
 
@@ -172,6 +173,10 @@ class Fleet:
         create_topics(self.conf, topic_specs(self.topics, ingest_partitions=size.partitions, consumers=names))
         self.pipeline = Pipeline(log_dir)
         self.apps: dict[str, tuple[threading.Event, threading.Thread]] = {}
+        self.running: set[str] = set()
+        self.restarts = 0
+        """Processors that exited 75 (asking for a restart, as under load a commit can time out) and
+        were started again, as Kubernetes would."""
 
     def processor(self, instance: str) -> None:
         self.pipeline.spawn(
@@ -183,8 +188,16 @@ class Fleet:
             ],
             child_env(self.bootstrap),
         )  # fmt: skip
+        self.running.add(instance)
+
+    def supervise(self) -> None:
+        for instance in sorted(self.running):
+            if self.pipeline.procs[instance].poll() == EXIT_TEMPFAIL:
+                self.restarts += 1
+                self.processor(instance)
 
     def stop_processor(self, instance: str, sig: int = signal.SIGTERM) -> None:
+        self.running.discard(instance)
         proc = self.pipeline.procs[instance]
         proc.send_signal(sig)
         proc.wait(60)
@@ -211,6 +224,7 @@ class Fleet:
 def settle(fleet: Fleet, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        fleet.supervise()
         time.sleep(0.25)
 
 
@@ -258,6 +272,7 @@ def drained_and_audited(fleet: Fleet, timeout_s: float) -> bool:
     """Whether every item produced so far finished and the audit is clean, within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
+        fleet.supervise()
         report = audit(fleet.conf, fleet.topics, fleet.group)
         if report.clean or time.monotonic() > deadline:
             if not report.clean:
@@ -371,13 +386,14 @@ def run_protocol(bootstrap: str, protocol: str, size: Size, log_dir: Path) -> di
             print(f"{protocol}: {name} (load {load_average()})", file=sys.stderr)
             event = run_event(fleet, name, spare)
             load.stop()
-            event.audit_clean = drained_and_audited(fleet, timeout_s=120)
+            event.audit_clean = drained_and_audited(fleet, timeout_s=180)
             events.append(event)
         seen = read_dispatches(fleet.conf, fleet.topics, [c.consumer for c in fleet.cards])
     finally:
         load.stop()
         fleet.close()
-    return {"events": [figures(e, seen) for e in events], "items": load.sent, "prefix": fleet.topics.prefix}
+    runs = [figures(e, seen) for e in events]
+    return {"events": runs, "items": load.sent, "prefix": fleet.topics.prefix, "restarts_75": fleet.restarts}
 
 
 @contextmanager
