@@ -173,6 +173,8 @@ def wait_for_instance_id(
     real member that joins next takes the same id and partitions without a rebalance."""
     import time
 
+    from confluent_kafka import KafkaException
+
     deadline = time.monotonic() + timeout_s
     refused: list[str] = []
     watched = {**settings, "error_cb": lambda e: refused.append(str(e))}
@@ -183,7 +185,12 @@ def wait_for_instance_id(
             probe.subscribe([topic])
             until = time.monotonic() + probe_s
             while time.monotonic() < until and not refused and not probe.assignment():
-                probe.consume(num_messages=1, timeout=0.2)
+                try:
+                    msgs = probe.consume(num_messages=1, timeout=0.2)
+                except KafkaException as exc:  # the fatal error, raised rather than reported
+                    refused.append(str(exc))
+                    break
+                refused += [str(m.error()) for m in msgs if m.error() is not None]
         finally:
             probe.close()
         if not any(UNRELEASED_INSTANCE_ID in why for why in refused):
