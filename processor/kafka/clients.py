@@ -6,6 +6,7 @@ with the reason for it, so the apps build clients from names rather than from in
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from processor.kafka.factory import KAFKA, ClientFactory
@@ -177,7 +178,9 @@ def wait_for_instance_id(
 
     deadline = time.monotonic() + timeout_s
     refused: list[str] = []
-    watched = {**settings, "error_cb": lambda e: refused.append(str(e))}
+    quiet = logging.getLogger("tokenfabric.kafka.probe")  # its refusals are said once, by the caller
+    quiet.setLevel(logging.CRITICAL + 1)
+    watched = {**settings, "error_cb": lambda e: refused.append(str(e)), "logger": quiet}
     while True:
         refused.clear()
         probe = clients.consumer(watched)
