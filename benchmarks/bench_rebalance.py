@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             log_dir = Path(args.logs or tmp) / protocol
             log_dir.mkdir(parents=True, exist_ok=True)
             results["protocols"][protocol] = run_protocol(bootstrap, protocol, size, log_dir)
+            write_json(args.json, results)  # what is done so far survives a later failure
     results["load_after"] = load_average()
     write_json(args.json, results)
     print("\n".join(table(results)))
