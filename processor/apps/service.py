@@ -39,6 +39,7 @@ from processor.apps.backpressure import Backpressure
 from processor.apps.checkpoint import checkpoint_record, share_counters
 from processor.apps.control import ControlContext, ControlPlane
 from processor.apps.intake import Intake
+from processor.apps.membership import set_group_session, wait_for_own_id
 from processor.apps.observe import ServiceCounters, ServiceObserver, ServiceStatus, UnservedWatch
 from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger, LedgerImbalance
@@ -47,15 +48,12 @@ from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
 from processor.core.shares import Shares
 from processor.kafka.clients import (
-    BROKER_SESSION_TIMEOUT_MS,
     batch_producer_settings,
     control_settings,
-    group_session_config,
     ingest_settings,
     static_member_present,
-    wait_for_instance_id,
 )
-from processor.kafka.exits import MissingTopics, TransientFailure, ended_by, taking_over
+from processor.kafka.exits import MissingTopics, ended_by, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
@@ -283,51 +281,15 @@ class ProcessorService:
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
         self.mode.durability.start(self.watchdog)  # fences a live twin's transactions: it exits
         if present and self.settings.group_protocol == "consumer":
-            self._wait_for_instance_id()
+            wait_for_own_id(self.conf, self.settings, member, self.topics.ingest, self._who(), self.clients)
         self.credits.count_partitions(len(self.control_plane.partitions(self.topics.ingest)))
         self.mode.ownership.on_start(self._resume)
-        self._set_group_session()
+        set_group_session(self.conf, self.settings, self.clients)
         h = self.handover
         self.ingest.subscribe(
             [self.topics.ingest], on_assign=h.on_assign, on_revoke=h.on_revoke, on_lost=h.on_lost
         )
         self.control_plane.assign()
-
-    def _wait_for_instance_id(self) -> None:
-        """Consumer protocol: the group refuses this id while the member that had it is not gone (a
-        crash leaves it there for the session timeout): wait for it, saying so once."""
-        s = self.settings
-        settings = ingest_settings(
-            self.conf, s.group_id, s.session_timeout_ms, self.identity, s.group_protocol
-        )
-        wait_s = max(s.session_timeout_ms, BROKER_SESSION_TIMEOUT_MS) / 1000 + 15
-        if not wait_for_instance_id(settings, self.topics.ingest, 0.0, self.clients):
-            log.warning(
-                "%s: the group still holds instance id %s for a member that did not leave (a crash?); "
-                "waiting up to %.0f s for its session to time out",
-                self._who(),
-                self.identity,
-                wait_s,
-            )
-            if not wait_for_instance_id(settings, self.topics.ingest, wait_s, self.clients):
-                raise TransientFailure(
-                    f"{self._who()}: instance id {self.identity} still held after {wait_s:.0f} s"
-                )
-
-    def _set_group_session(self) -> None:
-        """Consumer protocol: the session timeout is the group's config, not the client's; set it
-        when it is not the broker's default (45 s), and say once if the broker refused it."""
-        s = self.settings
-        if s.group_protocol != "consumer" or s.session_timeout_ms == BROKER_SESSION_TIMEOUT_MS:
-            return
-        refused = group_session_config(self.conf, s.group_id, s.session_timeout_ms, self.clients)
-        if refused is not None:
-            log.warning(
-                "group %s keeps the broker's session timeout: consumer.session.timeout.ms=%d refused (%s)",
-                s.group_id,
-                s.session_timeout_ms,
-                refused,
-            )
 
     def _resume(self) -> None:
         """Lane state moves with partitions: resume the ledger from the last checkpoint, and read
