@@ -30,6 +30,7 @@ SERIAL = {
     "test_benchmarks.py": "stacks",
     "test_schema_registry.py": "registry",
     "test_local_registry.py": "registry",
+    "test_rebalance_fleet.py": "stacks",
 }
 ALONE = {"test_alerts.py": "alone"}
 

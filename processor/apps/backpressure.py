@@ -8,6 +8,7 @@ no partition.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from processor.apps.observe import ServiceCounters
 from processor.core.scheduler import Scheduler
@@ -19,8 +20,17 @@ log = logging.getLogger("tokenfabric.processor")
 class Backpressure:
     """Whether ingest is paused (``paused``, read from other threads for metrics)."""
 
-    def __init__(self, ingest: ConsumerClient, cap: int, core: Scheduler, counters: ServiceCounters) -> None:
+    def __init__(
+        self,
+        ingest: ConsumerClient,
+        cap: int,
+        core: Scheduler,
+        counters: ServiceCounters,
+        restoring: Callable[[], frozenset[int]] = frozenset,
+    ) -> None:
         self.ingest = ingest
+        self.restoring = restoring
+        """Partitions paused until their restore (processor/state/handover.py): never resumed here."""
         self.cap = cap
         """Tokens waiting at which ingest pauses (0: never)."""
         self.core = core
@@ -40,6 +50,7 @@ class Backpressure:
             self.counters.backpressure_pauses += 1
             log.warning("backpressure: %d tokens waiting >= cap %d; ingest paused", waiting, cap)
         elif self.paused and waiting <= cap * 0.9:
-            self.ingest.resume(assignment)
+            held = self.restoring()
+            self.ingest.resume([tp for tp in assignment if tp.partition not in held])
             self.paused = False
             log.info("backpressure: %d tokens waiting; ingest resumed", waiting)

@@ -15,10 +15,10 @@ is the roles' (``processor/state/modes.py``).
 
 At start-up in exactly-once mode the processor first fences any older process with its transactional
 id and loads its last ledger checkpoint. Lane state belongs to ingest partitions, not to instances:
-whenever the group assigns partitions (at start, or when instances join or leave) the processor
-commits, releases everything it held, and restores the changelog of the partitions it now owns
-(``processor/state/handover.py``, ``processor/state/restore.py``); consumer in-flight slots move with them
-(``processor/state/credits.py``).
+whenever the group moves partitions (at start, or when instances join or leave) the rebalance
+callbacks record what moved and the loop restores the changelog of the partitions it now owns, the
+others dispatching meanwhile (``processor/state/handover.py``, ``processor/state/restore.py``);
+consumer in-flight slots move with them (``processor/state/credits.py``).
 
 librdkafka's own threads do the network I/O; everything that touches lanes or the ledger runs here,
 so nothing on the hot path takes a lock. The core is unaware of Kafka; this module is the adapter.
@@ -39,6 +39,7 @@ from processor.apps.backpressure import Backpressure
 from processor.apps.checkpoint import checkpoint_record, share_counters
 from processor.apps.control import ControlContext, ControlPlane
 from processor.apps.intake import Intake
+from processor.apps.membership import set_group_session, wait_for_own_id
 from processor.apps.observe import ServiceCounters, ServiceObserver, ServiceStatus, UnservedWatch
 from processor.apps.settings import ProcessorSettings
 from processor.core.accounting import Ledger, LedgerImbalance
@@ -138,7 +139,7 @@ class ProcessorService:
         self.identity = transactional_id(s.instance, s.group_id)
         """Its transactional id and its group.instance.id: one identity, fenced as one by a twin."""
         self.ingest: ConsumerClient = clients.consumer(
-            ingest_settings(self.conf, s.group_id, s.session_timeout_ms, self.identity)
+            ingest_settings(self.conf, s.group_id, s.session_timeout_ms, self.identity, s.group_protocol)
         )
         self.control: ConsumerClient = clients.consumer(
             control_settings(self.conf, f"{s.group_id}-control-{s.instance}")
@@ -148,8 +149,10 @@ class ProcessorService:
         self.intake = Intake(
             self.core, self.mode, topics, self.counters, s.dedupe_window_ms, framing, self.ingest, clock
         )
-        self.backpressure = Backpressure(self.ingest, s.max_waiting_tokens, self.core, self.counters)
         self.handover = PartitionHandover(self._handover_context())
+        self.backpressure = Backpressure(
+            self.ingest, s.max_waiting_tokens, self.core, self.counters, lambda: self.handover.pending
+        )
 
     @property
     def observer(self) -> ServiceObserver:
@@ -210,6 +213,8 @@ class ProcessorService:
             now_ms=self.now_ms,
             clock=self._clock,
             on_restored=self._restored,
+            ingest_topic=self.topics.ingest,
+            incremental=self.settings.group_protocol == "consumer",
         )
 
     def _restore(
@@ -288,13 +293,18 @@ class ProcessorService:
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         member = self.identity
-        if static_member_present(self.conf, self.settings.group_id, member, clients=self.clients):
+        present = static_member_present(self.conf, self.settings.group_id, member, clients=self.clients)
+        if present:
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
-        self.mode.durability.start(self.watchdog)
+        self.mode.durability.start(self.watchdog)  # fences a live twin's transactions: it exits
+        if present and self.settings.group_protocol == "consumer":
+            wait_for_own_id(self.conf, self.settings, member, self.topics.ingest, self._who(), self.clients)
         self.credits.count_partitions(len(self.control_plane.partitions(self.topics.ingest)))
         self.mode.ownership.on_start(self._resume)
+        set_group_session(self.conf, self.settings, self.clients)
+        h = self.handover
         self.ingest.subscribe(
-            [self.topics.ingest], on_assign=self.handover.on_assign, on_revoke=self.handover.on_revoke
+            [self.topics.ingest], on_assign=h.on_assign, on_revoke=h.on_revoke, on_lost=h.on_lost
         )
         self.control_plane.assign()
 
@@ -371,6 +381,7 @@ class ProcessorService:
         """One pass of the loop; returns how many ingest messages it took."""
         s = self.settings
         msgs = self.ingest.consume(num_messages=s.consume_batch, timeout=s.poll_timeout_ms / 1000)
+        self.handover.restore_pending(self.ingest)  # what the group just assigned (paused till then)
         now = self.now_ms()
         self.intake.release_held()
         items = [item for item in (self.intake.item(msg, now) for msg in msgs) if item is not None]

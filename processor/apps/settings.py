@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from processor.core.lanes import LaneSettings
 from processor.core.scheduler import DispatchSettings
 from processor.core.shares import ShareSettings
+from processor.kafka.clients import GROUP_PROTOCOLS
 from processor.kafka.topics import RETENTION_MS
 from processor.wire.records import COMPLETION_FORMS, CompletionForm
 
@@ -43,7 +44,11 @@ class ProcessorSettings:
     """Exactly-once: how long the broker waits before aborting an open transaction of a crashed
     process; the new owner of its partitions waits at most this long before it can restore them."""
     session_timeout_ms: int = 45_000
-    """How long the group waits for a silent instance before handing its partitions to the others."""
+    """How long the group waits for a silent instance before handing its partitions to the others.
+    Classic protocol: a client setting. Consumer protocol: the group's ``consumer.session.timeout.ms``,
+    set through the admin API at start within the broker's bounds (docs/operations.md)."""
+    group_protocol: str = "consumer"
+    """``consumer`` (KIP-848: incremental, only moved partitions stop) or ``classic`` (eager)."""
     tick_interval_ms: int = 500
     max_waiting_tokens: int = 0
     """Backpressure: past this many tokens waiting in lanes, stop consuming ingest (the backlog stays in
@@ -79,6 +84,10 @@ class ProcessorSettings:
             raise ValueError("--max-waiting-tokens must be >= 0 (0 means no cap)")
         if self.session_timeout_ms < 1000:
             raise ValueError("--session-timeout-ms must be >= 1000 (brokers usually require >= 6000)")
+        if self.group_protocol not in GROUP_PROTOCOLS:
+            raise ValueError(
+                f"--group-protocol must be one of {', '.join(GROUP_PROTOCOLS)}, got {self.group_protocol!r}"
+            )
         if self.dedupe_window_ms < 0 or self.dedupe_max_ids < 0:
             raise ValueError("--dedupe-window-ms and --dedupe-max-ids must be >= 0 (0: off, no cap)")
         if self.transaction_timeout_ms <= self.commit_interval_ms:

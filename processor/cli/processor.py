@@ -81,6 +81,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         "(default: 45000; the broker allows 6000 and up)",
     )
     p.add_argument(
+        "--group-protocol",
+        choices=("consumer", "classic"),
+        default="consumer",
+        help="the ingest group's rebalance protocol: consumer (KIP-848: only moved partitions stop) "
+        "or classic (eager: every rebalance stops every instance) (default: consumer)",
+    )
+    p.add_argument(
         "--transaction-timeout-ms",
         type=int,
         default=10_000,
@@ -187,6 +194,7 @@ def _settings(args: argparse.Namespace) -> ProcessorSettings:
         exactly_once=not args.at_least_once,
         max_waiting_tokens=args.max_waiting_tokens,
         session_timeout_ms=args.session_timeout_ms,
+        group_protocol=args.group_protocol,
         transaction_timeout_ms=args.transaction_timeout_ms,
         dedupe_window_ms=args.dedupe_window_ms,
         dedupe_max_ids=args.dedupe_max_ids,

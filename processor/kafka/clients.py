@@ -6,30 +6,81 @@ with the reason for it, so the apps build clients from names rather than from in
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.reader import LARGE_FETCH_QUEUE
 
+GROUP_PROTOCOLS = ("consumer", "classic")
+"""The rebalance protocols a processor's ingest group may use: KIP-848's ``consumer`` (the default:
+the broker computes incremental, sticky assignments and only moved partitions stop) or ``classic``
+(eager: every rebalance revokes every partition of every member)."""
+
+
+BROKER_SESSION_TIMEOUT_MS = 45_000
+"""The broker's default ``group.consumer.session.timeout.ms`` (and the classic client default)."""
+
 
 def ingest_settings(
-    conf: Mapping[str, str], group_id: str, session_timeout_ms: int, instance_id: str
+    conf: Mapping[str, str],
+    group_id: str,
+    session_timeout_ms: int,
+    instance_id: str,
+    group_protocol: str = "consumer",
 ) -> dict[str, str]:
     """The processor's ingest consumer: its own offsets (committed with its output), committed reads.
 
     A static member (``group.instance.id``, :func:`static_member`): a restart within the session
-    timeout gets its partitions back without a rebalance of the other instances."""
+    timeout gets its partitions back without a rebalance of the other instances. Under the consumer
+    protocol the session timeout is the group's (:func:`group_session_config`): librdkafka refuses
+    ``session.timeout.ms`` there."""
     return {
         **conf,
         "group.id": group_id,
         **static_member(instance_id),
+        **protocol_settings(group_protocol, session_timeout_ms),
         "enable.auto.commit": "false",
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
-        "session.timeout.ms": str(session_timeout_ms),
         "fetch.max.bytes": str(64 * 1024 * 1024),
         **LARGE_FETCH_QUEUE,
     }
+
+
+def protocol_settings(group_protocol: str, session_timeout_ms: int) -> dict[str, str]:
+    """The client settings of a rebalance protocol. Classic: the session timeout is the client's.
+    Consumer (KIP-848): ``session.timeout.ms``, ``heartbeat.interval.ms`` and
+    ``partition.assignment.strategy`` are refused by the client (the broker holds them); the
+    assignor is the broker's ``uniform`` (sticky) one."""
+    if group_protocol == "classic":
+        return {"group.protocol": "classic", "session.timeout.ms": str(session_timeout_ms)}
+    if group_protocol == "consumer":
+        return {"group.protocol": "consumer"}
+    raise ValueError(f"group protocol must be one of {', '.join(GROUP_PROTOCOLS)}, got {group_protocol!r}")
+
+
+def group_session_config(
+    conf: Mapping[str, str], group_id: str, session_timeout_ms: int, clients: ClientFactory = KAFKA
+) -> str | None:
+    """Under the consumer protocol, set the group's ``consumer.session.timeout.ms`` (a group config,
+    KIP-848). Returns None when set, else the broker's one-line reason (a value outside the broker's
+    ``group.consumer.min/max.session.timeout.ms``, or no answer): the group then keeps the broker's
+    default, and the caller says so once."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    entry = ConfigEntry(
+        "consumer.session.timeout.ms", str(session_timeout_ms), incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=[entry])
+    admin = clients.admin(conf)
+    try:
+        admin.incremental_alter_configs([resource], request_timeout=10)[resource].result(timeout=15)
+    except (KafkaException, TimeoutError, ValueError) as exc:
+        cause = exc.args[0] if exc.args else exc
+        return str(getattr(cause, "str", lambda: cause)())
+    return None
 
 
 def static_member(instance_id: str) -> dict[str, str]:
@@ -99,3 +150,54 @@ def batch_producer_settings(
         # batch back into Python to say so: a third copy of every token (docs/benchmarks.md).
         out["delivery.report.only.error"] = True
     return out
+
+
+UNRELEASED_INSTANCE_ID = "instance ID is still used by another member"
+"""librdkafka's fatal error under the consumer protocol when a static member joins with the id of a
+member the group has not let go of yet (KIP-848: the older member keeps it, the newer is refused)."""
+
+
+def wait_for_instance_id(
+    settings: Mapping[str, str],
+    topic: str,
+    timeout_s: float,
+    clients: ClientFactory = KAFKA,
+    probe_s: float = 3.0,
+) -> bool:
+    """Consumer protocol: join ``settings``' group under its ``group.instance.id`` with a throwaway
+    member until the broker accepts the id, then leave; True once accepted, False after ``timeout_s``.
+
+    Why: under KIP-848 a static member that died without leaving (SIGKILL, a lost node) keeps its id
+    until its session times out, and a replacement with the same id fails fatally (the classic
+    protocol let the newer one in and fenced the older). A process restarted in that window waits
+    here instead of crash-looping. The probe leaves as a static member leaves (temporarily), so the
+    real member that joins next takes the same id and partitions without a rebalance."""
+    import time
+
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    refused: list[str] = []
+    quiet = logging.getLogger("tokenfabric.kafka.probe")  # its refusals are said once, by the caller
+    quiet.setLevel(logging.CRITICAL + 1)
+    watched = {**settings, "error_cb": lambda e: refused.append(str(e)), "logger": quiet}
+    while True:
+        refused.clear()
+        probe = clients.consumer(watched)
+        try:
+            probe.subscribe([topic])
+            until = time.monotonic() + probe_s
+            while time.monotonic() < until and not refused and not probe.assignment():
+                try:
+                    msgs = probe.consume(num_messages=1, timeout=0.2)
+                except KafkaException as exc:  # the fatal error, raised rather than reported
+                    refused.append(str(exc))
+                    break
+                refused += [str(m.error()) for m in msgs if m.error() is not None]
+        finally:
+            probe.close()
+        if not any(UNRELEASED_INSTANCE_ID in why for why in refused):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)

@@ -83,6 +83,7 @@ class AdminClientLike(Protocol):
     def list_consumer_group_offsets(
         self, list_consumer_group_offsets_request: list[Any], **kwargs: Any
     ) -> dict[str, Any]: ...
+    def incremental_alter_configs(self, resources: list[Any], **kwargs: Any) -> dict[Any, Any]: ...
 
 
 class ClientFactory(Protocol):

@@ -138,3 +138,14 @@ class MemoryAdmin:
             future.set_result(SimpleNamespace(group_id=group, members=members))
             out[group] = future
         return out
+
+    def incremental_alter_configs(self, resources: list[Any], **kwargs: Any) -> dict[Any, Any]:
+        """Group configs (a consumer-protocol group's session timeout): accepted, and kept nowhere
+        (the in-memory group has no session clock)."""
+        self.cluster._call("incremental_alter_configs")
+        out: dict[Any, Any] = {}
+        for resource in resources:
+            future: Future[Any] = Future()
+            future.set_result(None)
+            out[resource] = future
+        return out

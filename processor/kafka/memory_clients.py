@@ -282,6 +282,14 @@ class MemoryConsumer:
         }
         self._eof_sent.clear()
 
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """Inside ``on_assign``, as the consumer protocol's callback may: the group already set the
+        members' positions, so only partitions it did not are added."""
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key not in self._positions:
+                self._positions[key] = self._start(tp.topic, tp.partition, tp.offset)
+
     def assignment(self) -> list[TopicPartition]:
         self._rebalance_if_due()
         return [TopicPartition(t, p) for t, p in sorted(self._positions)]

@@ -109,6 +109,12 @@ def _plain_settings(data_dir: Path, ports: Ports) -> dict[str, str | int]:
         "share.coordinator.state.topic.replication.factor": 1,
         "share.coordinator.state.topic.min.isr": 1,
         "group.initial.rebalance.delay.ms": 0,
+        # The consumer protocol (KIP-848): heartbeats every second (a rebalance takes one heartbeat,
+        # 5 s at the default), and a group may lower its consumer.session.timeout.ms to 6 s as
+        # processors' --session-timeout-ms does under the classic protocol (docs/operations.md).
+        "group.consumer.heartbeat.interval.ms": 1000,
+        "group.consumer.min.heartbeat.interval.ms": 1000,
+        "group.consumer.min.session.timeout.ms": 6000,
         # The project creates its topics explicitly; a typo should fail, not create a topic.
         "auto.create.topics.enable": "false",
         # Small machine (2 cores): fewer threads, smaller cleaner buffer than the defaults.

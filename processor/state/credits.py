@@ -111,5 +111,11 @@ class CreditBook:
         self._held.clear()
         self._slot_of.clear()
 
+    def extend(self, owned_partitions: frozenset[int]) -> None:
+        """More partitions, none lost (an incremental assignment): the slots held stay held, and the
+        new partitions' slots are free until restore adopts their batches."""
+        self.owned_partitions = owned_partitions
+        self._owned.clear()
+
     def held(self, consumer: str) -> int:
         return len(self._held.get(consumer, {}))

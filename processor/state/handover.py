@@ -2,18 +2,26 @@
 or assigns ingest partitions.
 
 Lane state belongs to ingest partitions, not to instances (docs/reliability.md, "Scale-out and
-handover"). The rebalance protocol is eager: a revocation commits and then, in exactly-once mode,
-lets go of everything (the ledger moves it to ``released``); an assignment restores exactly the
-assigned partitions from the changelog (adopting it into the ledger), re-holds the consumer slots
-their batches hold, and rewinds the results reader to where those batches' completions can first
-appear. What differs between the delivery modes is the ownership role's to say
+handover"). The rebalance callbacks only record what moved; the restore runs from the main loop
+(:meth:`PartitionHandover.restore_pending`), as Kafka Streams and Quix Streams do:
+
+- an assignment (the whole new set under the classic, eager protocol; only the added partitions
+  under the consumer protocol, KIP-848) assigns the partitions paused and marks them pending. The
+  loop's next step restores them from the changelog (adopting it into the ledger), re-holds the
+  consumer slots their batches hold, rewinds the results reader to where their completions can
+  first appear, and resumes them. Partitions this instance kept meanwhile go on dispatching.
+- a revocation commits while the partitions are still ours. A pending partition that goes was never
+  restored: nothing is thrown away. When restored ones go, the lane state (which the core keeps
+  per instance, not per partition) is let go as a whole and the partitions kept are pending again:
+  restored from what the commit just made durable, so nothing restored is lost.
+- a restore that fails on a transient broker error (the previous owner's transaction still open,
+  an unreachable coordinator) has adopted nothing yet: it is tried again a second later, never a
+  crash loop; a rebalance between two tries just changes what is pending.
+
+What differs between the delivery modes is the ownership role's to say
 (:meth:`~processor.state.ownership.Ownership.revoked`, :meth:`~processor.state.ownership.Ownership.assigned`):
 this component never asks which mode it runs in, and adopts restored state through the
 :class:`~processor.state.ownership.Restorable` lane log the ownership hands it.
-
-:class:`PartitionHandover` is the one part of the processor that runs inside librdkafka's rebalance
-callbacks rather than the loop. It works only on what its :class:`HandoverContext` gives it, like
-Quix Streams' ``RecoveryManager`` called from its assign/revoke callbacks.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
@@ -78,24 +86,36 @@ class HandoverContext:
     clock: Callable[[], float]
     """Monotonic seconds (when a restore began and ended)."""
     on_restored: Callable[[Restored], None]
+    ingest_topic: str = ""
+    """The topic whose partitions move (to pause and resume them)."""
+    incremental: bool = True
+    """The consumer protocol's callbacks name only what moved (``incremental_assign``); the classic
+    protocol's name the whole assignment (``assign``)."""
+
+
+RESTORE_RETRY_S = 1.0
+"""How long a restore that failed on a transient error waits before it is tried again."""
 
 
 class PartitionHandover:
-    """The revoke and assign callbacks, and the partitions they leave this instance owning.
+    """The revoke and assign callbacks, the partitions they leave pending, and their restore.
 
-    Read from other threads (health): ``owned``, ``restoring_since_s`` (set while a restore runs),
-    ``finished_s`` (when the last restore ended).
+    Read from other threads (health): ``owned``, ``pending``, ``restoring_since_s`` (set while a
+    restore runs, or partitions wait for one), ``finished_s`` (when the last restore ended).
+    Invariant: ``owned`` and ``pending`` never overlap; their union is what the group assigned.
     """
 
     def __init__(self, context: HandoverContext) -> None:
         self.ctx = context
         self.owned: frozenset[int] = frozenset()
+        self.pending: frozenset[int] = frozenset()
         self.restoring_since_s: float | None = None
         self.finished_s: float | None = None
         self.closing = False
         """Set when the service shuts down: a revocation then commits nothing more."""
         self._counted_at_start: dict[str, tuple[int, int]] | None = None
         self._owned_at_checkpoint = -1
+        self._retry_at_s = 0.0
 
     def resume(self, checkpoint: LedgerSnapshotRecord | None) -> None:
         """At start, in a mode whose lane state moves with partitions: resume the ledger from the
@@ -110,15 +130,72 @@ class PartitionHandover:
 
     def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Make everything consumed so far durable while the partitions are still ours, then let the
-        ownership say what a revocation means in its mode (exactly-once: let go of all lane state, as
-        the eager protocol revokes every partition and ``on_assign`` restores what comes back)."""
+        ownership say what a revocation means in its mode (exactly-once: let go of all lane state;
+        the partitions kept are restored again from what this commit made durable)."""
         if self.closing:
             return
+        revoked = frozenset(tp.partition for tp in partitions)
+        unrestored = revoked & self.pending
+        self.pending -= revoked
+        if revoked == unrestored:
+            return  # only partitions paused since their assignment went: nothing was read from them
         self.ctx.commit()
-        self.ctx.ownership.revoked(sorted(tp.partition for tp in partitions), self._let_go)
+        kept = self.owned - revoked
+        self.ctx.ownership.revoked(sorted(revoked), self._let_go)
+        self._set_pending(consumer, kept)
+
+    def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """The group fenced this member (its session expired: a long pause): its partitions may be
+        another's already, so nothing is committed. The open transaction is refused by the broker
+        when it is sent (the member epoch is stale): the caller's commit fails and the process
+        ends, and exactly-once makes its restart safe. Here only what was pending is forgotten."""
+        self.pending -= frozenset(tp.partition for tp in partitions)
+        log.warning(
+            "ingest partitions %s lost: this member was fenced by the group (a pause past its "
+            "session timeout?); its open transaction will be refused",
+            sorted(tp.partition for tp in partitions),
+        )
 
     def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        self.ctx.ownership.assigned(sorted(tp.partition for tp in partitions), self._take_over)
+        """Assign ``partitions`` paused and mark them pending: :meth:`restore_pending` restores them
+        from the loop. Outside the callback, so that a long restore never holds up the group."""
+        tps = [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in partitions]
+        if self.ctx.incremental:
+            consumer.incremental_assign(tps)
+        else:
+            consumer.assign(tps)
+        self._set_pending(consumer, frozenset(tp.partition for tp in partitions))
+
+    def _set_pending(self, consumer: Any, partitions: frozenset[int]) -> None:
+        if not partitions:
+            return
+        consumer.pause([TopicPartition(self.ctx.ingest_topic, p) for p in sorted(partitions)])
+        self.pending |= partitions
+        if self.restoring_since_s is None:
+            self.restoring_since_s = self.ctx.clock()
+
+    def restore_pending(self, consumer: Any) -> bool:
+        """From the loop: restore the pending partitions and resume them. True when it restored.
+
+        A transient broker error while reading the changelog (nothing is adopted before it has been
+        read to its end) leaves the partitions pending for a later step; anything else is raised."""
+        if not self.pending or self.closing or self.ctx.clock() < self._retry_at_s:
+            return False
+        partitions = sorted(self.pending)
+        try:
+            self.ctx.ownership.assigned(partitions, self._take_over)
+        except KafkaException as exc:
+            if not _transient(exc):
+                raise
+            # the changelog read failed before anything was adopted: the partitions just stay pending
+            self._retry_at_s = self.ctx.clock() + RESTORE_RETRY_S
+            log.warning("restore of ingest partitions %s failed (%s); trying again", partitions, exc)
+            return False
+        self.pending = frozenset()
+        self.restoring_since_s = None
+        self.finished_s = self.ctx.clock()
+        consumer.resume([TopicPartition(self.ctx.ingest_topic, p) for p in partitions])
+        return True
 
     def _let_go(self) -> None:
         """After the commit in ``on_revoke``: forget everything; the next owner restores it."""
@@ -128,8 +205,7 @@ class PartitionHandover:
         self.ctx.credits.reassign(self.owned)
 
     def _take_over(self, lanes: Restorable, partitions: list[int]) -> None:
-        """Restore the lanes and in-flight batches of ``partitions``, now this instance's."""
-        self.restoring_since_s = self.ctx.clock()
+        """Restore the lanes and in-flight batches of ``partitions``, now this instance's too."""
         # Restore builds millions of objects and no reference cycles: a collection in the middle
         # walks everything restored so far and frees nothing (a tenth of restore time when it ran).
         collecting = gc.isenabled()
@@ -139,18 +215,15 @@ class PartitionHandover:
         finally:
             if collecting:
                 gc.enable()
-            self.restoring_since_s = None
-            self.finished_s = self.ctx.clock()
 
     def _restore_partitions(self, lanes: Restorable, partitions: list[int]) -> None:
         ctx = self.ctx
-        self.owned = frozenset(partitions)
-        ctx.credits.reassign(self.owned)
         now = ctx.now_ms()
 
+        announced: list[Contract] = []
+
         def contracts(found: dict[str, Contract]) -> None:
-            for contract in found.values():
-                ctx.set_contract(contract)
+            announced.extend(found.values())  # announced once the share is this assignment's
 
         adopted: list[IngestItem] = []
 
@@ -164,6 +237,10 @@ class PartitionHandover:
             adopted.append(item)
 
         state = ctx.restore(partitions, contracts, waiting)
+        self.owned |= frozenset(partitions)  # read to its end: from here on it is adopted
+        ctx.credits.extend(self.owned)
+        for contract in announced:
+            ctx.set_contract(contract)
         restore_attempts(adopted, state.changelog)
         adopted.sort(key=arrival_of)  # the core's arrival order is its queue's: oldest first
         ctx.core.adopt_waiting_many(adopted, [it.arrival_ms for it in adopted])  # in one pass
@@ -227,6 +304,15 @@ class PartitionHandover:
                     f"restore: model {model}: the checkpoint counted {a[0] - b[0]:+,} items / "
                     f"{a[1] - b[1]:+,} tokens different from what the changelog holds"
                 )
+
+
+def _transient(exc: KafkaException) -> bool:
+    """A broker error a later try can get past (a timeout, a coordinator moving or loading)."""
+    err = exc.args[0] if exc.args else None
+    if not isinstance(err, KafkaError):
+        return False
+    timed_out = err.code() in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT)
+    return not err.fatal() and (err.retriable() or timed_out)
 
 
 def restore_attempts(waiting: list[IngestItem], state: ChangelogState) -> None:

@@ -3,11 +3,11 @@ hooks mean. One of the roles a delivery mode is made of (processor/state/modes.p
 (processor/state/handover.py) asks it instead of asking which mode it runs in.
 
 :class:`MovesWithPartitions` (exactly-once): lane state belongs to ingest partitions; at start the
-ledger resumes before any is assigned, a revocation lets go of everything (the eager protocol
-revokes every partition) and an assignment restores the assigned partitions' changelog into the
-:class:`Restorable` lane log. :class:`StaysWithInstance` (at-least-once): there is no changelog to
-hand lane state over by; the next owner of a revoked partition reads it again from its committed
-offset, so only its offsets are forgotten here.
+ledger resumes before any is assigned, a revocation lets go of everything (the core keeps lane
+state per instance; the handover restores the partitions kept again) and an assignment restores the
+assigned partitions' changelog into the :class:`Restorable` lane log. :class:`StaysWithInstance`
+(at-least-once): there is no changelog to hand lane state over by; the next owner of a revoked
+partition reads it again from its committed offset, so only its offsets are forgotten here.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ class MovesWithPartitions:
         return [TopicPartition(topic, p, o) for p, o in cursor.next.items()]
 
     def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
-        """The protocol is eager: every partition goes, so all lane state goes with it (committed just
-        before; the next owner restores it), and nothing tracked here belongs to this instance now."""
+        """All lane state goes (committed just before; the next owner of a revoked partition restores
+        it, the handover restores the partitions kept), and nothing tracked here is this instance's."""
         let_go()
         self.lanes.reset()
 

@@ -69,15 +69,21 @@ def latest_checkpoint(
 
 
 def committed_offsets(
-    conf: Mapping[str, str], topic: str, group: str, clients: ClientFactory = KAFKA
+    conf: Mapping[str, str],
+    topic: str,
+    group: str,
+    clients: ClientFactory = KAFKA,
+    only: list[int] | None = None,
 ) -> dict[int, int]:
-    """The group's committed offsets, stable ones only (read_committed: KIP-447 waits out any open
-    transaction that is committing offsets for them)."""
+    """The group's committed offsets of partitions ``only`` (default: all), stable ones only
+    (read_committed: KIP-447 waits out any open transaction that is committing offsets for them).
+    Asking for only the partitions being restored matters: a dead instance's open transaction holds
+    back the answer for its own partitions, not for the ones another instance keeps."""
     consumer = clients.consumer(
         {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_committed"}
     )
     try:
-        partitions = partitions_of(consumer, topic) or []
+        partitions = (partitions_of(consumer, topic) or []) if only is None else only
         tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
         return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
     finally:
@@ -115,7 +121,7 @@ def restore(
     not adopted. ``decode`` reads an ingest message (the intake's, so a registry-framed one reads too).
     """
     started = time.monotonic()
-    committed = committed_offsets(conf, topics.ingest, group, clients)
+    committed = committed_offsets(conf, topics.ingest, group, clients, partitions)
     contracts = latest_contracts(conf, topics, clients)
     on_contracts(contracts)
     state = ChangelogState()
@@ -131,6 +137,9 @@ def restore(
         first: dict[int, int] = {}
         for partition, offset in (*waiting, *wanted):
             first[partition] = min(offset, first.get(partition, offset))
+        others = sorted(first.keys() - set(partitions or first))  # a batch's items from elsewhere
+        if others:
+            committed.update(committed_offsets(conf, topics.ingest, group, clients, others))
         if not any(p in committed for p in first):
             raise WrongSettings(
                 f"restore: the changelog of {topics.prefix} holds {len(waiting) + len(wanted):,} items of "

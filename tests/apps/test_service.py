@@ -98,13 +98,13 @@ def test_batches_are_stamped_in_epoch_milliseconds_and_a_successor_keeps_the_sam
     first = p.started(wall_ms=EPOCH_MS)
     p.announce(contract(items=2, inflight=1))
     p.produce(["a", "b", "c"])
-    p.steps(first, 2, ms=1_000)  # dispatched in the first step, 1 s after the start
+    p.steps(first, 3, ms=1_000)  # the first step restores what was assigned (paused till then)
     (batch,) = p.batches()
-    assert batch.created_ms == EPOCH_MS + 1_000
+    assert batch.created_ms == EPOCH_MS + 2_000  # dispatched in the second step
     second = p.started(wall_ms=EPOCH_MS + 60_000)  # the same instance id: fences the first
     p.steps(second, 2)
     adopted = {b.batch_id: b for b in second.core.in_flight_batches()}
-    assert adopted[batch.batch_id].created_ms == EPOCH_MS + 1_000
+    assert adopted[batch.batch_id].created_ms == EPOCH_MS + 2_000
     assert second.now_ms() >= EPOCH_MS + 60_000
 
 
@@ -355,7 +355,7 @@ def test_a_revocation_commits_before_it_lets_go(p: Pipeline) -> None:
     svc = p.started()
     p.announce(contract())
     p.produce(["a"])
-    svc.step()
+    p.steps(svc, 2)  # assigned and restored, then read and dispatched
     before = svc.counters.commits
     p.mk.rebalance(p.topics.processor_group)
     svc.step()
@@ -432,7 +432,7 @@ def test_a_ledger_imbalance_is_recorded_for_health_and_raised(p: Pipeline) -> No
     svc = p.started()
     p.announce(contract())
     p.produce(["a"])
-    p.steps(svc, 1)
+    p.steps(svc, 2)
     book = svc.core.view.model_book(MODEL)  # a bug's footprint: an item counted that no lane holds
     book.received.add(1, 4)  # (written through the live book: no scheduler method books this)
     book.queued.add(1, 4)

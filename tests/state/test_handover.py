@@ -6,6 +6,7 @@ what an assignment adopts, what a revocation lets go of, and the restart check."
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
@@ -143,6 +144,8 @@ class Service:
                 now_ms=lambda: 1_000,
                 clock=lambda: 123.0,
                 on_restored=self.restored.append,
+                ingest_topic=self.topics.ingest,
+                incremental=True,
             )
         )
 
@@ -173,11 +176,14 @@ class Changelog:
         self.asked.append(("handover-proc", partitions))
         state = changelog.ChangelogState()
         sets = changelog.WaitingSets()
-        sets.add_all(changelog.WaitingRef(home, *ref) for ref, (home, _h) in self.waiting.items())
+        mine = set(partitions)  # a changelog partition is read only when its ingest partition is asked
+        refs = [(ref, home) for ref, (home, _h) in self.waiting.items() if home in mine]
+        sets.add_all(changelog.WaitingRef(home, *ref) for ref, home in refs)
         for home, key, value in sets.flush():
             state.apply(key, value, home)
         for partition, entry in self.batches:
-            state.apply(changelog.batch_key(entry.batch_id), entry.value(), partition)
+            if partition in mine:
+                state.apply(changelog.batch_key(entry.batch_id), entry.value(), partition)
         on_contracts(self.contracts)
         for ref, home in state.waiting.items():
             on_waiting(ref, home, self.waiting[ref][1], self.stamps.get(ref, 0))
@@ -205,12 +211,34 @@ def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Changelog]:
     gc.unfreeze()  # _take_over freezes what it restored; give this test process its collector back
 
 
-def assign(svc: Service, partitions: list[int]) -> None:
-    svc.handover.on_assign(None, [TopicPartition("handover.ingest", p) for p in partitions])
+class Member:
+    """The ingest consumer as the callbacks see it: what they assign, pause and resume."""
+
+    def __init__(self) -> None:
+        self.assigned: list[int] = []
+        self.paused: set[int] = set()
+
+    def incremental_assign(self, tps: list[TopicPartition]) -> None:
+        self.assigned += [tp.partition for tp in tps]
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused |= {tp.partition for tp in tps}
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.paused -= {tp.partition for tp in tps}
 
 
-def revoke(svc: Service, partitions: list[int]) -> None:
-    svc.handover.on_revoke(None, [TopicPartition("handover.ingest", p) for p in partitions])
+MEMBER = Member()
+
+
+def assign(svc: Service, partitions: list[int], member: Member = MEMBER) -> None:
+    """The group's callback, then the loop's next step."""
+    svc.handover.on_assign(member, [TopicPartition("handover.ingest", p) for p in partitions])
+    svc.handover.restore_pending(member)
+
+
+def revoke(svc: Service, partitions: list[int], member: Member = MEMBER) -> None:
+    svc.handover.on_revoke(member, [TopicPartition("handover.ingest", p) for p in partitions])
 
 
 def RESTORE(partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
@@ -346,3 +374,95 @@ def test_a_restart_that_keeps_every_partition_must_restore_what_the_checkpoint_c
     partial = restart([*counted, ("w5", 30)])
     assign(partial, [0, 1, 2])  # not every partition came back: state may rightly be elsewhere
     assert partial.core.view.waiting().items == 4
+
+
+# -- incremental rebalances (the consumer protocol) and the restore outside the callback ----------
+
+
+def test_an_assignment_is_paused_until_the_loop_restores_it(restored: Changelog) -> None:
+    svc, member = Service(), Member()
+    svc.handover.on_assign(member, [TopicPartition("handover.ingest", p) for p in (0, 1)])
+    # the callback only records: nothing read, nothing adopted, the partitions paused
+    assert restored.asked == [] and member.assigned == [0, 1] and member.paused == {0, 1}
+    assert svc.handover.pending == {0, 1} and svc.owned == frozenset()
+    assert svc.handover.restoring_since_s == 123.0
+    assert svc.handover.restore_pending(member) is True
+    assert restored.asked == [("handover-proc", [0, 1])] and member.paused == set()
+    assert svc.owned == {0, 1} and svc.handover.pending == frozenset()
+    assert svc.handover.restore_pending(member) is False  # nothing left to restore
+
+
+def test_more_partitions_are_restored_beside_what_is_held(restored: Changelog) -> None:
+    """An incremental assignment adds: the batches and slots already held stay held."""
+    svc = Service()
+    assign(svc, [1])
+    assert svc.core.is_in_flight("b1") and svc.credits.held("c") == 1
+    assert svc.core.view.waiting().items == 1  # w3
+    assign(svc, [0])
+    assert restored.asked == [("handover-proc", [1]), ("handover-proc", [0])]
+    assert svc.owned == {0, 1} and svc.commits == [] and svc.core.is_in_flight("b1")
+    assert svc.credits.held("c") == 1 and svc.core.view.consumer("c").slots == 2
+    assert svc.core.view.waiting().items == 4  # w1, w2, w3 and the retired consumer's item
+    svc.core.check(deep=True)
+
+
+def test_a_partial_revocation_restores_the_partitions_kept_from_what_it_committed(
+    restored: Changelog,
+) -> None:
+    svc, member = Service(), Member()
+    assign(svc, [0, 1], member)
+    revoke(svc, [1], member)
+    # committed while ours, all lane state let go, the kept partition paused until restored again
+    assert svc.commits == [True] and svc.owned == frozenset() and svc.handover.pending == {0}
+    assert member.paused == {0} and svc.core.view.waiting().items == 0
+    svc.core.check(deep=True)
+    assert svc.handover.restore_pending(member)
+    assert restored.asked[-1] == ("handover-proc", [0]) and svc.owned == {0} and member.paused == set()
+    svc.core.check(deep=True)
+
+
+def test_a_rebalance_before_the_restore_throws_nothing_away_and_commits_nothing(
+    restored: Changelog,
+) -> None:
+    """quix-streams#1146: a revocation landing while partitions wait for their restore. The ones
+    revoked were never read; the rest are restored once, by the loop."""
+    svc, member = Service(), Member()
+    svc.handover.on_assign(member, [TopicPartition("handover.ingest", p) for p in (0, 1, 2)])
+    revoke(svc, [2], member)
+    assert svc.commits == [] and svc.handover.pending == {0, 1}
+    assert svc.handover.restore_pending(member)
+    assert restored.asked == [("handover-proc", [0, 1])] and svc.owned == {0, 1}
+
+
+def test_a_restore_that_fails_on_a_transient_error_is_tried_again_not_crashed(
+    restored: Changelog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous owner's transaction still open, the committed offsets time out: nothing was
+    adopted, the partitions stay paused and pending, and a later step restores them."""
+    svc, member = Service(), Member()
+    now = [123.0]
+    svc.handover.ctx = dataclasses.replace(svc.handover.ctx, clock=lambda: now[0])
+    real = restored.restore
+
+    def timing_out(partitions, on_contracts, on_waiting):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(sys.modules[__name__], "RESTORE", real)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "committed offsets timed out"))
+
+    monkeypatch.setattr(sys.modules[__name__], "RESTORE", timing_out)
+    svc.handover.on_assign(member, [TopicPartition("handover.ingest", p) for p in (0, 1)])
+    assert svc.handover.restore_pending(member) is False
+    assert svc.owned == frozenset() and svc.core.view.waiting().items == 0 and member.paused == {0, 1}
+    assert svc.handover.restore_pending(member) is False  # not before a second has passed
+    now[0] += 1.5
+    assert svc.handover.restore_pending(member) is True
+    assert svc.owned == {0, 1} and svc.core.view.waiting().items == 4 and member.paused == set()
+
+
+def test_a_fatal_error_in_a_restore_is_raised(restored: Changelog, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fenced(partitions, on_contracts, on_waiting):  # type: ignore[no-untyped-def]
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+
+    monkeypatch.setattr(sys.modules[__name__], "RESTORE", fenced)
+    svc = Service()
+    with pytest.raises(KafkaException, match="fenced"):
+        assign(svc, [0])

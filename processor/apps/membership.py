@@ -1,0 +1,61 @@
+"""The processor's group membership at start, under the consumer group protocol (KIP-848).
+
+Two things the classic protocol did in the client are the group's there: the session timeout (a
+group config, :func:`set_group_session`) and who wins when two members share a
+``group.instance.id`` (the older one now: :func:`wait_for_own_id` waits out a predecessor that died
+without leaving, instead of failing fatally). docs/operations.md, "Static membership under the
+consumer protocol".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from processor.apps.settings import ProcessorSettings
+from processor.kafka.clients import (
+    BROKER_SESSION_TIMEOUT_MS,
+    group_session_config,
+    ingest_settings,
+    wait_for_instance_id,
+)
+from processor.kafka.exits import TransientFailure
+from processor.kafka.factory import ClientFactory
+
+log = logging.getLogger("tokenfabric.processor")
+
+
+def wait_for_own_id(
+    conf: Mapping[str, str], s: ProcessorSettings, identity: str, topic: str, who: str, clients: ClientFactory
+) -> None:
+    """The group refuses ``identity`` while the member that had it is not gone (a crash leaves it
+    there for the session timeout): wait for it, saying so once; past the session timeout plus 15 s,
+    a transient failure (exit 75: a restart tries again)."""
+    settings = ingest_settings(conf, s.group_id, s.session_timeout_ms, identity, s.group_protocol)
+    wait_s = max(s.session_timeout_ms, BROKER_SESSION_TIMEOUT_MS) / 1000 + 15
+    if wait_for_instance_id(settings, topic, 0.0, clients):
+        return
+    log.warning(
+        "%s: the group still holds instance id %s for a member that did not leave (a crash?); "
+        "waiting up to %.0f s for its session to time out",
+        who,
+        identity,
+        wait_s,
+    )
+    if not wait_for_instance_id(settings, topic, wait_s, clients):
+        raise TransientFailure(f"{who}: instance id {identity} still held after {wait_s:.0f} s")
+
+
+def set_group_session(conf: Mapping[str, str], s: ProcessorSettings, clients: ClientFactory) -> None:
+    """The session timeout is the group's config, not the client's: set it when it is not the
+    broker's default (45 s), and say once if the broker refused it."""
+    if s.group_protocol != "consumer" or s.session_timeout_ms == BROKER_SESSION_TIMEOUT_MS:
+        return
+    refused = group_session_config(conf, s.group_id, s.session_timeout_ms, clients)
+    if refused is not None:
+        log.warning(
+            "group %s keeps the broker's session timeout: consumer.session.timeout.ms=%d refused (%s)",
+            s.group_id,
+            s.session_timeout_ms,
+            refused,
+        )
