@@ -107,6 +107,9 @@ class ConsumerApp:
         self.delivery: ConsumerDelivery = delivery_for(
             self.settings.exactly_once, self.output, self.group, self.batch_topic, watchdog
         )
+        self.resuming = False
+        """Set on the rounds after the first of a ride (processor.apps.ride): the member the group
+        still has under this id is this process's own last round, not a twin: nothing to say."""
 
     @property
     def stats(self) -> ConsumerStats:
@@ -170,7 +173,9 @@ class ConsumerApp:
             self.clients.producer(self.delivery.producer_conf({**self.conf, **PRODUCER_SETTINGS}))
         )
         # Before the delivery strategy fences it (a transactional producer fences its twin).
-        if static_member_present(self.conf, self.group, self.group, clients=self.clients):
+        if not self.resuming and static_member_present(
+            self.conf, self.group, self.group, clients=self.clients
+        ):
             log.warning("%s", taking_over(self._who(), self.group))
         self.delivery.open()
         consumer: ConsumerClient | None = None

@@ -131,6 +131,9 @@ class ProcessorService:
         self.results = ResultsCursor()
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
+        self.resuming = False
+        """Set on the rounds after the first of a ride (processor.apps.ride): the member the group
+        still has under this id is this process's own last round, not a twin: nothing to say."""
 
         self.identity = transactional_id(s.instance, s.group_id)
         """Its transactional id and its group.instance.id: one identity, fenced as one by a twin."""
@@ -271,7 +274,9 @@ class ProcessorService:
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         member = self.identity
-        if static_member_present(self.conf, self.settings.group_id, member, clients=self.clients):
+        if not self.resuming and static_member_present(
+            self.conf, self.settings.group_id, member, clients=self.clients
+        ):
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
         self.mode.durability.start(self.watchdog)
         self.credits.count_partitions(len(self.control_plane.partitions(self.topics.ingest)))

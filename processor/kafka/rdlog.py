@@ -75,8 +75,13 @@ class RateLimit(logging.Filter):
 
 #: librdkafka warnings that a healthy start gives and that clear by themselves: a fresh broker's
 #: transaction coordinator still loading its state when the first ``init_transactions`` asks for a
-#: producer id (librdkafka retries until it is loaded). Logged at INFO, not WARNING.
-TRANSIENT = (re.compile(r"Failed to acquire transactional PID .*(load in progress|not available).*retrying"),)
+#: producer id (librdkafka retries until it is loaded), or still aborting the transaction an outage
+#: left open (processor.apps.ride). Logged at INFO, not WARNING.
+TRANSIENT = (
+    re.compile(r"Failed to acquire transactional PID .*(load in progress|not available).*retrying"),
+    # after an outage: the last run's transaction is still being aborted when the next run starts
+    re.compile(r"Failed to acquire transactional PID .*concurrent operation.*retrying"),
+)
 
 
 class DemoteTransient(logging.Filter):

@@ -77,6 +77,7 @@ __all__ = [
     "BrokerInfo",
     "broker_status",
     "default_state_dir",
+    "freeze_broker",
     "java_executable",
     "local_bootstrap",
     "restart_broker",
@@ -392,6 +393,25 @@ def restart_broker(
         heap_mb,
         time.monotonic() + timeout_s,
     )
+
+
+def freeze_broker(state_dir: Path, seconds: float, *, restart: bool = False) -> float:
+    """Freeze the broker of *state_dir* (SIGSTOP) for *seconds*, then let it go on (SIGCONT) or, with
+    *restart*, kill it and start it again on the same ports with its data: a hung broker, or one that
+    hangs and is then replaced, for outage tests. Clients see open connections that answer nothing.
+    Returns how long the broker answered nothing (to the moment it serves again)."""
+    state_dir = Path(state_dir).resolve()
+    info = broker_status(state_dir)
+    if info is None:
+        raise KafkaLocalError(f"no running broker for {state_dir} to freeze")
+    began = time.monotonic()
+    os.kill(info.pid, signal.SIGSTOP)
+    time.sleep(seconds)
+    if restart:
+        restart_broker(state_dir, kill=True)
+    else:
+        os.kill(info.pid, signal.SIGCONT)
+    return time.monotonic() - began
 
 
 def _read_state(state_dir: Path) -> dict[str, Any] | None:
