@@ -44,7 +44,7 @@ from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.contract import Contract
 from processor.engines.base import Engine
 from processor.kafka.clients import static_member, static_member_present
-from processor.kafka.exits import TransientFailure, ended_by, fatal, taking_over
+from processor.kafka.exits import MissingTopics, ended_by, fatal, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
 from processor.kafka.pipelines import missing_pipeline
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
@@ -128,7 +128,7 @@ class ConsumerApp:
         Looks first, so a consumer whose credentials may not create topics still starts when an
         operator created its topic, and an unreachable cluster fails in ``timeout_s`` with one line.
         Creates nothing while the pipeline's ingest topic is missing (a typo in ``--topic-prefix``, or
-        the topics Job still running): :class:`TransientFailure` naming the prefixes that exist.
+        the topics Job still running): :class:`MissingTopics` naming the prefixes that exist.
         """
         where = self.conf.get("bootstrap.servers", "?")
         try:
@@ -139,7 +139,7 @@ class ConsumerApp:
             return False
         refusal = missing_pipeline(self.topics, existing, self.conf)
         if refusal is not None:  # a typo in --topic-prefix, or the topics Job still running: create nothing
-            raise TransientFailure(f"{refusal} (the consumer creates its own batch topic only)")
+            raise MissingTopics(f"{refusal} (the consumer creates its own batch topic only)")
         all_specs = topic_specs(self.topics, consumers=[self.contract.consumer])
         specs = [s for s in all_specs if s.name == self.batch_topic]
         try:

@@ -44,6 +44,11 @@ T = TypeVar("T")
 OUTAGE_EXIT_S = 300.0
 #: A round that ran this long ended a run of failures: the next outage gets the whole wait again.
 FRESH_AFTER_S = 60.0
+#: Rounds that may fail in a row, each sooner than :data:`FRESH_AFTER_S`, while Kafka answers the
+#: probe at once: the after-effects of an outage just over (a transaction found expired, a
+#: coordinator still loading). One more, and the failure is not the broker's: the command exits with
+#: it (a batch topic deleted, say, times out every produce while the broker answers).
+MAX_RELAPSES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +198,11 @@ class Ride(Generic[T]):
 
     def run(self, stop: threading.Event) -> T | None:
         """The last round's result (None if ``stop`` came while waiting for the broker); raises what
-        ended a round when it is not an outage, or :class:`~processor.kafka.exits.TransientFailure`
-        when the outage outlasted ``outage_exit_s``."""
+        ended a round when it is not an outage, when Kafka answered all along and rounds kept
+        failing (:data:`MAX_RELAPSES`: a missing topic looks like an outage to a producer), or
+        :class:`~processor.kafka.exits.TransientFailure` when the outage outlasted ``outage_exit_s``."""
         outage_began: float | None = None
+        relapses = 0
         while not stop.is_set():
             self.stuck.take()  # a report about a round already left behind
             current = _Round(self.make_round(), f"{self.who}-round-{self.rounds}")
@@ -204,14 +211,31 @@ class Ride(Generic[T]):
             if error is None:
                 return current.result
             if time.monotonic() - current.started_s >= FRESH_AFTER_S:
-                outage_began = None
+                outage_began, relapses = None, 0
             if not is_outage(error) or self.settings.outage_exit_s == 0:
                 raise error
+            if self._answers():  # the broker is there: the round died of an outage already over
+                relapses += 1
+                if relapses > MAX_RELAPSES:
+                    raise error
+                self.log.info(
+                    "%s: %s; Kafka answers: resuming from the last commit", self.who, _one_line(error)
+                )
+                continue
             new_outage = outage_began is None
             outage_began = outage_began or time.monotonic()
             if not self._wait_for_broker(error, outage_began, stop, say=new_outage):
                 return None
         return None
+
+    def _answers(self) -> bool:
+        try:
+            self.probe(self.conf, self.settings.probe_timeout_s)
+        except BrokerUnreachable as exc:
+            if type(exc) is not BrokerUnreachable:
+                raise  # refused: waiting does not cure it
+            return False
+        return True
 
     def _follow(self, current: _Round[T], stop: threading.Event) -> BaseException | None:
         """Wait for the round to end; pass ``stop`` on; abandon it when the watchdog says it is stuck."""
@@ -244,11 +268,7 @@ class Ride(Generic[T]):
             waited = time.monotonic() - began
             if waited > s.outage_exit_s:
                 raise _gave_up(self.who, waited, error)
-            try:
-                self.probe(self.conf, s.probe_timeout_s)
-            except BrokerUnreachable as exc:
-                if type(exc) is not BrokerUnreachable:
-                    raise  # refused: waiting does not cure it
+            if not self._answers():
                 stop.wait(s.retry_s)
                 continue
             self.log.log(

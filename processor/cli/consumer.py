@@ -182,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure
+    from processor.kafka.rdlog import demote_outage_lines
     from processor.ops.broker_metrics import BrokerCollector
     from processor.ops.consumer_metrics import ConsumerMetrics
     from processor.ops.health import RideHealth, ServingHealth
@@ -211,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     setup_logging("DEBUG" if args.verbose else args.log_level, args.log_format)
+    demote_outage_lines()  # the ride says an outage once; librdkafka's own lines are DEBUG
     log = logging.getLogger("tokenfabric.consumer")
     log.info("kafka client settings: %s", describe(conf))
     metrics = ConsumerMetrics(contract.consumer)

@@ -133,12 +133,14 @@ def run(args: argparse.Namespace) -> int:
     from processor.apps.service import ProcessorService
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure, WrongSettings
+    from processor.kafka.rdlog import demote_outage_lines
     from processor.ops.broker_metrics import BrokerCollector
     from processor.ops.health import ProcessorHealth, RideHealth
     from processor.ops.kafka_stats import KafkaStats
     from processor.ops.metrics import processor_registry
 
     setup_logging(args.log_level, args.log_format)
+    demote_outage_lines()  # the ride says an outage once; librdkafka's own lines are DEBUG
     stuck = StuckSignal()
     try:
         settings = _settings(args)

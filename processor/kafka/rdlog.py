@@ -98,6 +98,29 @@ class DemoteTransient(logging.Filter):
         return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.INFO)
 
 
+#: What librdkafka says, client by client and thread by thread, while a broker is away: the lines an
+#: outage makes by the page (issue 36). The long-running commands say the outage themselves, once
+#: when it begins and once when it ends (processor.apps.ride), so they make these DEBUG
+#: (:func:`demote_outage_lines`); elsewhere they are the only sign and stay as librdkafka says.
+OUTAGE = (
+    re.compile(r"Disconnected|Connect to .* failed|Connection refused|[Cc]onnection reset"),
+    re.compile(r"brokers are down|timed out in-flight|request\(s\) timed out|Timed out \d+ in-flight"),
+    re.compile(
+        r"session timed out|Failed to (add offsets|commit offsets|end transaction).*transport failure"
+    ),
+)
+
+
+class DemoteOutage(logging.Filter):
+    """Lower :data:`OUTAGE` lines to DEBUG, and drop them where the logger does not log DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG or not any(p.search(record.getMessage()) for p in OUTAGE):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.DEBUG)
+
+
 def kafka_logger() -> logging.Logger:
     """The Python logger librdkafka's own logs go to (``tokenfabric.kafka``), repeats rate-limited,
     warnings of a healthy start demoted (:class:`DemoteTransient`)."""
@@ -107,6 +130,18 @@ def kafka_logger() -> logging.Logger:
     if not any(isinstance(f, RateLimit) for f in logger.filters):
         logger.addFilter(RateLimit())
     return logger
+
+
+def demote_outage_lines() -> DemoteOutage:
+    """Make :data:`OUTAGE` lines DEBUG in this process (the commands that ride outages out call it);
+    returns the filter, which ``kafka_logger().removeFilter`` takes off again."""
+    logger = kafka_logger()
+    for f in logger.filters:
+        if isinstance(f, DemoteOutage):
+            return f
+    demote = DemoteOutage()
+    logger.addFilter(demote)
+    return demote
 
 
 def with_kafka_logger(conf: Mapping[str, Any]) -> dict[str, Any]:

@@ -169,3 +169,17 @@ def test_the_watch_counts_each_outage_once_and_its_age() -> None:
     watch.came_back()
     watch.went_away()
     assert watch.outages == 2
+
+
+def test_rounds_that_keep_failing_while_kafka_answers_end_the_ride_with_their_error() -> None:
+    """A deleted batch topic times out every produce while the broker answers: after the allowed
+    relapses the ride ends with the round's error (exit 75), instead of waiting out an outage that
+    is not there."""
+    from processor.apps.ride import MAX_RELAPSES
+
+    timed_out = KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "message timed out"))
+    make_round, made = script(*[raises(timed_out)] * (MAX_RELAPSES + 1))
+    probe = Probe(fails=0)
+    with pytest.raises(KafkaException):
+        ride(make_round, probe).run(threading.Event())
+    assert len(made) == MAX_RELAPSES + 1 and probe.calls == MAX_RELAPSES + 1

@@ -1,10 +1,11 @@
 """The broker freezes under load; every process rides it out without exiting (issue 36).
 
 A broker frozen with SIGSTOP keeps its connections open and answers nothing: transactions and
-messages time out, the transaction coordinator vanishes mid-commit. The processors and both
-consumers must stay up (no exit, and no supervisor here to restart them), say once that Kafka is
-away and once that it is back, resume by themselves from their last commit, and the run must end
-exactly once with a clean audit (processor/apps/ride.py).
+messages time out, the transaction coordinator vanishes mid-commit. The processors, both consumers
+and ``status --watch`` must stay up (no exit, and no supervisor here to restart them); the apps say
+once that Kafka is away and once that it is back (status says it on each refresh), resume by
+themselves from their last commit, and the run must end exactly once with a clean audit
+(processor/apps/ride.py).
 
 In CI the freeze lasts :data:`FROZEN_S` (20 s: past the processor's 10 s transaction timeout, so
 its open transactions die; short enough for CI), with one processor. The issue's own case, a broker
@@ -68,6 +69,16 @@ def ride_out(
     ids, tokens, producer = produce_paced(rig, items, seed=36, seconds=15)
     for i in range(processors):
         rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=INFO)
+    watch = [
+        "status",
+        "--bootstrap",
+        rig.bootstrap,
+        "--topic-prefix",
+        rig.topics.prefix,
+        "--group",
+        rig.group,
+    ]
+    rig.spawn("status", [*watch, "--watch", "--interval-s", "2"])
     rig.wait_completed(items // 10, timeout_s=120)  # mid-run: batches in flight, items waiting
     away_s = kafka_local.freeze_broker(state, frozen_s, restart=restart)
     producer.join()
@@ -84,6 +95,9 @@ def ride_out(
     assert any(away[f"processor{i}"] for i in range(processors)), "no processor noticed the outage"
     assert away == back, (away, back)  # each outage said once when it began and once when it ended
     assert all(a <= 2 for a in away.values()), away
+    said = logs["status"]  # status --watch said the broker was gone, and then the status again
+    assert "KAFKA UNREACHABLE at" in said, said[-2000:]
+    assert "processors (age" in said.rsplit("KAFKA UNREACHABLE", 1)[1], said[-2000:]
     assert_exactly_once(rig, ids, tokens)
 
 
