@@ -49,6 +49,12 @@ FRESH_AFTER_S = 60.0
 #: coordinator still loading). One more, and the failure is not the broker's: the command exits with
 #: it (a batch topic deleted, say, times out every produce while the broker answers).
 MAX_RELAPSES = 3
+#: A probe that answers within this long answers "at once": the broker was there when the round died.
+QUICK_S = 2.0
+#: The lookout asks the cluster this often while a round runs, and gives each probe as long: a
+#: broker frozen or cut off is seen within twice this, whatever the round is doing (a commit
+#: blocked on it, or, for an idle consumer, nothing at all).
+LOOKOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,8 @@ class RideSettings:
     """Give up (exit 75) when the broker has been away this long; 0: never wait (exit at once)."""
     probe_timeout_s: float = PROBE_TIMEOUT_S
     retry_s: float = RETRY_S
+    lookout_s: float | None = LOOKOUT_S
+    """How often the lookout asks the cluster while a round runs (None: no lookout, tests)."""
 
     def __post_init__(self) -> None:
         if self.outage_exit_s < 0:
@@ -68,13 +76,15 @@ class RideSettings:
 class BrokerWatch:
     """Whether the broker answers, as this process last saw it: what health and metrics read.
 
-    Written by the ride's thread, read by the HTTP threads (single attribute reads and writes).
+    Written by the ride's thread and its lookout (under a lock: whoever flips the state says so,
+    once), read by the HTTP threads.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.away_since_s: float | None = None
         self.outages = 0
+        self._lock = threading.Lock()
 
     @property
     def reachable(self) -> bool:
@@ -82,17 +92,25 @@ class BrokerWatch:
 
     def away_for_s(self) -> float:
         """Seconds since the broker was last seen away began; 0 while it answers."""
-        return 0.0 if self.away_since_s is None else max(0.0, self.clock() - self.away_since_s)
+        since = self.away_since_s
+        return 0.0 if since is None else max(0.0, self.clock() - since)
 
-    def went_away(self, new_outage: bool = True) -> None:
-        """The broker is away; ``new_outage`` False: still the outage counted before (a round that
-        failed again soon after the broker answered)."""
-        if self.away_since_s is None:
+    def went_away(self) -> bool:
+        """The broker is away; True when it answered until now (the caller says so)."""
+        with self._lock:
+            if self.away_since_s is not None:
+                return False
             self.away_since_s = self.clock()
-            self.outages += int(new_outage)
+            self.outages += 1
+            return True
 
-    def came_back(self) -> None:
-        self.away_since_s = None
+    def came_back(self) -> bool:
+        """The broker answers; True when it was away until now (the caller says so)."""
+        with self._lock:
+            if self.away_since_s is None:
+                return False
+            self.away_since_s = None
+            return True
 
 
 class _Round(Generic[T]):
@@ -201,7 +219,15 @@ class Ride(Generic[T]):
         ended a round when it is not an outage, when Kafka answered all along and rounds kept
         failing (:data:`MAX_RELAPSES`: a missing topic looks like an outage to a producer), or
         :class:`~processor.kafka.exits.TransientFailure` when the outage outlasted ``outage_exit_s``."""
-        outage_began: float | None = None
+        done = threading.Event()
+        if self.settings.lookout_s is not None:
+            threading.Thread(target=self._look_out, args=(done,), name="broker-lookout", daemon=True).start()
+        try:
+            return self._rounds(stop)
+        finally:
+            done.set()
+
+    def _rounds(self, stop: threading.Event) -> T | None:
         relapses = 0
         while not stop.is_set():
             self.stuck.take()  # a report about a round already left behind
@@ -211,10 +237,12 @@ class Ride(Generic[T]):
             if error is None:
                 return current.result
             if time.monotonic() - current.started_s >= FRESH_AFTER_S:
-                outage_began, relapses = None, 0
+                relapses = 0
             if not is_outage(error) or self.settings.outage_exit_s == 0:
                 raise error
-            if self._answers():  # the broker is there: the round died of an outage already over
+            asked = time.monotonic()
+            if self._answers() and time.monotonic() - asked < QUICK_S:  # there: the outage is over
+                self._back()
                 relapses += 1
                 if relapses > MAX_RELAPSES:
                     raise error
@@ -222,11 +250,37 @@ class Ride(Generic[T]):
                     "%s: %s; Kafka answers: resuming from the last commit", self.who, _one_line(error)
                 )
                 continue
-            new_outage = outage_began is None
-            outage_began = outage_began or time.monotonic()
-            if not self._wait_for_broker(error, outage_began, stop, say=new_outage):
+            self._away(_one_line(error))
+            if not self._wait_for_broker(error, asked - self.watch.away_for_s(), stop):
                 return None
         return None
+
+    def _look_out(self, done: threading.Event) -> None:
+        """Ask the cluster every ``lookout_s`` while rounds run; say when it stops and starts answering."""
+        every = self.settings.lookout_s or LOOKOUT_S
+        while not done.wait(every):
+            try:
+                self.probe(self.conf, every)
+            except BrokerUnreachable as exc:
+                self._away(_one_line(exc))
+            else:
+                self._back()
+
+    def _away(self, why: str) -> None:
+        if self.watch.went_away():
+            self.log.warning(
+                "%s: Kafka at %s does not answer (%s): not ready; the open transaction is dropped and "
+                "the run resumes from the last commit once a broker answers (giving up after %g s)",
+                self.who,
+                self.conf.get("bootstrap.servers", "?"),
+                why,
+                self.settings.outage_exit_s,
+            )
+
+    def _back(self) -> None:
+        away_s = self.watch.away_for_s()
+        if self.watch.came_back():
+            self.log.info("%s: Kafka answers again after %.0f s: resuming", self.who, away_s)
 
     def _answers(self) -> bool:
         try:
@@ -249,36 +303,18 @@ class Ride(Generic[T]):
                 return StuckCall(f"{self.who}: {said}")
         return current.error
 
-    def _wait_for_broker(self, error: BaseException, began: float, stop: threading.Event, say: bool) -> bool:
-        """Probe until the broker answers (True) or ``stop`` (False); raise past ``outage_exit_s``.
-        ``say``: the first failure of an outage, which says it began and, later, that it ended; a
-        round that fails again soon after (a coordinator still loading) is the same outage."""
-        s, watch = self.settings, self.watch
-        watch.went_away(new_outage=say)
-        if say:
-            self.log.warning(
-                "%s: Kafka at %s is away (%s): not ready; the open transaction is dropped and the run "
-                "resumes from the last commit once a broker answers (giving up after %g s)",
-                self.who,
-                self.conf.get("bootstrap.servers", "?"),
-                _one_line(error),
-                s.outage_exit_s,
-            )
+    def _wait_for_broker(self, error: BaseException, began: float, stop: threading.Event) -> bool:
+        """Probe until the broker answers (True) or ``stop`` (False); raise past ``outage_exit_s``
+        counted from ``began``."""
+        s = self.settings
         while not stop.is_set():
             waited = time.monotonic() - began
             if waited > s.outage_exit_s:
                 raise _gave_up(self.who, waited, error)
-            if not self._answers():
-                stop.wait(s.retry_s)
-                continue
-            self.log.log(
-                logging.INFO if say else logging.DEBUG,
-                "%s: Kafka answers again after %.0f s: resuming from the last commit",
-                self.who,
-                time.monotonic() - began,
-            )
-            watch.came_back()
-            return True
+            if self._answers():
+                self._back()
+                return True
+            stop.wait(s.retry_s)
         return False
 
 

@@ -36,6 +36,7 @@ from processor.ops.status import (
     report,
     with_rates,
 )
+from processor.ops.status_view import StatusView
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -340,6 +341,38 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
+#: A ``--watch`` refresh that has not returned this long is said, while it waits, as Kafka unreachable.
+SILENT_S = 5.0
+
+
+def _gather_watched(
+    conf: dict[str, str], topics: TopicNames, args: argparse.Namespace, stop: threading.Event, clear: bool
+) -> StatusView | None:
+    """``gather`` for ``--watch``: a broker that hangs (frozen, a dead network) makes the read wait
+    for its timeouts; meanwhile each ``--interval-s`` past :data:`SILENT_S` says Kafka does not
+    answer. None when stopped first; raises what the read raised."""
+    done: list[StatusView] = []
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            done.append(gather(conf, topics, args.group, groups=True))
+        except Exception as exc:  # handed to the watching thread, which raises it
+            failed.append(exc)
+
+    reader = threading.Thread(target=read, name="status-read", daemon=True)
+    started = time.monotonic()
+    reader.start()
+    reader.join(SILENT_S)
+    while reader.is_alive() and not stop.is_set():
+        quiet = TimeoutError(f"no answer for {time.monotonic() - started:.0f} s")
+        _emit_away(conf, quiet, time.monotonic() - started, args.json, clear)
+        reader.join(args.interval_s)
+    if failed:
+        raise failed[0]
+    return done[0] if done else None
+
+
 def _settings_watched(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
     """``--watch`` started while Kafka does not answer: say so each ``--interval-s`` until it does."""
     from processor.kafka.reach import BrokerUnreachable
@@ -383,7 +416,12 @@ def _show(args: argparse.Namespace, conf: dict[str, str], topics: TopicNames) ->
     away_since: float | None = None
     while not stop.is_set():
         try:
-            view = gather(conf, topics, args.group, groups=True)
+            if args.watch:
+                view = _gather_watched(conf, topics, args, stop, clear)
+                if view is None:
+                    break
+            else:
+                view = gather(conf, topics, args.group, groups=True)
         except Exception as exc:
             if not args.watch or not is_outage(exc):
                 raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -17,7 +18,7 @@ from processor.apps.ride import BrokerWatch, Current, Ride, RideSettings, StuckS
 from processor.kafka.exits import BrokerUnreachable, Superseded, TransientFailure
 from processor.kafka.outage import StuckCall
 
-FAST = RideSettings(outage_exit_s=5.0, probe_timeout_s=0.01, retry_s=0.01)
+FAST = RideSettings(outage_exit_s=5.0, probe_timeout_s=0.01, retry_s=0.01, lookout_s=None)
 DOWN = KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN, "all brokers down"))
 
 
@@ -71,7 +72,7 @@ def test_an_outage_is_said_once_waited_out_and_the_next_round_runs(caplog: pytes
         assert r.run(threading.Event()) == "done"
     assert made == [0, 1, 2]
     said = [rec.getMessage() for rec in caplog.records]
-    assert sum("is away (" in m for m in said) == 1, said  # the second failure is the same outage
+    assert sum("does not answer (" in m for m in said) == 1, said  # the second failure is the same outage
     assert sum("answers again" in m for m in said) == 1, said
     assert watch.reachable and watch.outages == 1
 
@@ -87,7 +88,7 @@ def test_a_failure_that_is_not_an_outage_ends_the_ride_at_once() -> None:
 def test_an_outage_longer_than_the_setting_gives_up_with_a_transient_failure() -> None:
     make_round, _ = script(raises(DOWN))
     r = ride(make_round, Probe(fails=10**9))
-    r.settings = RideSettings(outage_exit_s=0.2, probe_timeout_s=0.01, retry_s=0.02)
+    r.settings = RideSettings(outage_exit_s=0.2, probe_timeout_s=0.01, retry_s=0.02, lookout_s=None)
     with pytest.raises(TransientFailure, match="past --outage-exit-s"):
         r.run(threading.Event())
     assert not r.watch.reachable
@@ -96,7 +97,7 @@ def test_an_outage_longer_than_the_setting_gives_up_with_a_transient_failure() -
 def test_zero_means_exit_on_the_first_outage_as_before() -> None:
     make_round, _ = script(raises(DOWN))
     r = ride(make_round, Probe(fails=0))
-    r.settings = RideSettings(outage_exit_s=0)
+    r.settings = RideSettings(outage_exit_s=0, lookout_s=None)
     with pytest.raises(KafkaException):
         r.run(threading.Event())
 
@@ -162,11 +163,11 @@ def test_the_watch_counts_each_outage_once_and_its_age() -> None:
     now = [100.0]
     watch = BrokerWatch(clock=lambda: now[0])
     assert watch.reachable and watch.away_for_s() == 0
-    watch.went_away()
+    assert watch.went_away()
     now[0] += 7
-    watch.went_away()  # the same outage, seen again
+    assert not watch.went_away()  # the same outage, seen again: nothing more to say
     assert not watch.reachable and watch.away_for_s() == 7 and watch.outages == 1
-    watch.came_back()
+    assert watch.came_back() and not watch.came_back()
     watch.went_away()
     assert watch.outages == 2
 
@@ -183,3 +184,45 @@ def test_rounds_that_keep_failing_while_kafka_answers_end_the_ride_with_their_er
     with pytest.raises(KafkaException):
         ride(make_round, probe).run(threading.Event())
     assert len(made) == MAX_RELAPSES + 1 and probe.calls == MAX_RELAPSES + 1
+
+
+def test_a_probe_that_answers_only_after_a_while_is_an_outage_said_once() -> None:
+    """The round died while the broker was frozen; the first probe hangs until the broker thaws and
+    then answers: that was an outage (both lines), not an after-effect."""
+
+    class SlowOnce(Probe):
+        def __call__(self, conf: Mapping[str, str], timeout_s: float) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(2.5)  # past QUICK_S
+
+    make_round, made = script(raises(DOWN), returns("done"))
+    watch = BrokerWatch()
+    assert ride(make_round, SlowOnce(fails=0), watch=watch).run(threading.Event()) == "done"
+    assert made == [0, 1] and watch.outages == 1 and watch.reachable
+
+
+def test_the_lookout_says_an_outage_once_while_the_round_runs_on(caplog: pytest.LogCaptureFixture) -> None:
+    """A round blocked on the broker (a commit waiting, an idle consumer) fails nothing; the lookout
+    sees the broker stop and start answering, and says each once."""
+    release = threading.Event()
+
+    def blocked(stop: threading.Event) -> str:
+        release.wait(10)
+        return "done"
+
+    class Flaky(Probe):
+        def __call__(self, conf: Mapping[str, str], timeout_s: float) -> None:
+            super().__call__(conf, timeout_s)
+            if self.calls == 6:
+                release.set()
+
+    make_round, _ = script(blocked)
+    watch = BrokerWatch()
+    r = Ride(make_round, {}, "consumer c", logging.getLogger("t.ride"),
+             RideSettings(lookout_s=0.05), watch, probe=Flaky(fails=3))  # fmt: skip
+    with caplog.at_level(logging.INFO, "t.ride"):
+        assert r.run(threading.Event()) == "done"
+    said = [rec.getMessage() for rec in caplog.records]
+    assert sum("does not answer" in m for m in said) == 1 and sum("answers again" in m for m in said) == 1
+    assert watch.reachable and watch.outages == 1

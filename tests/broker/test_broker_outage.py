@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from processor.local import broker as kafka_local
+from processor.ops.alerts import AlertSettings, render
 from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, running_rig
+from tests.broker.test_alerts import await_alert, find, free_port, prometheus
 
 pytestmark = pytest.mark.kafka
 log = logging.getLogger(__name__)
@@ -63,12 +66,16 @@ def ride_out(
     state: Path, rig: Rig, tmp_path: Path, processors: int, items: int, frozen_s: float, restart: bool
 ) -> None:
     """The scenario: consumers and processors under paced load, the broker frozen mid-run (and, with
-    ``restart``, replaced), then every item completes once with no process exiting."""
+    ``restart``, replaced), then every item completes once with no process exiting. A real
+    Prometheus scrapes processor0 every second with the shipped rules (a 2 s ``broker_away_for_s``):
+    TokenfabricBrokerUnreachable must fire while the broker is away, as no target goes down."""
     for contract in CARDS:
         rig.spawn_consumer(contract.consumer, contract, overhead_ms=5, extra=INFO)
     ids, tokens, producer = produce_paced(rig, items, seed=36, seconds=15)
+    metrics = free_port()
     for i in range(processors):
-        rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=INFO)
+        port = ("--metrics-port", str(metrics)) if i == 0 else ()
+        rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=(*INFO, *port))
     watch = [
         "status",
         "--bootstrap",
@@ -80,12 +87,25 @@ def ride_out(
     ]
     rig.spawn("status", [*watch, "--watch", "--interval-s", "2"])
     rig.wait_completed(items // 10, timeout_s=120)  # mid-run: batches in flight, items waiting
-    away_s = kafka_local.freeze_broker(state, frozen_s, restart=restart)
+    home = tmp_path / "prometheus"
+    home.mkdir()
+    rules = render(AlertSettings(broker_away_for_s=2))
+    with prometheus(home, {"tokenfabric-processor": [f"127.0.0.1:{metrics}"]}, rules) as prom:
+        frozen: list[float] = []
+        freezer = threading.Thread(
+            target=lambda: frozen.append(kafka_local.freeze_broker(state, frozen_s, restart=restart))
+        )
+        began = time.monotonic()
+        freezer.start()
+        await_alert(prom, "TokenfabricBrokerUnreachable", "firing", frozen_s + 30, began)
+        freezer.join()
+        assert find(prom.alerts(), "TokenfabricTargetDown") is None  # it stayed up and scraped
+    away_s = frozen[0]
     producer.join()
     stall_s = complete_without_exits(rig, len(ids), timeout_s=400)
     codes = rig.pipeline.stop()
     logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in codes}
-    away = {n: text.count("is away (") for n, text in logs.items()}
+    away = {n: text.count("does not answer (") for n, text in logs.items()}
     back = {n: text.count("answers again after") for n, text in logs.items()}
     print(
         f"OUTAGE frozen={frozen_s:.0f}s restart={restart} away={away_s:.1f}s stall={stall_s:.1f}s away={away}"
