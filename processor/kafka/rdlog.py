@@ -80,7 +80,7 @@ class RateLimit(logging.Filter):
 TRANSIENT = (
     re.compile(r"Failed to acquire transactional PID .*(load in progress|not available).*retrying"),
     # after an outage: the last run's transaction is still being aborted when the next run starts
-    re.compile(r"Failed to acquire transactional PID .*concurrent operation.*retrying"),
+    re.compile(r"Failed to acquire transactional PID .*(concurrent operation|Not coordinator).*retrying"),
 )
 
 
@@ -108,6 +108,8 @@ OUTAGE = (
     re.compile(
         r"session timed out|Failed to (add offsets|commit offsets|end transaction).*transport failure"
     ),
+    # the broker aborted a transaction the outage kept open: the command says how its run ended
+    re.compile(r"fenced by a newer instance"),
 )
 
 

@@ -295,6 +295,10 @@ class Rig:
             ],
         )
 
+    def pipeline_args(self) -> list[str]:
+        """The flags that point a command at this rig's pipeline and processor group."""
+        return ["--bootstrap", self.bootstrap, "--topic-prefix", self.topics.prefix, "--group", self.group]
+
     def completed(self) -> int:
         return gather(self.conf, self.topics, group=self.group).total("completed_items")
 

@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,16 +33,6 @@ log = logging.getLogger(__name__)
 
 FROZEN_S = 20.0
 INFO = ("--log-level", "INFO")
-
-
-@pytest.fixture
-def private_broker(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    state = tmp_path / "kafka"
-    info = kafka_local.start_broker(state)
-    try:
-        yield state, info.bootstrap
-    finally:
-        kafka_local.stop_broker(state)
 
 
 def complete_without_exits(rig: Rig, n: int, timeout_s: float) -> float:
@@ -76,16 +65,7 @@ def ride_out(
     for i in range(processors):
         port = ("--metrics-port", str(metrics)) if i == 0 else ()
         rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=(*INFO, *port))
-    watch = [
-        "status",
-        "--bootstrap",
-        rig.bootstrap,
-        "--topic-prefix",
-        rig.topics.prefix,
-        "--group",
-        rig.group,
-    ]
-    rig.spawn("status", [*watch, "--watch", "--interval-s", "2"])
+    rig.spawn("status", ["status", *rig.pipeline_args(), "--watch", "--interval-s", "2"])
     rig.wait_completed(items // 10, timeout_s=120)  # mid-run: batches in flight, items waiting
     home = tmp_path / "prometheus"
     home.mkdir()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,16 +32,6 @@ from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, run
 
 pytestmark = pytest.mark.kafka
 log = logging.getLogger(__name__)
-
-
-@pytest.fixture
-def private_broker(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    state = tmp_path / "kafka"
-    info = kafka_local.start_broker(state)
-    try:
-        yield state, info.bootstrap
-    finally:
-        kafka_local.stop_broker(state)
 
 
 def supervise_until_done(rig: Rig, n: int, timeout_s: float) -> tuple[list[str], float]:
