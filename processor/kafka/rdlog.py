@@ -103,7 +103,9 @@ class DemoteTransient(logging.Filter):
 #: when it begins and once when it ends (processor.apps.ride), so they make these DEBUG
 #: (:func:`demote_outage_lines`); elsewhere they are the only sign and stay as librdkafka says.
 OUTAGE = (
-    re.compile(r"Disconnected|Connect to .* failed|Connection refused|[Cc]onnection reset"),
+    re.compile(
+        r"Disconnected|Connect to .* failed|Connection refused|[Cc]onnection reset|ApiVersionRequest failed"
+    ),
     re.compile(r"brokers are down|timed out in-flight|request\(s\) timed out|Timed out \d+ in-flight"),
     re.compile(
         r"session timed out|Failed to (add offsets|commit offsets|end transaction).*transport failure"

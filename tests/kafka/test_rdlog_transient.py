@@ -37,6 +37,7 @@ def test_an_outage_is_not_a_page_of_librdkafka_lines(caplog: pytest.LogCaptureFi
         ("FAIL", "127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused"),
         ("SESSTMOUT", "Consumer group session timed out (in join-state steady) after 45125 ms"),
         ("REQTMOUT", "127.0.0.1:9/1: Timed out 1 in-flight, 0 retry-queued, 0 out-queue requests"),
+        ("FAIL", "127.0.0.1:9/1: ApiVersionRequest failed: Local: Timed out: probably due to broker version"),
         ("ADDOFFSETS", "Failed to add offsets to transaction on broker 1: Local: Broker transport failure"),
     ]
     with caplog.at_level(logging.INFO, logger=KAFKA_LOGGER):
