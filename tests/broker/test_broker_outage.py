@@ -1,11 +1,11 @@
 """The broker freezes under load; every process rides it out without exiting (issue 36).
 
 A broker frozen with SIGSTOP keeps its connections open and answers nothing: transactions and
-messages time out, the transaction coordinator vanishes mid-commit. The processors, both consumers
-and ``status --watch`` must stay up (no exit, and no supervisor here to restart them); the apps say
-once that Kafka is away and once that it is back (status says it on each refresh), resume by
-themselves from their last commit, and the run must end exactly once with a clean audit
-(processor/apps/ride.py).
+messages time out, the transaction coordinator vanishes mid-commit. The processors, both consumers,
+the collector and ``status --watch`` must stay up (no exit, and no supervisor here to restart
+them); the apps say once that Kafka is away and once that it is back (status says it on each
+refresh), resume by themselves from their last commit, and the run must end exactly once with a
+clean audit (processor/apps/ride.py).
 
 In CI the freeze lasts :data:`FROZEN_S` (20 s: past the processor's 10 s transaction timeout, so
 its open transactions die; short enough for CI), with one processor. The issue's own case, a broker
@@ -66,6 +66,8 @@ def ride_out(
         port = ("--metrics-port", str(metrics)) if i == 0 else ()
         rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=(*INFO, *port))
     rig.spawn("status", ["status", *rig.pipeline_args(), "--watch", "--interval-s", "2"])
+    where = rig.pipeline_args()[:4]  # the collector has no --group
+    rig.spawn("collector", ["collector", *where, "--out-dir", str(tmp_path / "out"), "--log-level", "INFO"])
     rig.wait_completed(items // 10, timeout_s=120)  # mid-run: batches in flight, items waiting
     home = tmp_path / "prometheus"
     home.mkdir()

@@ -54,7 +54,7 @@ def test_a_pipeline_made_on_kafka_4_1_2_resumes_on_the_current_broker(tmp_path: 
             kafka_local.restart_broker(state, version=KAFKA_VERSION)  # the upgrade, in place
             assert json.loads((state / "broker.json").read_text())["kafka_version"] == KAFKA_VERSION
             rig.pipeline.procs.clear()
-            more_ids, more_tokens = produce(rig, 1_000, seed=42)
+            more_ids, more_tokens = produce(rig, 1_000, seed=42, id_prefix="after-")
             codes = run_until(rig, len(first_ids) + len(more_ids), "-new")
             assert set(codes.values()) == {0}, codes
             assert_exactly_once(rig, first_ids | more_ids, first_tokens + more_tokens)
