@@ -13,7 +13,9 @@ An outage, as librdkafka reports it while the broker is stopped, frozen or resta
   ``REQUEST_TIMED_OUT``, ``NETWORK_EXCEPTION``, a message timed out (``_MSG_TIMED_OUT``), or a
   probe that found nobody (:class:`~processor.kafka.exits.BrokerUnreachable`, not its refusals);
 - a coordinator that moved or is loading its state after a restart: ``COORDINATOR_LOAD_IN_PROGRESS``,
-  ``COORDINATOR_NOT_AVAILABLE``, ``NOT_COORDINATOR``, ``NOT_ENOUGH_REPLICAS`` and the like;
+  ``COORDINATOR_NOT_AVAILABLE``, ``NOT_COORDINATOR``, ``NOT_ENOUGH_REPLICAS`` and the like, and a
+  reader's ``_UNKNOWN_PARTITION`` while the broker's metadata comes back (a topic really gone fails
+  again at once, and the ride then ends with it: processor.apps.ride.MAX_RELAPSES);
 - a transaction that did not survive it: any error that is ``retriable()`` or ``txn_requires_abort()``
   and not ``fatal()`` (librdkafka makes a commit whose coordinator vanished abortable), a
   transaction the broker aborted on its timeout (:class:`~processor.kafka.exits.TransientFailure`
@@ -75,6 +77,7 @@ def _outage_codes() -> frozenset[int]:
         "LEADER_NOT_AVAILABLE",
         "NOT_LEADER_FOR_PARTITION",
         "CONCURRENT_TRANSACTIONS",
+        "_UNKNOWN_PARTITION",  # a reader's metadata just after the broker came back
     )
     return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
 

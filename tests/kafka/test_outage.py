@@ -37,6 +37,7 @@ def kafka(
         kafka(KafkaError.REQUEST_TIMED_OUT),
         kafka(KafkaError.COORDINATOR_LOAD_IN_PROGRESS),
         kafka(KafkaError.NOT_COORDINATOR),
+        kafka(KafkaError._UNKNOWN_PARTITION),
         kafka(KafkaError.UNKNOWN, abortable=True),  # a commit whose coordinator vanished
         kafka(KafkaError.UNKNOWN, retriable=True),
         SystemError("callback raised"),
