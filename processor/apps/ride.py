@@ -37,6 +37,7 @@ from typing import Generic, TypeVar
 
 from processor.kafka.outage import StuckCall, is_outage
 from processor.kafka.reach import PROBE_TIMEOUT_S, RETRY_S, BrokerUnreachable, probe
+from processor.kafka.watchdog import CallWatchdog
 
 T = TypeVar("T")
 
@@ -51,6 +52,8 @@ FRESH_AFTER_S = 60.0
 MAX_RELAPSES = 3
 #: A probe that answers within this long answers "at once": the broker was there when the round died.
 QUICK_S = 2.0
+#: A round blocked this long after Kafka answered again, in a call begun before, is left behind.
+BLOCKED_AFTER_BACK_S = 15.0
 #: The lookout asks the cluster this often while a round runs, and gives each probe as long: a
 #: broker frozen or cut off is seen within twice this, whatever the round is doing (a commit
 #: blocked on it, or, for an idle consumer, nothing at all).
@@ -203,6 +206,7 @@ class Ride(Generic[T]):
         watch: BrokerWatch | None = None,
         stuck: StuckSignal | None = None,
         probe: Callable[[Mapping[str, str], float], None] = probe,
+        watchdog: CallWatchdog | None = None,
     ) -> None:
         self.make_round = make_round
         self.conf = conf
@@ -213,6 +217,8 @@ class Ride(Generic[T]):
         self.rounds = 0
         self.stuck = stuck or StuckSignal()
         self.probe = probe
+        self.watchdog = watchdog
+        self._back_at: float | None = None
 
     def run(self, stop: threading.Event) -> T | None:
         """The last round's result (None if ``stop`` came while waiting for the broker); raises what
@@ -280,6 +286,7 @@ class Ride(Generic[T]):
     def _back(self) -> None:
         away_s = self.watch.away_for_s()
         if self.watch.came_back():
+            self._back_at = time.monotonic()
             self.log.info("%s: Kafka answers again after %.0f s: resuming", self.who, away_s)
 
     def _answers(self) -> bool:
@@ -297,11 +304,23 @@ class Ride(Generic[T]):
             self.stuck.event.wait(0.2)
             if stop.is_set():
                 current.stop.set()
-            said = self.stuck.take()
+            said = self.stuck.take() or self._blocked_past_return(current)
             if said is not None:
                 current.stop.set()  # should the call ever return, the round ends at its next step
                 return StuckCall(f"{self.who}: {said}")
         return current.error
+
+    def _blocked_past_return(self, current: _Round[T]) -> str | None:
+        """A round still blocked, :data:`BLOCKED_AFTER_BACK_S` after Kafka answered again, in a
+        guarded call that began before: its transaction waits for the broker to time it out
+        (``transaction.timeout.ms``, a minute for a consumer), so the ride leaves it now."""
+        back = self._back_at
+        if self.watchdog is None or back is None or time.monotonic() - back < BLOCKED_AFTER_BACK_S:
+            return None
+        since = self.watchdog.open_since(current.thread.ident)
+        if since is None or since >= back:
+            return None
+        return f"a Kafka call blocked since before Kafka answered again {time.monotonic() - back:.0f} s ago"
 
     def _wait_for_broker(self, error: BaseException, began: float, stop: threading.Event) -> bool:
         """Probe until the broker answers (True) or ``stop`` (False); raise past ``outage_exit_s``

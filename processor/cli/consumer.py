@@ -233,8 +233,8 @@ def run(args: argparse.Namespace) -> int:
         return current.switch(app).run
 
     watch = BrokerWatch()
-    ride = Ride(make_round, conf, f"consumer {contract.consumer} of pipeline {topics.prefix}", log,
-                ride_settings, watch, stuck)  # fmt: skip
+    who = f"consumer {contract.consumer} of pipeline {topics.prefix}"
+    ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck, watchdog=watchdog)
     metrics.watch(cast("ConsumerApp", current))
     metrics.registry.register(BrokerCollector(watch))
     with Serving(PROG, log, install_stop_handlers, said_on_stderr=True) as serving:

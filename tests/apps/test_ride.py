@@ -226,3 +226,26 @@ def test_the_lookout_says_an_outage_once_while_the_round_runs_on(caplog: pytest.
     said = [rec.getMessage() for rec in caplog.records]
     assert sum("does not answer" in m for m in said) == 1 and sum("answers again" in m for m in said) == 1
     assert watch.reachable and watch.outages == 1
+
+
+def test_a_round_still_blocked_after_kafka_came_back_is_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit blocked through the outage would wait for the broker's transaction timeout (a
+    minute): once Kafka answers again, the ride leaves that round and starts the next."""
+    from processor.apps import ride as ride_module
+    from processor.kafka.watchdog import CallWatchdog
+
+    monkeypatch.setattr(ride_module, "BLOCKED_AFTER_BACK_S", 0.2)
+    watchdog = CallWatchdog(100, on_stuck=lambda what, s: None)
+    never = threading.Event()
+
+    def blocked_in_commit(stop: threading.Event) -> str:
+        with watchdog.guard("the transaction commit"):
+            never.wait(10)
+        return "never"
+
+    make_round, made = script(blocked_in_commit, returns("second"))
+    r = Ride(make_round, {}, "consumer c", logging.getLogger("t.ride"),
+             RideSettings(lookout_s=0.05, retry_s=0.01), probe=Probe(fails=3), watchdog=watchdog)  # fmt: skip
+    assert r.run(threading.Event()) == "second"
+    assert made == [0, 1]
+    never.set()
