@@ -19,6 +19,8 @@ from typing import Any
 
 SERIAL = {
     "test_broker_restart.py": "own-broker",
+    "test_broker_outage.py": "own-broker",
+    "test_kafka_upgrade.py": "own-broker",
     "test_local_broker.py": "own-broker",
     "test_local_stack.py": "own-broker",
     "test_sasl.py": "own-broker",

@@ -44,7 +44,7 @@ from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.contract import Contract
 from processor.engines.base import Engine
 from processor.kafka.clients import static_member, static_member_present
-from processor.kafka.exits import TransientFailure, ended_by, fatal, taking_over
+from processor.kafka.exits import MissingTopics, ended_by, fatal, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
 from processor.kafka.pipelines import missing_pipeline, raise_if_hidden
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
@@ -107,6 +107,9 @@ class ConsumerApp:
         self.delivery: ConsumerDelivery = delivery_for(
             self.settings.exactly_once, self.output, self.group, self.batch_topic, watchdog
         )
+        self.resuming = False
+        """Set on the rounds after the first of a ride (processor.apps.ride): the member the group
+        still has under this id is this process's own last round, not a twin: nothing to say."""
 
     @property
     def stats(self) -> ConsumerStats:
@@ -125,7 +128,7 @@ class ConsumerApp:
         Looks first, so a consumer whose credentials may not create topics still starts when an
         operator created its topic, and an unreachable cluster fails in ``timeout_s`` with one line.
         Creates nothing while the pipeline's ingest topic is missing (a typo in ``--topic-prefix``, or
-        the topics Job still running): :class:`TransientFailure` naming the prefixes that exist.
+        the topics Job still running): :class:`MissingTopics` naming the prefixes that exist.
         """
         where = self.conf.get("bootstrap.servers", "?")
         try:
@@ -137,7 +140,7 @@ class ConsumerApp:
         raise_if_hidden(self.clients.admin(self.conf), self.batch_topic, self.conf, timeout_s)
         refusal = missing_pipeline(self.topics, existing, self.conf)
         if refusal is not None:  # a typo in --topic-prefix, or the topics Job still running: create nothing
-            raise TransientFailure(f"{refusal} (the consumer creates its own batch topic only)")
+            raise MissingTopics(f"{refusal} (the consumer creates its own batch topic only)")
         all_specs = topic_specs(self.topics, consumers=[self.contract.consumer])
         specs = [s for s in all_specs if s.name == self.batch_topic]
         try:
@@ -171,7 +174,9 @@ class ConsumerApp:
             self.clients.producer(self.delivery.producer_conf({**self.conf, **PRODUCER_SETTINGS}))
         )
         # Before the delivery strategy fences it (a transactional producer fences its twin).
-        if static_member_present(self.conf, self.group, self.group, clients=self.clients):
+        if not self.resuming and static_member_present(
+            self.conf, self.group, self.group, clients=self.clients
+        ):
             log.warning("%s", taking_over(self._who(), self.group))
         consumer: ConsumerClient | None = None
         clean = False

@@ -135,6 +135,9 @@ class ProcessorService:
         self.results = ResultsCursor()
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
+        self.resuming = False
+        """Set on the rounds after the first of a ride (processor.apps.ride): the member the group
+        still has under this id is this process's own last round, not a twin: nothing to say."""
 
         self.identity = transactional_id(s.instance, s.group_id)
         """Its transactional id and its group.instance.id: one identity, fenced as one by a twin."""
@@ -293,7 +296,9 @@ class ProcessorService:
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         member = self.identity
-        present = static_member_present(self.conf, self.settings.group_id, member, clients=self.clients)
+        present = not self.resuming and static_member_present(
+            self.conf, self.settings.group_id, member, clients=self.clients
+        )
         if present:
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
         self.mode.durability.start(self.watchdog)  # fences a live twin's transactions: it exits

@@ -17,6 +17,8 @@ Progress goes to the jobs topic (what ``tokenfabric jobs`` shows) at most every
 
 Stops on SIGTERM or Ctrl-C, after the read in progress; exit status 0, or 2 for bad arguments or a
 ``--topic-prefix`` with no pipeline behind it (one line naming the prefixes there), 1 if Kafka fails.
+A broker outage is no failure: the collector says once that Kafka is away, waits, and resumes every
+job from its journal once Kafka answers (processor.apps.ride); 1 only past ``--outage-exit-s``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from processor.cli.logs import add_log_arguments, setup_logging
-from processor.cli.options import add_kafka_arguments, kafka_settings
+from processor.cli.options import add_kafka_arguments, add_outage_argument, kafka_settings, ride_from
 from processor.cli.serve import Serving
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--once", action="store_true", help="collect what is there now, then exit")
     add_kafka_arguments(p)
+    add_outage_argument(p)
     add_log_arguments(p)
 
 
@@ -212,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         conf, topics = kafka_settings(args)
+        ride_from(args)  # --outage-exit-s checked with the other arguments
     except (ValueError, ConfigError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -227,11 +231,12 @@ def _collect(
     however it ends)."""
     from confluent_kafka import KafkaException
 
+    from processor.apps.ride import Ride
     from processor.jobs.collect import CollectError
     from processor.jobs.topic import JobsTopicError
+    from processor.kafka.exits import TransientFailure
     from processor.kafka.pipelines import NoSuchPipeline, check_pipeline
 
-    service: CollectorService | None = None
     try:
         if not serving.cluster_answered(conf):  # said once, retried until the cluster answers
             return 0
@@ -240,20 +245,28 @@ def _collect(
         except NoSuchPipeline as exc:  # a typo in --topic-prefix: collect nothing under it
             serving.error(exc)
             return 2
-        service = CollectorService(conf, topics, out_dir, args.format, progress_every_s=args.progress_every_s)
-        serve(service, serving.stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
-        open_jobs = sorted(service.collection.collectors)
-        log.info(
-            "stopped: %d jobs complete, open: %s (their journals resume)",
-            len(service.done),
-            ", ".join(open_jobs) or "none",
-        )
-    except (CollectError, JobsTopicError, KafkaException) as exc:
+
+        def collect_round(stop: threading.Event) -> None:
+            """One round (processor.apps.ride): a fresh service resumes every job from its journal."""
+            service = CollectorService(
+                conf, topics, out_dir, args.format, progress_every_s=args.progress_every_s
+            )
+            try:
+                serve(service, stop, poll_s=args.poll_s, jobs_refresh_s=args.jobs_refresh_s, once=args.once)
+                open_jobs = sorted(service.collection.collectors)
+                log.info(
+                    "stopped: %d jobs complete, open: %s (their journals resume)",
+                    len(service.done),
+                    ", ".join(open_jobs) or "none",
+                )
+            finally:
+                service.close()
+
+        who = f"collector of pipeline {topics.prefix}"
+        Ride(lambda: collect_round, conf, who, log, ride_from(args)).run(serving.stop)
+    except (CollectError, JobsTopicError, KafkaException, TransientFailure) as exc:
         serving.error(exc)
-        return 1 if isinstance(exc, KafkaException) else 2  # the broker, or this job's state
-    finally:
-        if service is not None:
-            service.close()
+        return 1 if isinstance(exc, (KafkaException, TransientFailure)) else 2  # the broker, or a job's state
     return 0
 
 

@@ -17,15 +17,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
     add_kafka_arguments,
+    add_outage_argument,
     add_watchdog_argument,
     engine_options,
     install_stop_handlers,
     kafka_settings,
+    ride_from,
     watchdog_from,
 )
 from processor.cli.serve import Serving, printed_exit
@@ -36,7 +40,9 @@ from processor.ops.health import CONSUMER_PORT, add_http_arguments, http_setting
 from processor.wire.records import COMPLETION_FORMS
 
 if TYPE_CHECKING:
+    from processor.apps.consumer_batches import ConsumerStats
     from processor.apps.settings import ConsumerSettings
+    from processor.engines.base import Engine
 
 PROG = "tokenfabric consumer"
 
@@ -110,6 +116,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_log_arguments(p)
     add_kafka_arguments(p)
     add_watchdog_argument(p)
+    add_outage_argument(p)
     add_http_arguments(p, CONSUMER_PORT, health_checks=False)
 
 
@@ -170,13 +177,17 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.apps.consumer import ConsumerApp, ConsumerAppError, ConsumerHooks, retire
+    from processor.apps.ride import BrokerWatch, Current, Ride, StuckSignal
     from processor.core.contract import CONSUMER_ID
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure
+    from processor.kafka.rdlog import demote_outage_lines
+    from processor.ops.broker_metrics import BrokerCollector
     from processor.ops.consumer_metrics import ConsumerMetrics
-    from processor.ops.health import ServingHealth
+    from processor.ops.health import RideHealth, ServingHealth
 
+    stuck = StuckSignal()
     try:
         if not CONSUMER_ID.match(args.id):
             raise ValueError(f"--id {args.id!r}: use 1-200 of A-Z a-z 0-9 . _ - (it names a topic)")
@@ -188,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
         contract = _contract(args)
         http = http_settings(args, CONSUMER_PORT)
-        watchdog = watchdog_from(args)
+        watchdog = watchdog_from(args, stuck)
+        ride_settings = ride_from(args)
         options = engine_options(args)
         conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
         engine = make_engine(args.engine, options)
@@ -200,31 +212,46 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     setup_logging("DEBUG" if args.verbose else args.log_level, args.log_format)
+    demote_outage_lines()  # the ride says an outage once; librdkafka's own lines are DEBUG
     log = logging.getLogger("tokenfabric.consumer")
     log.info("kafka client settings: %s", describe(conf))
     metrics = ConsumerMetrics(contract.consumer)
-    app = ConsumerApp(
-        metrics.kafka_conf(conf) if http is not None else conf,
-        topics,
-        contract,
-        engine,
-        settings,
-        hooks=ConsumerHooks(**metrics.hooks()),
-        watchdog=watchdog,
-    )
-    metrics.watch(app)
+    client_conf = metrics.kafka_conf(conf) if http is not None else conf
+
+    def fresh(engine: Engine) -> ConsumerApp:
+        hooks = ConsumerHooks(**metrics.hooks())
+        return ConsumerApp(client_conf, topics, contract, engine, settings, hooks=hooks, watchdog=watchdog)
+
+    current = Current(fresh(engine))
+    rounds = iter([current.target])  # the first round runs the app built with the first engine
+
+    def make_round() -> Callable[[threading.Event], ConsumerStats]:
+        app = next(rounds, None)
+        if app is None:  # a later round: the last one's run closed its engine
+            app = fresh(make_engine(args.engine, options))
+            app.resuming = True
+        return current.switch(app).run
+
+    watch = BrokerWatch()
+    who = f"consumer {contract.consumer} of pipeline {topics.prefix}"
+    ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck, watchdog=watchdog)
+    metrics.watch(cast("ConsumerApp", current))
+    metrics.registry.register(BrokerCollector(watch))
     with Serving(PROG, log, install_stop_handlers, said_on_stderr=True) as serving:
-        if not serving.serve_http(http, metrics.registry, ServingHealth()):
+        if not serving.serve_http(http, metrics.registry, RideHealth(ServingHealth(), watch)):
             engine.close()
             return 2
         try:
             if not serving.cluster_answered(conf):
                 return 0
-            stats = app.run(serving.stop)
+            stats = ride.run(serving.stop)
         except (KafkaException, ConsumerAppError, TransientFailure, Superseded) as exc:
             return printed_exit(PROG, exc)
         except KeyboardInterrupt:
+            current.target.engine.close()  # the round's thread is left as it is; the process ends
             print(f"{PROG}: aborted; the unfinished batch runs again on restart", file=sys.stderr)
             return 130
+    if stats is None:  # stopped while waiting for the broker
+        stats = current.target.stats
     print(f"consumer {args.id}: {stats.summary()}")
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from processor.apps.ride import OUTAGE_EXIT_S, RideSettings
 from processor.core.lanes import CUT_ORDERS, LaneSettings
 from processor.core.scheduler import DEADLINES, DispatchSettings
 from processor.core.shares import JobPolicy, Shares, ShareSettings
@@ -180,11 +181,32 @@ def add_watchdog_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def watchdog_from(args: argparse.Namespace) -> CallWatchdog | None:
-    """The process's watchdog, or None when disabled; ValueError names the flag when it is bad."""
+def watchdog_from(
+    args: argparse.Namespace, on_stuck: Callable[[str, float], None] | None = None
+) -> CallWatchdog | None:
+    """The process's watchdog, or None when disabled; ValueError names the flag when it is bad.
+    ``on_stuck``: what a stuck call does (default: exit 75; a ride abandons the round instead)."""
     if args.stuck_exit_s < 0:
         raise ValueError(f"--stuck-exit-s must be >= 0 (0 disables), got {args.stuck_exit_s:g}")
-    return CallWatchdog(args.stuck_exit_s) if args.stuck_exit_s else None
+    if not args.stuck_exit_s:
+        return None
+    return CallWatchdog(args.stuck_exit_s) if on_stuck is None else CallWatchdog(args.stuck_exit_s, on_stuck)
+
+
+def add_outage_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--outage-exit-s",
+        type=float,
+        default=OUTAGE_EXIT_S,
+        metavar="S",
+        help="how long to wait out a broker outage (live, not ready; resumed from the last commit) "
+        f"before exiting 75 (default: {OUTAGE_EXIT_S:g}; 0: exit at once)",
+    )
+
+
+def ride_from(args: argparse.Namespace) -> RideSettings:
+    """The ride's settings from ``--outage-exit-s``; ValueError names the flag when it is bad."""
+    return RideSettings(outage_exit_s=args.outage_exit_s)
 
 
 def add_share_arguments(p: argparse.ArgumentParser) -> None:

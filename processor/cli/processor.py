@@ -6,7 +6,9 @@ Exit status (processor.kafka.exits; docs/operations.md has the table): 0 after a
 arguments or Kafka settings, and for a ``--group`` the topics contradict (WrongSettings); 75
 (``EX_TEMPFAIL``) when a run-time failure left nothing committed past the last commit and a restart
 recovers (missing topics, a produce not delivered, a retriable or abortable Kafka error, a stuck commit:
-processor.kafka.watchdog, a transaction the broker aborted after a pause); 78 when a newer process with
+processor.kafka.watchdog, a transaction the broker aborted after a pause) and that is not a broker outage,
+or an outage longer than ``--outage-exit-s``: an outage is waited out in the process
+(processor.apps.ride: live, not ready, resumed from the last commit); 78 when a newer process with
 the same ``--instance`` took over (do not restart); 1 otherwise (a fatal Kafka error, a ledger that does
 not balance: a bug, logged with its trace).
 
@@ -19,15 +21,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from processor.cli.logs import add_log_arguments, setup_logging
 from processor.cli.options import (
     add_kafka_arguments,
     add_lane_arguments,
+    add_outage_argument,
     add_watchdog_argument,
     kafka_settings,
     lanes_from,
+    ride_from,
     watchdog_from,
 )
 from processor.cli.serve import Serving, logged_exit
@@ -110,6 +116,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "forgotten early (default: 4000000; 0: no cap)",
     )
     add_watchdog_argument(p)
+    add_outage_argument(p)
     add_log_arguments(p)
     add_lane_arguments(p)
     g = p.add_argument_group("token shares between jobs (docs/shares.md; weights: 'tokenfabric share')")
@@ -132,20 +139,26 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
+    from processor.apps.ride import BrokerWatch, Current, Ride, StuckSignal
     from processor.apps.service import ProcessorService
     from processor.cli.schemas import framing_from
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure, WrongSettings
-    from processor.ops.health import ProcessorHealth
+    from processor.kafka.rdlog import demote_outage_lines
+    from processor.ops.broker_metrics import BrokerCollector
+    from processor.ops.health import ProcessorHealth, RideHealth
     from processor.ops.kafka_stats import KafkaStats
     from processor.ops.metrics import processor_registry
 
     setup_logging(args.log_level, args.log_format)
+    demote_outage_lines()  # the ride says an outage once; librdkafka's own lines are DEBUG
+    stuck = StuckSignal()
     try:
         settings = _settings(args)
         http = http_settings(args, PROCESSOR_PORT)
-        watchdog = watchdog_from(args)
+        watchdog = watchdog_from(args, stuck)
         framing = framing_from(args)
+        ride_settings = ride_from(args)
         conf, topics = kafka_settings(args)  # the arguments first: their mistakes are the real ones
     except (ConfigError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -156,16 +169,31 @@ def run(args: argparse.Namespace) -> int:
         if not serving.cluster_answered(conf):  # no broker yet: said once, retried until one answers
             return 0
         kafka_stats = KafkaStats()  # librdkafka's statistics for /metrics, reported only when it is served
-        service = ProcessorService(
-            kafka_stats.attach(conf) if http is not None else conf, topics, settings, framing=framing
-        )
-        service.watchdog = watchdog
+        client_conf = kafka_stats.attach(conf) if http is not None else conf
+
+        def fresh(resuming: bool = False) -> ProcessorService:
+            service = ProcessorService(client_conf, topics, settings, framing=framing)
+            service.watchdog = watchdog
+            service.resuming = resuming
+            return service
+
+        current = Current(fresh())
+        rounds = iter([current.target])  # the first round runs the service built for the server
+
+        def make_round() -> Callable[[threading.Event], None]:
+            return current.switch(next(rounds, None) or fresh(resuming=True)).run
+
+        watch = BrokerWatch()
+        who = f"processor {settings.instance} of pipeline {topics.prefix}"
+        ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck, watchdog=watchdog)
+        service = cast("ProcessorService", current)
         if http is not None:
-            health = ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s)
-            if not serving.serve_http(http, processor_registry(service, extra=[kafka_stats]), health):
+            health = RideHealth(ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s), watch)
+            registry = processor_registry(service, extra=[kafka_stats, BrokerCollector(watch)])
+            if not serving.serve_http(http, registry, health):
                 return 2
         try:
-            service.run(serving.stop)
+            ride.run(serving.stop)
         except (KafkaException, TransientFailure, Superseded, WrongSettings) as exc:
             return logged_exit(log, exc)
     c = service.counters

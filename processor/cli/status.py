@@ -5,7 +5,8 @@ a pipe, a log) without cutting anything: a line too long is folded, never ellips
 never split. ``--json`` prints the same report as one JSON object (``processor/ops/status.schema.json``,
 docs/operations.md "Status"); ``--watch`` refreshes it with the token rates and the backlog's ETA.
 
-Exit codes: 0; 1 when Kafka fails mid-read or a retirement is refused; 2 for bad arguments.
+Exit codes: 0; 1 when Kafka fails mid-read or a retirement is refused; 2 for bad arguments. With
+``--watch`` a broker outage is no exit: each refresh says ``KAFKA UNREACHABLE ...`` until it answers.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import signal
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterable
 
 from processor.cli.options import add_kafka_arguments, install_stop_handlers, kafka_settings
 from processor.core.accounting import cached_prompt_share
+from processor.kafka.outage import is_outage
 from processor.kafka.topics import TopicNames
 from processor.ops.status import (
     DEFAULT_STALE_S,
@@ -33,6 +36,7 @@ from processor.ops.status import (
     report,
     with_rates,
 )
+from processor.ops.status_view import StatusView
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -325,6 +329,20 @@ def _emit(rep: StatusReport, as_json: bool, clear: bool) -> None:
     print(text, flush=True)
 
 
+def _emit_away(conf: dict[str, str], exc: BaseException, away_s: float, as_json: bool, clear: bool) -> None:
+    """``--watch`` while Kafka does not answer: one line (one JSON object) per refresh, not an exit."""
+    where = conf.get("bootstrap.servers", "?")
+    said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    if as_json:
+        text = json.dumps({"broker_reachable": False, "bootstrap": where, "unreachable_s": round(away_s, 1),
+                           "error": said}, separators=(",", ":"))  # fmt: skip
+    else:
+        text = f"KAFKA UNREACHABLE at {where} for {away_s:.0f} s ({said}); retrying"
+        if clear:
+            text = "\x1b[H\x1b[2J" + text
+    print(text, flush=True)
+
+
 def _quietly(_sig: signal.Signals) -> None:
     """``--watch`` needs no word on a stop: the refresh under way is its last."""
 
@@ -341,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
         for flag, value in (("--interval-s", args.interval_s), ("--stale-s", args.stale_s)):
             if not value > 0:
                 raise ConfigError(f"{flag} must be > 0, got {value:g}")
-        conf, topics = kafka_settings(args, pipeline=True)
+        conf, topics = _settings_watched(args) if args.watch else kafka_settings(args, pipeline=True)
     except ConfigError as exc:
         print(f"tokenfabric status: error: {exc}", file=sys.stderr)
         return 2
@@ -357,6 +375,54 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the reader went away (``| head``): nothing more to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+#: A ``--watch`` refresh that has not returned this long is said, while it waits, as Kafka unreachable.
+SILENT_S = 5.0
+
+
+def _gather_watched(
+    conf: dict[str, str], topics: TopicNames, args: argparse.Namespace, stop: threading.Event, clear: bool
+) -> StatusView | None:
+    """``gather`` for ``--watch``: a broker that hangs (frozen, a dead network) makes the read wait
+    for its timeouts; meanwhile each ``--interval-s`` past :data:`SILENT_S` says Kafka does not
+    answer. None when stopped first; raises what the read raised."""
+    done: list[StatusView] = []
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            done.append(gather(conf, topics, args.group, groups=True))
+        except Exception as exc:  # handed to the watching thread, which raises it
+            failed.append(exc)
+
+    reader = threading.Thread(target=read, name="status-read", daemon=True)
+    started = time.monotonic()
+    reader.start()
+    reader.join(SILENT_S)
+    while reader.is_alive() and not stop.is_set():
+        quiet = TimeoutError(f"no answer for {time.monotonic() - started:.0f} s")
+        _emit_away(conf, quiet, time.monotonic() - started, args.json, clear)
+        reader.join(args.interval_s)
+    if failed:
+        raise failed[0]
+    return done[0] if done else None
+
+
+def _settings_watched(args: argparse.Namespace) -> tuple[dict[str, str], TopicNames]:
+    """``--watch`` started while Kafka does not answer: say so each ``--interval-s`` until it does."""
+    from processor.kafka.reach import BrokerUnreachable
+
+    away_since = time.monotonic()
+    while True:
+        try:
+            return kafka_settings(args, pipeline=True)
+        except BrokerUnreachable as exc:
+            if type(exc) is not BrokerUnreachable:
+                raise  # refused: waiting does not cure it
+            conf = {"bootstrap.servers": args.bootstrap or "?"}
+            _emit_away(conf, exc, time.monotonic() - away_since, args.json, False)
+            time.sleep(args.interval_s)
 
 
 def _retire(args: argparse.Namespace, conf: dict[str, str], topics: TopicNames) -> int:
@@ -383,8 +449,24 @@ def _show(args: argparse.Namespace, conf: dict[str, str], topics: TopicNames) ->
     stop = threading.Event()
     if args.watch:
         install_stop_handlers(stop, announce=_quietly)
+    away_since: float | None = None
     while not stop.is_set():
-        view = gather(conf, topics, args.group, groups=True)
+        try:
+            if args.watch:
+                view = _gather_watched(conf, topics, args, stop, clear)
+                if view is None:
+                    break
+            else:
+                view = gather(conf, topics, args.group, groups=True)
+        except Exception as exc:
+            if not args.watch or not is_outage(exc):
+                raise
+            away_since = away_since or time.monotonic()
+            _emit_away(conf, exc, time.monotonic() - away_since, args.json, clear)
+            previous = None  # no rates across the gap
+            stop.wait(args.interval_s)
+            continue
+        away_since = None
         rep = with_rates(report(view, topics, args.stale_s), previous)
         _emit(rep, args.json, clear)
         if not args.watch:

@@ -75,8 +75,13 @@ class RateLimit(logging.Filter):
 
 #: librdkafka warnings that a healthy start gives and that clear by themselves: a fresh broker's
 #: transaction coordinator still loading its state when the first ``init_transactions`` asks for a
-#: producer id (librdkafka retries until it is loaded). Logged at INFO, not WARNING.
-TRANSIENT = (re.compile(r"Failed to acquire transactional PID .*(load in progress|not available).*retrying"),)
+#: producer id (librdkafka retries until it is loaded), or still aborting the transaction an outage
+#: left open (processor.apps.ride). Logged at INFO, not WARNING.
+TRANSIENT = (
+    re.compile(r"Failed to acquire transactional PID .*(load in progress|not available).*retrying"),
+    # after an outage: the last run's transaction is still being aborted when the next run starts
+    re.compile(r"Failed to acquire transactional PID .*(concurrent operation|Not coordinator).*retrying"),
+)
 
 
 class DemoteTransient(logging.Filter):
@@ -93,6 +98,33 @@ class DemoteTransient(logging.Filter):
         return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.INFO)
 
 
+#: What librdkafka says, client by client and thread by thread, while a broker is away: the lines an
+#: outage makes by the page (issue 36). The long-running commands say the outage themselves, once
+#: when it begins and once when it ends (processor.apps.ride), so they make these DEBUG
+#: (:func:`demote_outage_lines`); elsewhere they are the only sign and stay as librdkafka says.
+OUTAGE = (
+    re.compile(
+        r"Disconnected|Connect to .* failed|Connection refused|[Cc]onnection reset|ApiVersionRequest failed"
+    ),
+    re.compile(r"brokers are down|timed out in-flight|request\(s\) timed out|Timed out \d+ in-flight"),
+    re.compile(
+        r"session timed out|Failed to (add offsets|commit offsets|end transaction).*transport failure"
+    ),
+    # the broker aborted a transaction the outage kept open: the command says how its run ended
+    re.compile(r"fenced by a newer instance"),
+)
+
+
+class DemoteOutage(logging.Filter):
+    """Lower :data:`OUTAGE` lines to DEBUG, and drop them where the logger does not log DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG or not any(p.search(record.getMessage()) for p in OUTAGE):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.DEBUG)
+
+
 def kafka_logger() -> logging.Logger:
     """The Python logger librdkafka's own logs go to (``tokenfabric.kafka``), repeats rate-limited,
     warnings of a healthy start demoted (:class:`DemoteTransient`)."""
@@ -102,6 +134,18 @@ def kafka_logger() -> logging.Logger:
     if not any(isinstance(f, RateLimit) for f in logger.filters):
         logger.addFilter(RateLimit())
     return logger
+
+
+def demote_outage_lines() -> DemoteOutage:
+    """Make :data:`OUTAGE` lines DEBUG in this process (the commands that ride outages out call it);
+    returns the filter, which ``kafka_logger().removeFilter`` takes off again."""
+    logger = kafka_logger()
+    for f in logger.filters:
+        if isinstance(f, DemoteOutage):
+            return f
+    demote = DemoteOutage()
+    logger.addFilter(demote)
+    return demote
 
 
 def with_kafka_logger(conf: Mapping[str, Any]) -> dict[str, Any]:

@@ -59,14 +59,17 @@ class CallWatchdog:
         self.limit_s = limit_s
         self._on_stuck = on_stuck
         self._lock = threading.Lock()
-        self._open: list[list[Any]] = []  # [what, since, limit, reported] per open guard, outermost first
+        self._open: list[
+            list[Any]
+        ] = []  # [what, since, limit, reported, thread] per open guard, outermost first
         self._thread = threading.Thread(target=self._watch, name="call-watchdog", daemon=True)
         self._thread.start()
 
     @contextmanager
     def guard(self, what: str, limit_s: float | None = None) -> Iterator[None]:
         """Guard the block; ``limit_s`` (capped at the watchdog's own) for a call with a known bound."""
-        entry: list[Any] = [what, time.monotonic(), min(self.limit_s, limit_s or self.limit_s), False]
+        limit = min(self.limit_s, limit_s or self.limit_s)
+        entry: list[Any] = [what, time.monotonic(), limit, False, threading.get_ident()]
         with self._lock:
             self._open.append(entry)
         try:
@@ -74,6 +77,12 @@ class CallWatchdog:
         finally:
             with self._lock:
                 self._open.remove(entry)
+
+    def open_since(self, thread_id: int | None) -> float | None:
+        """When the oldest guarded call of thread ``thread_id`` still open began (monotonic), or
+        None: a ride asks whether its round is blocked in a call older than the broker's return."""
+        with self._lock:
+            return min((e[1] for e in self._open if e[4] == thread_id), default=None)
 
     def _watch(self) -> None:
         tick = min(1.0, self.limit_s / 4)
@@ -84,7 +93,7 @@ class CallWatchdog:
                 due = [e for e in self._open if not e[3] and now - e[1] > e[2]]
                 for e in due:
                     e[3] = True  # a test's on_stuck returns: report each stuck call once
-            for what, since, _limit, _reported in due:
+            for what, since, *_rest in due:
                 self._on_stuck(what, now - since)
 
 

@@ -77,6 +77,7 @@ __all__ = [
     "BrokerInfo",
     "broker_status",
     "default_state_dir",
+    "freeze_broker",
     "java_executable",
     "local_bootstrap",
     "restart_broker",
@@ -141,6 +142,7 @@ def start_broker(
     sasl_users: Mapping[str, str] | None = None,
     secure_users: Mapping[str, str | None] | Iterable[str] | None = None,
     expired_users: Iterable[str] = (),
+    version: str = KAFKA_VERSION,
 ) -> BrokerInfo:
     """Start a fresh single-node broker whose files live in *state_dir*, and wait until it serves.
 
@@ -155,7 +157,8 @@ def start_broker(
     (processor.local.secure): TLS, mutual TLS and SCRAM-SHA-512 listeners, a throwaway CA, a client
     certificate and SCRAM login per user (``expired_users`` get an expired certificate), and the
     authorizer, which denies what no ACL allows; ``bootstrap`` is then the ``SASL_SSL`` listener and
-    ``listeners`` names all three. *port*, if given, is that first listener's.
+    ``listeners`` names all three. *port*, if given, is that first listener's. *version*: another
+    Kafka release (processor.local.jars.jars_dir; the upgrade test starts 4.1.2).
     Raises KafkaLocalError if a broker of this state dir is already running, if the JVM exits
     (the message carries the first errors and the tail of its log), or if it is not ready in time.
     """
@@ -168,7 +171,7 @@ def start_broker(
             "start_broker: sasl_users (PLAIN) and secure_users (SCRAM, TLS) exclude each other"
         )
     sasl = SaslSetup.create(sasl_users) if sasl_users is not None else None
-    jars = jars_dir()
+    jars = jars_dir(version)
     java = java_executable()
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
     reset_dirs(state_dir, data_dir, log_dir)
@@ -187,7 +190,7 @@ def start_broker(
     for attempt in range(1, _MAX_START_ATTEMPTS + 1):
         try:
             return _launch_and_wait(
-                state_dir, java, jars, props, cluster_id, ports, heap_mb, deadline, sasl, secure
+                state_dir, java, jars, props, cluster_id, ports, heap_mb, deadline, sasl, secure, version
             )
         except _BindError as exc:
             if port is not None or attempt == _MAX_START_ATTEMPTS:
@@ -209,6 +212,7 @@ def _launch_and_wait(
     deadline: float,
     sasl: SaslSetup | None = None,
     secure: SecureSetup | None = None,
+    version: str = KAFKA_VERSION,
 ) -> BrokerInfo:
     """Start the JVM, record it in the state file, and wait until it serves (or kill it)."""
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
@@ -238,7 +242,7 @@ def _launch_and_wait(
         secure=secure,
     )
     # Written before waiting, so that `stop` finds the JVM even if this process is interrupted.
-    _write_state(state_dir, info, ports, cluster_id, props)
+    _write_state(state_dir, info, ports, cluster_id, props, version)
     try:
         ready_conf = sasl.client_conf() if sasl else info.client_conf() if secure else {}
         _wait_ready(proc, ports.client, log_dir, deadline, ready_conf)
@@ -246,7 +250,7 @@ def _launch_and_wait(
         terminate(proc.pid, timeout_s=1)  # a failed instance: no need for a clean shutdown
         (state_dir / _STATE_FILE).unlink(missing_ok=True)
         raise
-    log.info("Kafka %s ready at %s in %.1f s (pid %d)", KAFKA_VERSION, info.bootstrap,
+    log.info("Kafka %s ready at %s in %.1f s (pid %d)", version, info.bootstrap,
              time.monotonic() - started, proc.pid)  # fmt: skip
     return info
 
@@ -260,7 +264,14 @@ def _jvm_command(java: str, jars: Path, props: Path, heap_mb: int, log_dir: Path
     ]  # fmt: skip
 
 
-def _write_state(state_dir: Path, info: BrokerInfo, ports: Ports, cluster_id: str, props: Path) -> None:
+def _write_state(
+    state_dir: Path,
+    info: BrokerInfo,
+    ports: Ports,
+    cluster_id: str,
+    props: Path,
+    version: str = KAFKA_VERSION,
+) -> None:
     """``broker.json``: what status, stop and restart read back (never a password)."""
     record = {
         "bootstrap": info.bootstrap,
@@ -268,7 +279,7 @@ def _write_state(state_dir: Path, info: BrokerInfo, ports: Ports, cluster_id: st
         "client_port": ports.client,
         "controller_port": ports.controller,
         "cluster_id": cluster_id,
-        "kafka_version": KAFKA_VERSION,
+        "kafka_version": version,
         "security_protocol": info.security_protocol,  # never a password: this file is read by status
         "listeners": dict(info.listeners),
         "state_dir": str(state_dir),
@@ -365,11 +376,17 @@ def stop_broker(state_dir: Path, timeout_s: float = 30) -> bool:
 
 
 def restart_broker(
-    state_dir: Path, *, kill: bool = False, heap_mb: int = 768, timeout_s: float = 120
+    state_dir: Path,
+    *,
+    kill: bool = False,
+    heap_mb: int = 768,
+    timeout_s: float = 120,
+    version: str | None = None,
 ) -> BrokerInfo:
     """Stop the broker of *state_dir* and start it again on the same ports with its data kept, as an
     operator's restart (or, with *kill*, a crash) would: for fault tests of client reconnection.
-    Brokers started with *sasl_users* or *secure_users* are not supported."""
+    *version*: start that Kafka release instead of the one that ran (an upgrade in place; default:
+    the same). Brokers started with *sasl_users* or *secure_users* are not supported."""
     state_dir = Path(state_dir).resolve()
     record = _read_state(state_dir)
     info = broker_status(state_dir)
@@ -383,16 +400,37 @@ def restart_broker(
     else:
         terminate(info.pid, timeout_s=30)
     (state_dir / _STATE_FILE).unlink(missing_ok=True)
+    version = version or str(record.get("kafka_version", KAFKA_VERSION))
     return _launch_and_wait(
         state_dir,
         java_executable(),
-        jars_dir(),
+        jars_dir(version),
         Path(record["properties"]),
         str(record["cluster_id"]),
         Ports((int(record["client_port"]),), int(record["controller_port"])),
         heap_mb,
         time.monotonic() + timeout_s,
+        version=version,
     )
+
+
+def freeze_broker(state_dir: Path, seconds: float, *, restart: bool = False) -> float:
+    """Freeze the broker of *state_dir* (SIGSTOP) for *seconds*, then let it go on (SIGCONT) or, with
+    *restart*, kill it and start it again on the same ports with its data: a hung broker, or one that
+    hangs and is then replaced, for outage tests. Clients see open connections that answer nothing.
+    Returns how long the broker answered nothing (to the moment it serves again)."""
+    state_dir = Path(state_dir).resolve()
+    info = broker_status(state_dir)
+    if info is None:
+        raise KafkaLocalError(f"no running broker for {state_dir} to freeze")
+    began = time.monotonic()
+    os.kill(info.pid, signal.SIGSTOP)
+    time.sleep(seconds)
+    if restart:
+        restart_broker(state_dir, kill=True)
+    else:
+        os.kill(info.pid, signal.SIGCONT)
+    return time.monotonic() - began
 
 
 def _read_state(state_dir: Path) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -44,17 +45,21 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "tokenfabric"
 
 
-def jars_dir() -> Path:
+def jars_dir(version: str = KAFKA_VERSION) -> Path:
     """Return the folder that holds every runtime jar of the broker, resolving it with Maven if needed.
 
     The jars are in ``<cache_root>/kafka-<version>/lib``. The folder counts as complete when the marker
-    file next to it holds the SHA-256 of the packaged pom. Until then, ``mvn copy-dependencies`` fills
-    a staging folder that then replaces ``lib``. A file lock keeps concurrent callers from racing.
+    file next to it holds the SHA-256 of the pom it was resolved from. Until then, ``mvn
+    copy-dependencies`` fills a staging folder that then replaces ``lib``. A file lock keeps
+    concurrent callers from racing. ``version``: another Kafka release than :data:`KAFKA_VERSION`
+    (the upgrade test starts 4.1.2 on a data dir that 4.4.0 then opens), resolved from the packaged
+    pom with its ``kafka.version`` replaced: a one-off download of that release's jars.
     """
-    home = cache_root() / f"kafka-{KAFKA_VERSION}"
+    pom = pom_text(version)
+    home = cache_root() / f"kafka-{version}"
     lib = home / "lib"
     marker = home / "lib.complete"
-    digest = hashlib.sha256(_POM.read_bytes()).hexdigest()
+    digest = hashlib.sha256(pom.encode()).hexdigest()
     if _marker_matches(marker, digest) and lib.is_dir():
         return lib
     home.mkdir(parents=True, exist_ok=True)
@@ -64,7 +69,7 @@ def jars_dir() -> Path:
         marker.unlink(missing_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="staging-", dir=home))
         try:
-            _copy_dependencies(staging)
+            _copy_dependencies(staging, pom, version)
             # Moved aside rather than deleted first: a running broker opens its jars by path, lazily;
             # the path is missing only between the two renames, and then names a jar of the same version.
             if lib.exists():
@@ -76,19 +81,31 @@ def jars_dir() -> Path:
     return lib
 
 
-def _copy_dependencies(staging: Path) -> None:
+def pom_text(version: str = KAFKA_VERSION) -> str:
+    """The packaged pom, naming ``version`` as its ``kafka.version``."""
+    text = _POM.read_text()
+    if version == KAFKA_VERSION:
+        return text
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise KafkaLocalError(f"not a Kafka release number: {version!r} (expected like 4.1.2)")
+    return text.replace(
+        f"<kafka.version>{KAFKA_VERSION}</kafka.version>", f"<kafka.version>{version}</kafka.version>"
+    )
+
+
+def _copy_dependencies(staging: Path, pom: str, version: str) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise KafkaLocalError(
-            f"Maven (mvn) is not on PATH: it is needed once to download the Kafka {KAFKA_VERSION} jars"
+            f"Maven (mvn) is not on PATH: it is needed once to download the Kafka {version} jars"
         )
     # Work on a copy of the pom: the installed package may be read-only.
-    shutil.copyfile(_POM, staging / "pom.xml")
+    (staging / "pom.xml").write_text(pom)
     cmd = [
         mvn, "-B", "-q", "-f", str(staging / "pom.xml"), _COPY_DEPENDENCIES,
         "-DincludeScope=runtime", f"-DoutputDirectory={staging / 'lib'}",
     ]  # fmt: skip
-    log.info("resolving Kafka %s jars with Maven (one-off) ...", KAFKA_VERSION)
+    log.info("resolving Kafka %s jars with Maven (one-off) ...", version)
     started = time.monotonic()
     try:
         proc = subprocess.run(

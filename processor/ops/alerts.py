@@ -64,6 +64,9 @@ class AlertSettings:
     """TokenfabricDeadLetters fires while a message was dead-lettered within this window."""
     runbook_base_url: str = RUNBOOK_PAGE
     """Where docs/alerts.md is served: each rule's ``runbook_url`` is this plus ``#`` and its anchor."""
+    broker_away_for_s: int = 30
+    """A process has waited this long for Kafka (``tokenfabric_broker_reachable == 0``):
+    TokenfabricBrokerUnreachable."""
 
 
 def duration(seconds: int) -> str:
@@ -260,6 +263,17 @@ RULES: tuple[RuleSpec, ...] = (
         "Messages went to the dead-letter topic: undecodable or invalid ingest messages, repeated "
         "item ids, or batches a consumer could not decode. Read the dead-letter topic (each record "
         "says its reason) and fix the producer.",
+    ),
+    RuleSpec(
+        "TokenfabricBrokerUnreachable",
+        "count(tokenfabric_broker_reachable == 0) > 0",
+        "broker_away_for_s",
+        "critical",
+        "{{ $value }} tokenfabric processes cannot reach Kafka",
+        "Processors and consumers wait for a broker to answer (live, not ready) and resume from "
+        "their last commit when one does; nothing moves meanwhile. They exit 75 after "
+        "--outage-exit-s (300 s by default). Check the brokers, the network between them and the "
+        "pods, and `tokenfabric_broker_unreachable_seconds`.",
     ),
 )
 

@@ -48,6 +48,8 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from processor.apps.ride import BrokerWatch
+
 log = logging.getLogger("tokenfabric.http")
 
 #: Default ports: Prometheus exporters' customary 9464 for the processor, the next one for consumers.
@@ -153,6 +155,25 @@ class ServingHealth:
 
     def ready(self) -> Verdict:
         return Verdict(True, "serving")
+
+
+class RideHealth:
+    """``inner``'s checks while the broker answers; while it is away (processor.apps.ride), live and
+    not ready: the process waits for it by itself, a restart would not bring it back sooner."""
+
+    def __init__(self, inner: HealthCheck, watch: BrokerWatch) -> None:
+        self.inner = inner
+        self.watch = watch
+
+    def live(self) -> Verdict:
+        if not self.watch.reachable:
+            return Verdict(True, f"waiting for Kafka: away for {self.watch.away_for_s():.0f} s")
+        return self.inner.live()
+
+    def ready(self) -> Verdict:
+        if not self.watch.reachable:
+            return Verdict(False, f"Kafka unreachable for {self.watch.away_for_s():.0f} s")
+        return self.inner.ready()
 
 
 class ObservabilityServer:

@@ -253,6 +253,7 @@ class PipelineCollector(Collector):
         self._tried_s: float | None = None
         self._scraped_s = clock()
         self._thread: threading.Thread | None = None
+        self._failing = False
 
     def describe(self) -> Iterable[Metric]:
         return ()
@@ -264,8 +265,15 @@ class PipelineCollector(Collector):
             try:
                 self.reader.refresh(self.wall_ms())
             except (KafkaException, TimeoutError, RuntimeError) as exc:
-                log.warning("pipeline view not refreshed (the last one stays): %s", exc)
+                # once per run of failures: a broker outage fails every refresh (the ride says it)
+                log.log(
+                    logging.DEBUG if self._failing else logging.WARNING,
+                    "pipeline view not refreshed (the last one stays): %s",
+                    exc,
+                )
+                self._failing = True
                 return
+            self._failing = False
             view = self.reader.view
             if not self.reader.caught_up:
                 return  # a first read of a long accounting topic takes several refreshes

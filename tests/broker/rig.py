@@ -299,6 +299,10 @@ class Rig:
             ],
         )
 
+    def pipeline_args(self) -> list[str]:
+        """The flags that point a command at this rig's pipeline and processor group."""
+        return ["--bootstrap", self.bootstrap, "--topic-prefix", self.topics.prefix, "--group", self.group]
+
     def completed(self) -> int:
         return gather(self.conf, self.topics, group=self.group).total("completed_items")
 
@@ -334,12 +338,13 @@ def running_rig(
         threads.join(30)
 
 
-def produce(rig: Rig, n: int, seed: int) -> tuple[set[str], int]:
+def produce(rig: Rig, n: int, seed: int, id_prefix: str = "") -> tuple[set[str], int]:
+    """``n`` items at once; ``id_prefix`` keeps a second call's ids apart from the first's."""
     records = synthetic_records(n, seed=seed, shapes=12, min_len=16, max_len=600, rate_per_s=None)
     with TokenProducer(rig.conf, rig.topics) as producer:
         for r in records:
-            producer.send(r.id, r.model, synthetic_tokens(r.id, r.length), shape=r.shape)
-    return {r.id for r in records}, sum(r.length for r in records)
+            producer.send(id_prefix + r.id, r.model, synthetic_tokens(r.id, r.length), shape=r.shape)
+    return {id_prefix + r.id for r in records}, sum(r.length for r in records)
 
 
 def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:

@@ -155,7 +155,7 @@ def test_a_processor_paused_past_its_transaction_timeout_exits_75_and_its_restar
     hurried once the processor has exited."""
     hurry = threading.Event()
     ids, tokens, producing = produce_paced(rig, 20_000, seed=31, seconds=200, hurry=hurry)
-    short = ("--transaction-timeout-ms", "2000")
+    short = ("--transaction-timeout-ms", "2000", "--outage-exit-s", "0")  # 0: exit, not ride it out
     rig.spawn_processor("paused", extra=short)
     rig.wait_completed(1, timeout_s=120)
     paused = rig.pipeline.procs["paused"]

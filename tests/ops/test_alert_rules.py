@@ -331,6 +331,24 @@ def test_items_waiting_too_long_a_ledger_imbalance_and_dead_letters(tmp_path: Pa
     run_rule_tests(tmp_path, "wait, imbalance, dead letters", series, checks)
 
 
+def test_a_broker_away_is_an_alert_while_every_target_stays_up(tmp_path: Path) -> None:
+    """Every process reports ``tokenfabric_broker_reachable`` 1; a 15 s blip at 2 min fires nothing;
+    from 5 min all three wait for Kafka (0) and stay up: the alert fires after 30 s, while
+    TokenfabricTargetDown does not (issue 36: only "target down" used to say so, after ~70 s)."""
+    series = Pipeline.healthy()
+    for target, job in (("a", "processor"), ("b", "processor"), ("c", "consumer")):
+        blip = "1x7 0 " + f"1x{KILL - 9} "
+        series.series[f'tokenfabric_broker_reachable{{job="{job}", instance="{target}"}}'] = (
+            f"{blip}0x{END - KILL}"
+        )
+    away = {"TokenfabricBrokerUnreachable": [{"severity": "critical"}]}
+    checks = expect(minutes(2) + 15, {})  # the blip: one scrape at 0, shorter than the for: clock
+    checks += expect(minutes(5) + 15, {})
+    checks += expect(minutes(6), away)
+    checks += expect(minutes(20), away)
+    run_rule_tests(tmp_path, "broker away", series, checks)
+
+
 @pytest.mark.parametrize("alert", ALERTS)
 def test_every_alert_is_exercised_by_a_fault(alert: str) -> None:
     """Each rule appears, firing, in some fault above (this file's text names it in a firing map)."""

@@ -216,3 +216,36 @@ def test_other_request_errors_keep_their_traceback(capfd: pytest.CaptureFixture[
     finally:
         server.close()
     assert "ValueError: a bug" in capfd.readouterr().err
+
+
+def test_a_broker_away_leaves_the_process_live_and_unready_and_says_so_in_metrics() -> None:
+    """processor/apps/ride.py: while it waits for Kafka the process must not be restarted (live),
+    must get no traffic (not ready), and exports ``tokenfabric_broker_reachable 0``."""
+    from processor.apps.ride import BrokerWatch
+    from processor.ops.broker_metrics import BrokerCollector
+    from processor.ops.health import RideHealth, Verdict
+
+    class Stuck:  # the round's own checks fail: the round is gone, its loop no longer steps
+        def live(self) -> Verdict:
+            return Verdict(False, "owner loop stuck")
+
+        def ready(self) -> Verdict:
+            return Verdict(False, "owner loop stuck")
+
+    now = [50.0]
+    watch = BrokerWatch(clock=lambda: now[0])
+    health = RideHealth(Stuck(), watch)
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(watch))
+    assert not health.live().ok  # reachable: the round's own verdict
+    assert registry.get_sample_value("tokenfabric_broker_reachable") == 1
+    watch.went_away()
+    now[0] += 42
+    live, ready = health.live(), health.ready()
+    assert live.ok and "away for 42 s" in live.reason
+    assert not ready.ok and ready.reason == "Kafka unreachable for 42 s"
+    assert registry.get_sample_value("tokenfabric_broker_reachable") == 0
+    assert registry.get_sample_value("tokenfabric_broker_unreachable_seconds") == 42
+    assert registry.get_sample_value("tokenfabric_broker_outages_total") == 1
+    watch.came_back()
+    assert not health.live().ok and registry.get_sample_value("tokenfabric_broker_unreachable_seconds") == 0

@@ -219,6 +219,9 @@ def test_consumer_app_end_to_end_counts_from_each_items_producer_timestamp() -> 
 
 def test_docs_metrics_lists_every_metric_and_no_other() -> None:
     """docs/metrics.md is the reference: every exposed name is in its tables, and nothing else is."""
+    from processor.apps.ride import BrokerWatch
+    from processor.ops.broker_metrics import BrokerCollector
+
     svc = FakeService()
     svc.core.set_contract(Contract("c", "m", budget_tokens=1024, max_items=4))
     svc.core.submit(Item("a", "m", 1, 10, 0), 0)
@@ -230,7 +233,9 @@ def test_docs_metrics_lists_every_metric_and_no_other() -> None:
         f.name
         for f in text_string_to_metric_families(
             generate_latest(
-                processor_registry(svc, extra=[KafkaStats()], pipeline_in_background=False)
+                processor_registry(
+                    svc, extra=[KafkaStats(), BrokerCollector(BrokerWatch())], pipeline_in_background=False
+                )
             ).decode()
         )
     }
