@@ -15,10 +15,12 @@ and it restores from the last commit. Nothing is lost (nothing uncommitted was a
 nothing is doubled (nothing uncommitted is visible to ``read_committed`` readers).
 
 A round stuck inside the C library (``send_offsets_to_transaction`` past its timeout,
-librdkafka#5456) cannot be interrupted. The watchdog reports it to the ride instead of ending the
-process; the ride leaves that round's thread where it is (its transactional id is fenced by the next
-round's ``init_transactions``, its group member by the next round's static member) and starts the
-next. A thread left so costs its clients' memory until the process ends.
+librdkafka#5456) cannot be interrupted, and its clients cannot be closed: the ride does not leave it
+behind to start another beside it (a thread holding a live group member and a transactional producer
+is a twin no test has shown harmless: one run completed an item twice). The watchdog reports it to
+the ride, which ends the process with 75 (:class:`~processor.kafka.outage.StuckCall`), as before
+issue 36: a restart fences the stuck transaction. A commit merely blocked through an outage is
+waited for: the broker times its transaction out and the round ends with an error like any other.
 
 The ride gives up, ending the command with 75 as before, when the broker stays away longer than
 ``outage_exit_s`` (``--outage-exit-s``, 300 s by default): then a restart, or a person, is the fix.
@@ -37,7 +39,6 @@ from typing import Generic, TypeVar
 
 from processor.kafka.outage import StuckCall, is_outage
 from processor.kafka.reach import PROBE_TIMEOUT_S, RETRY_S, BrokerUnreachable, probe
-from processor.kafka.watchdog import CallWatchdog
 
 T = TypeVar("T")
 
@@ -52,8 +53,6 @@ FRESH_AFTER_S = 60.0
 MAX_RELAPSES = 3
 #: A probe that answers within this long answers "at once": the broker was there when the round died.
 QUICK_S = 2.0
-#: A round blocked this long after Kafka answered again, in a call begun before, is left behind.
-BLOCKED_AFTER_BACK_S = 15.0
 #: The lookout asks the cluster this often while a round runs, and gives each probe as long: a
 #: broker frozen or cut off is seen within twice this, whatever the round is doing (a commit
 #: blocked on it, or, for an idle consumer, nothing at all).
@@ -140,7 +139,7 @@ class _Round(Generic[T]):
 
 class StuckSignal:
     """The watchdog's ``on_stuck`` for a ride: records what is stuck and wakes the ride, which then
-    abandons the round (processor.kafka.watchdog.CallWatchdog takes it as ``on_stuck``)."""
+    ends with :class:`StuckCall` (processor.kafka.watchdog.CallWatchdog takes it as ``on_stuck``)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -192,8 +191,8 @@ class Ride(Generic[T]):
 
     ``make_round`` builds a fresh app and returns its ``run(stop)``; ``conf`` are the client settings
     the probe uses; ``who`` names the process in its two lines. ``stuck`` (give it to the process's
-    :class:`~processor.kafka.watchdog.CallWatchdog` as ``on_stuck``) abandons the round stuck in a
-    call; ``probe`` asks the cluster once (processor.kafka.reach.probe; tests pass their own).
+    :class:`~processor.kafka.watchdog.CallWatchdog` as ``on_stuck``) ends the ride when a round is
+    stuck in a call; ``probe`` asks the cluster once (processor.kafka.reach.probe; tests pass their own).
     """
 
     def __init__(
@@ -206,7 +205,6 @@ class Ride(Generic[T]):
         watch: BrokerWatch | None = None,
         stuck: StuckSignal | None = None,
         probe: Callable[[Mapping[str, str], float], None] = probe,
-        watchdog: CallWatchdog | None = None,
     ) -> None:
         self.make_round = make_round
         self.conf = conf
@@ -217,8 +215,6 @@ class Ride(Generic[T]):
         self.rounds = 0
         self.stuck = stuck or StuckSignal()
         self.probe = probe
-        self.watchdog = watchdog
-        self._back_at: float | None = None
 
     def run(self, stop: threading.Event) -> T | None:
         """The last round's result (None if ``stop`` came while waiting for the broker); raises what
@@ -244,7 +240,7 @@ class Ride(Generic[T]):
                 return current.result
             if time.monotonic() - current.started_s >= FRESH_AFTER_S:
                 relapses = 0
-            if not is_outage(error) or self.settings.outage_exit_s == 0:
+            if isinstance(error, StuckCall) or not is_outage(error) or self.settings.outage_exit_s == 0:
                 raise error
             asked = time.monotonic()
             if self._answers() and time.monotonic() - asked < QUICK_S:  # there: the outage is over
@@ -286,7 +282,6 @@ class Ride(Generic[T]):
     def _back(self) -> None:
         away_s = self.watch.away_for_s()
         if self.watch.came_back():
-            self._back_at = time.monotonic()
             self.log.info("%s: Kafka answers again after %.0f s: resuming", self.who, away_s)
 
     def _answers(self) -> bool:
@@ -299,28 +294,17 @@ class Ride(Generic[T]):
         return True
 
     def _follow(self, current: _Round[T], stop: threading.Event) -> BaseException | None:
-        """Wait for the round to end; pass ``stop`` on; abandon it when the watchdog says it is stuck."""
+        """Wait for the round to end; pass ``stop`` on; a :class:`StuckCall` when the watchdog says it is
+        stuck (the caller ends the process: a stuck round is never left behind)."""
         while not current.done.is_set():
             self.stuck.event.wait(0.2)
             if stop.is_set():
                 current.stop.set()
-            said = self.stuck.take() or self._blocked_past_return(current)
+            said = self.stuck.take()
             if said is not None:
                 current.stop.set()  # should the call ever return, the round ends at its next step
                 return StuckCall(f"{self.who}: {said}")
         return current.error
-
-    def _blocked_past_return(self, current: _Round[T]) -> str | None:
-        """A round still blocked, :data:`BLOCKED_AFTER_BACK_S` after Kafka answered again, in a
-        guarded call that began before: its transaction waits for the broker to time it out
-        (``transaction.timeout.ms``, a minute for a consumer), so the ride leaves it now."""
-        back = self._back_at
-        if self.watchdog is None or back is None or time.monotonic() - back < BLOCKED_AFTER_BACK_S:
-            return None
-        since = self.watchdog.open_since(current.thread.ident)
-        if since is None or since >= back:
-            return None
-        return f"a Kafka call blocked since before Kafka answered again {time.monotonic() - back:.0f} s ago"
 
     def _wait_for_broker(self, error: BaseException, began: float, stop: threading.Event) -> bool:
         """Probe until the broker answers (True) or ``stop`` (False); raise past ``outage_exit_s``

@@ -136,8 +136,7 @@ class ProcessorService:
         self.watchdog: CallWatchdog | None = None
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
         self.resuming = False
-        """Set on the rounds after the first of a ride (processor.apps.ride): the member the group
-        still has under this id is this process's own last round, not a twin: nothing to say."""
+        """Set on a ride's later rounds (processor.apps.ride): a member under this id is its own."""
 
         self.identity = transactional_id(s.instance, s.group_id)
         """Its transactional id and its group.instance.id: one identity, fenced as one by a twin."""
@@ -296,10 +295,8 @@ class ProcessorService:
         gc.set_threshold(50_000, 20, 100)
         self._check_topics()
         member = self.identity
-        present = not self.resuming and static_member_present(
-            self.conf, self.settings.group_id, member, clients=self.clients
-        )
-        if present:
+        present = static_member_present(self.conf, self.settings.group_id, member, clients=self.clients)
+        if present and not self.resuming:  # a ride's own last round is no twin (processor.apps.ride)
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
         self.mode.durability.start(self.watchdog)  # fences a live twin's transactions: it exits
         if present and self.settings.group_protocol == "consumer":

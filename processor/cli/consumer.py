@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
     watch = BrokerWatch()
     who = f"consumer {contract.consumer} of pipeline {topics.prefix}"
-    ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck, watchdog=watchdog)
+    ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck)
     metrics.watch(cast("ConsumerApp", current))
     metrics.registry.register(BrokerCollector(watch))
     with Serving(PROG, log, install_stop_handlers, said_on_stderr=True) as serving:

@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
         watch = BrokerWatch()
         who = f"processor {settings.instance} of pipeline {topics.prefix}"
-        ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck, watchdog=watchdog)
+        ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck)
         service = cast("ProcessorService", current)
         if http is not None:
             health = RideHealth(ProcessorHealth(service, http.step_timeout_s, http.broker_timeout_s), watch)
