@@ -93,6 +93,17 @@ def frame_single_object(schema_id: int, message: bytes) -> bytes:
     return frame(schema_id, message[len(PREVIOUS_TOKEN_ITEM_HEADER) :])
 
 
+def results_single_object(value: bytes) -> bytes:
+    """A results message as single-object: a registry-framed one (what a consumer with
+    ``--completions registry`` writes) is this version's ``CompletionBatch`` under its registered id,
+    so its body follows our header; any other is returned as it is. Invariant: only tokenfabric
+    writes the results topic, and its readers are upgraded before its writers (as for every schema
+    change), so a framed results message never carries a schema the reader does not know."""
+    if value[:1] == b"\0" and len(value) >= FRAME_SIZE:
+        return HEADERS["CompletionBatch"] + memoryview(value)[FRAME_SIZE:]
+    return value
+
+
 _Reader = Callable[[bytes], bytes]
 
 

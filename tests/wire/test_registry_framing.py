@@ -165,3 +165,28 @@ def test_our_schema_in_another_namespace_is_spliced_not_resolved() -> None:
     assert (
         "_splice" in framing._readers[(12).to_bytes(4, "big")].__qualname__
     )  # no Avro resolution per message
+
+
+def test_a_registry_framed_results_message_reads_as_the_single_object_one() -> None:
+    from processor.apps.endings import ended_messages
+    from processor.core.item import Item
+    from processor.wire.completion_heads import decode_completions_head
+    from processor.wire.completions import decode_completions
+
+    items = [Item(f"j-{n}", "m", 1, 10 + n, 0, job="j") for n in range(3)]
+    [(_key, [ours], _items)] = ended_messages([(i, "cancelled") for i in items], 5, 1 << 20)
+    framed = frame_single_object(77, ours)
+    assert framed[:5] == b"\0\0\0\0\x4d" and framed[5:] == ours[HEADER_SIZE:]
+    assert decode_completions(framed) == decode_completions(ours)
+    assert [c.item_id for c in decode_completions(framed)] == ["j-0", "j-1", "j-2"]
+    assert decode_completions_head(framed) == decode_completions_head(ours)
+    with pytest.raises(DecodeError):  # a framed body that is not a CompletionBatch is refused as ever
+        decode_completions(frame(77, b"\2a"))
+
+
+def test_registry_framed_results_need_the_batch_form() -> None:
+    from processor.apps.settings import ConsumerSettings
+
+    assert ConsumerSettings(results_schema_id=3).results_schema_id == 3
+    with pytest.raises(ValueError, match="--completions batch"):
+        ConsumerSettings(completions="item", results_schema_id=3)
