@@ -43,6 +43,7 @@ from processor.wire.records import (
     Status,
     TokenItemRecord,
 )
+from processor.wire.registry_framing import frame_single_object
 
 log = logging.getLogger("tokenfabric.consumer")
 
@@ -171,9 +172,12 @@ class BatchHandler:
                 self.output.produce(results, rec.item_id.encode("utf-8"), encode_completion(rec))
             return
         key = batch_id.encode("utf-8")
+        schema_id = self.settings.results_schema_id
         for value in encode_completion_batches(
             CompletionBatchRecord.of(records), self.settings.max_completion_bytes
         ):
+            if schema_id is not None:  # --completions registry: the Confluent wire format
+                value = frame_single_object(schema_id, value)
             self.output.produce(results, key, value)
 
     def _run_engine(self, batch: BatchRecord) -> list[ItemResult]:

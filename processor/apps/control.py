@@ -52,6 +52,8 @@ class ControlContext:
     instance: str
     clock: Callable[[], float]
     """Monotonic seconds (the wait for the job-shares topic)."""
+    results_schema_id: int | None = None
+    """``--results-framing registry``: the answers to ended jobs' items registry-framed under it."""
 
 
 class ControlPlane:
@@ -129,7 +131,9 @@ class ControlPlane:
     def answer_ended(self, now_ms: int) -> None:
         """Answer the items of jobs that ended since the last call (processor/apps/endings.py)."""
         c = self.ctx
-        c.counters.ended_items += answer_ended(c.core, c.mode.durability, c.mode.lane_log, c.topics, now_ms)
+        c.counters.ended_items += answer_ended(
+            c.core, c.mode.durability, c.mode.lane_log, c.topics, now_ms, c.results_schema_id
+        )
 
     # -- job shares (docs/shares.md) -------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from processor.wire.completions import encode_completion_batches
 from processor.wire.errors import DecodeError
 from processor.wire.job_share import JobShareRecord, decode_job_share_record
 from processor.wire.records import CompletionBatchRecord, ItemOutcomeRecord
+from processor.wire.registry_framing import frame_single_object
 
 log = logging.getLogger("tokenfabric.processor")
 
@@ -77,14 +78,18 @@ def apply_job_share_message(core: Scheduler, msg: Any, now_ms: int, topic: str) 
 
 
 def answer_ended(
-    core: Scheduler, durability: Durability, lanes: LaneLog, topics: TopicNames, now_ms: int
-) -> int:
+    core: Scheduler, durability: Durability, lanes: LaneLog, topics: TopicNames, now_ms: int,
+    schema_id: int | None = None,
+) -> int:  # fmt: skip
     """Answer every item the core withdrew since the last call with a completion of its job's
     ending, told to the lane log ``lanes`` (which drops them from the changelog's waiting sets in
-    the same transaction); returns how many."""
+    the same transaction); returns how many. ``schema_id``: registry-framed under it
+    (``--results-framing registry``)."""
     ended = core.take_ended()
     results = topics.results
     for key, values, items in ended_messages(ended, now_ms, MAX_COMPLETION_BYTES):
+        if schema_id is not None:
+            values = [frame_single_object(schema_id, v) for v in values]
         for value in values[:-1]:
             durability.produce(results, value, key)
         durability.produce(results, values[-1], key, lanes.withdrawn(items))

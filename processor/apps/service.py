@@ -200,6 +200,7 @@ class ProcessorService:
             observer=self._observer,
             instance=self.settings.instance,
             clock=self._clock,
+            results_schema_id=self.settings.results_schema_id,
         )
 
     def _handover_context(self) -> HandoverContext:

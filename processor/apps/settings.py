@@ -60,6 +60,9 @@ class ProcessorSettings:
     dedupe_max_ids: int = 4_000_000
     """Most ids one ingest partition remembers (about 15-24 bytes each); past it the oldest are
     forgotten early, so the window is shorter. 0 means no cap."""
+    results_schema_id: int | None = None
+    """``--results-framing registry``: the registry's id of our ``CompletionBatch`` under
+    ``<prefix>.results-value``; the processor's own answers (items of ended jobs) are framed under it."""
     lanes: LaneSettings = field(default_factory=LaneSettings)
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     shares: ShareSettings = field(default_factory=ShareSettings)
@@ -104,6 +107,9 @@ class ConsumerSettings:
     """Stop after this long without a batch (the demo); None: never."""
     completions: CompletionForm = "batch"
     """One results message per batch, or one per item (docs/consumers.md)."""
+    results_schema_id: int | None = None
+    """``--results-framing registry``: the registry's id of our ``CompletionBatch`` under
+    ``<prefix>.results-value``, framed into each results message (docs/schema-registry.md)."""
     max_completion_bytes: int = MAX_COMPLETION_BYTES
     """Past this size a batch's completions are split over several messages."""
     exactly_once: bool = True
@@ -117,6 +123,10 @@ class ConsumerSettings:
         if self.completions not in COMPLETION_FORMS:
             raise ValueError(
                 f"--completions must be one of {', '.join(COMPLETION_FORMS)}, got {self.completions!r}"
+            )
+        if self.results_schema_id is not None and self.completions != "batch":
+            raise ValueError(
+                "--results-framing registry writes CompletionBatch messages: use --completions batch"
             )
         if self.max_completion_bytes < 1:
             raise ValueError(f"max_completion_bytes must be >= 1, got {self.max_completion_bytes}")

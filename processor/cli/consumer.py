@@ -32,6 +32,7 @@ from processor.cli.options import (
     ride_from,
     watchdog_from,
 )
+from processor.cli.schemas import add_registry_argument, add_results_framing_argument, results_schema_id
 from processor.cli.serve import Serving, printed_exit
 from processor.core.contract import BATCHING_MODES, Contract
 from processor.core.serving import SEPARATOR, serving_key
@@ -108,6 +109,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="how completions are written: batch (one CompletionBatch message per batch) or item (one "
         "Completion per item, for results readers that only know that record); default: batch",
     )
+    add_registry_argument(p)
+    add_results_framing_argument(p)
     p.add_argument("--idle-exit-s", type=float, help="exit after S seconds without a batch (demo)")
     p.add_argument(
         "--retire", action="store_true", help="publish a tombstone for this consumer's contract and exit"
@@ -169,6 +172,7 @@ def _settings(args: argparse.Namespace) -> ConsumerSettings:
         max_batches=args.max_batches,
         idle_exit_s=args.idle_exit_s,
         completions=args.completions,
+        results_schema_id=results_schema_id(args),
         exactly_once=not args.at_least_once,
     )
 
@@ -178,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
     from processor.apps.consumer import ConsumerApp, ConsumerAppError, ConsumerHooks, retire
     from processor.apps.ride import BrokerWatch, Current, Ride, StuckSignal
+    from processor.apps.schema_registry import RegistryRefused
     from processor.core.contract import CONSUMER_ID
     from processor.engines.base import make_engine
     from processor.kafka.config import ConfigError, describe
@@ -186,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.ops.broker_metrics import BrokerCollector
     from processor.ops.consumer_metrics import ConsumerMetrics
     from processor.ops.health import RideHealth, ServingHealth
+    from processor.wire.registry_framing import RegistryUnavailable
 
     stuck = StuckSignal()
     try:
@@ -207,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    except (KafkaException, ConsumerAppError) as exc:
+    except (KafkaException, ConsumerAppError, RegistryUnavailable, RegistryRefused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
 

@@ -49,9 +49,10 @@ PROG = "tokenfabric processor"
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_kafka_arguments(p)
-    from processor.cli.schemas import add_registry_argument
+    from processor.cli.schemas import add_registry_argument, add_results_framing_argument
 
     add_registry_argument(p)
+    add_results_framing_argument(p)
     p.add_argument(
         "--instance",
         default="processor-0",
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from processor.apps.ride import BrokerWatch, Current, Ride, StuckSignal
+    from processor.apps.schema_registry import RegistryRefused
     from processor.apps.service import ProcessorService
     from processor.cli.schemas import framing_from
     from processor.kafka.config import ConfigError, describe
@@ -149,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from processor.ops.health import ProcessorHealth, RideHealth
     from processor.ops.kafka_stats import KafkaStats
     from processor.ops.metrics import processor_registry
+    from processor.wire.registry_framing import RegistryUnavailable
 
     setup_logging(args.log_level, args.log_format)
     demote_outage_lines()  # the ride says an outage once; librdkafka's own lines are DEBUG
@@ -163,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except (RegistryUnavailable, RegistryRefused) as exc:  # --results-framing registry: its id
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
     log = logging.getLogger("tokenfabric.processor")
     log.info("kafka client settings: %s", describe(conf))
     with Serving(PROG, log) as serving:
@@ -210,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace) -> ProcessorSettings:
     """The processor's settings from its flags; raises ValueError naming the flag."""
     from processor.apps.settings import ProcessorSettings
+    from processor.cli.schemas import results_schema_id
 
     lanes, dispatch = lanes_from(args)
     return ProcessorSettings(
@@ -226,4 +233,5 @@ def _settings(args: argparse.Namespace) -> ProcessorSettings:
         transaction_timeout_ms=args.transaction_timeout_ms,
         dedupe_window_ms=args.dedupe_window_ms,
         dedupe_max_ids=args.dedupe_max_ids,
+        results_schema_id=results_schema_id(args),
     )

@@ -25,6 +25,7 @@ from processor.cli.options import add_kafka_arguments
 from processor.kafka.config import ConfigError, registry_config
 from processor.kafka.topics import TopicNames
 from processor.wire.registry_framing import RegistryFraming, RegistryUnavailable
+from processor.wire.schemas import CANONICAL_FORMS
 
 COMPATIBILITY = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL",
                  "FULL_TRANSITIVE", "NONE")  # fmt: skip
@@ -60,6 +61,35 @@ def framing_from(args: argparse.Namespace) -> RegistryFraming | None:
     """The ingest's reader of registry-framed items, when a registry is configured."""
     settings = registry_settings(args)
     return None if settings is None else RegistryFraming(RegistryClient(settings))
+
+
+RESULTS_FRAMINGS = ("single-object", "registry")
+
+
+def add_results_framing_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--results-framing", choices=RESULTS_FRAMINGS, default="single-object",
+        help="how CompletionBatch messages are written to the results topic: single-object (ours) or "
+        "registry (the Confluent wire format under <prefix>.results-value, for registry deserializers; "
+        "needs a registry). Give every consumer and the processor of a pipeline the same "
+        "(default: %(default)s)",
+    )  # fmt: skip
+
+
+def results_schema_id(args: argparse.Namespace) -> int | None:
+    """With ``--results-framing registry``: our ``CompletionBatch``'s id under
+    ``<prefix>.results-value`` (registered if it is not there yet, as registry serializers do); else
+    None. ConfigError without a registry; RegistryUnavailable or RegistryRefused from the registry."""
+    if args.results_framing != "registry":
+        return None
+    settings = registry_settings(args)
+    if settings is None:
+        raise ConfigError(
+            "--results-framing registry needs a schema registry: pass --registry URL or set "
+            "schema.registry.url in --kafka-config"
+        )
+    subject = f"{TopicNames(args.topic_prefix).results}-value"
+    return RegistryClient(settings).register(subject, CANONICAL_FORMS["CompletionBatch"])
 
 
 def print_registered(ids: dict[str, int], compatibility: str) -> None:

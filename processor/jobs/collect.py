@@ -51,6 +51,7 @@ from processor.wire.completions import COMPLETION_BATCH_HEADERS, decode_completi
 from processor.wire.errors import DecodeError
 from processor.wire.job_share import JobShareRecord
 from processor.wire.records import CompletionRecord
+from processor.wire.registry_framing import is_registry_framed
 from processor.wire.schemas import HEADER_SIZE
 
 __all__ = [
@@ -387,7 +388,8 @@ class Collection:
             self._reassign = False
         for msg in self.tail.drain(max_s):
             value = msg.value()
-            if value is not None and value[:HEADER_SIZE] in COMPLETION_BATCH_HEADERS:
+            batch = value is not None and value[:HEADER_SIZE] in COMPLETION_BATCH_HEADERS
+            if batch or (value is not None and is_registry_framed(value)):
                 self._offer_batch(*position(msg), value)
                 continue
             key = msg.key()

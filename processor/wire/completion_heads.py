@@ -23,6 +23,7 @@ from processor.wire.completions import (
 )
 from processor.wire.errors import MALFORMED, DecodeError, Malformed
 from processor.wire.records import STATUSES
+from processor.wire.registry_framing import results_single_object
 from processor.wire.schemas import HEADER_SIZE, HEADERS, as_bytes, check_header, finish
 
 _COMPLETION = HEADERS["Completion"]
@@ -193,9 +194,10 @@ def decode_completions_head(value: bytes | bytearray | memoryview | None) -> Com
     A batch is walked to its end (its items are what the processor needs) and checked as
     :func:`decode_completions` checks it: what that decoder refuses, this one refuses too
     (it is stricter where fastavro is lax: over-long varints, negative indexes, boolean bytes).
-    A single ``Completion`` is read as :func:`decode_completion_head` reads it.
+    A single ``Completion`` is read as :func:`decode_completion_head` reads it; a registry-framed
+    batch as :func:`~processor.wire.registry_framing.results_single_object` says.
     """
-    value = as_bytes(value)
+    value = results_single_object(as_bytes(value))
     header = value[:HEADER_SIZE]
     if header in _COMPLETION_BATCH_HEADERS:
         try:

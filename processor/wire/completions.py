@@ -23,6 +23,7 @@ from processor.wire.avro import encode_bytes, encode_int, encode_long, encode_st
 from processor.wire.errors import DecodeError
 from processor.wire.fastavro_io import PreviousSchema, check_ints, fastavro_decode, fastavro_encode
 from processor.wire.records import STATUSES, CompletionBatchRecord, CompletionRecord, ItemOutcomeRecord
+from processor.wire.registry_framing import results_single_object
 from processor.wire.schemas import (
     COMPLETION_BATCH_HEADER,
     HEADER_SIZE,
@@ -220,9 +221,10 @@ def decode_completions(value: bytes | bytearray | memoryview | None) -> list[Com
     """Every completion a results message holds: a ``Completion`` (one) or a ``CompletionBatch``.
 
     What every reader of the results topic should call, since consumers write either form (the
-    header tells them apart). Raises :class:`DecodeError` for anything else.
+    header tells them apart), single-object or registry-framed. Raises :class:`DecodeError` for
+    anything else.
     """
-    value = as_bytes(value)
+    value = results_single_object(as_bytes(value))
     if value[:HEADER_SIZE] == COMPLETION_BATCH_HEADER or value[:HEADER_SIZE] in _EARLIER_BATCH:
         return decode_completion_batch(value).completions()
     return [decode_completion(value)]

@@ -16,6 +16,7 @@ the first two with less (the third is :mod:`processor.wire.completion_heads`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from processor.core.serving import SEPARATOR, serving_key
@@ -29,6 +30,7 @@ from processor.wire.records import item_problem
 from processor.wire.request import GenerationRequest
 from processor.wire.request_codec import read_final_request, read_request_field
 from processor.wire.schemas import (
+    FRAME_SIZE,
     HEADER_SIZE,
     HEADERS,
     PREVIOUS_TOKEN_ITEM_HEADER,
@@ -56,7 +58,9 @@ class ItemHead(NamedTuple):
     shape: int
     token_count: int
     output_budget: int | None
-    message: bytes
+    message: bytes | memoryview
+    """The input message: ``bytes`` as librdkafka handed it over, or (registry-framed, with fields of
+    the producer's own after ours) a view of it that ends where our record does."""
     job: str = ""
     """``job_id``: the job whose token share the item counts against (docs/shares.md); "" for none."""
 
@@ -165,8 +169,32 @@ def _head_problem(
     return item_problem(item_id, model, token_count, b"\0" * max(0, n_bytes), fault)
 
 
-def _usual_head(buf: bytes) -> ItemHead | None:
-    """The head of an item encoded the usual way, read in one pass with every check of the general
+def framed_item_head(buf: bytes) -> ItemHead | None:
+    """The head of a registry-framed message whose writer schema is today's TokenItem (its body is
+    ours byte for byte, processor/wire/registry_framing.py), read in place: the head's ``message`` is
+    the framed message itself, which :func:`~processor.wire.items.encode_batch` splices past its
+    5-byte frame. ``None`` for an item not encoded the usual way (the caller reads it the general
+    way)."""
+    return _usual_head(buf, FRAME_SIZE)
+
+
+def framed_head_reader(tail: Callable[[bytes, int], int]) -> Callable[[bytes], ItemHead | None]:
+    """:func:`framed_item_head` for a writer schema that is today's TokenItem and then fields of the
+    producer's own: ``tail`` checks them (the position after them; raises a ``MALFORMED`` error),
+    and the head's ``message`` is a view of the framed message that ends where our record does (no
+    copy either)."""
+
+    def read(buf: bytes) -> ItemHead | None:
+        return _usual_head(buf, FRAME_SIZE, tail)
+
+    return read
+
+
+def _usual_head(
+    buf: bytes, start: int = HEADER_SIZE, tail: Callable[[bytes, int], int] | None = None
+) -> ItemHead | None:
+    """The head of an item encoded the usual way (its body from ``start``: past the single-object
+    header, or past a registry frame), read in one pass with every check of the general
     path; ``None`` for anything else, which the general path then reads or refuses with its reason.
 
     The usual way: ids and model name under 64 bytes, no shape components, a six-byte
@@ -177,15 +205,18 @@ def _usual_head(buf: bytes) -> ItemHead | None:
     the end shows up as an ``IndexError`` at the next byte read, as every field is followed by one;
     a message written before ``request`` ends one byte earlier.
     """
-    current = buf[:HEADER_SIZE] == _TOKEN_ITEM
-    if not current and buf[:HEADER_SIZE] != PREVIOUS_TOKEN_ITEM_HEADER:
-        return None
+    if start == HEADER_SIZE:
+        current = buf[:HEADER_SIZE] == _TOKEN_ITEM
+        if not current and buf[:HEADER_SIZE] != PREVIOUS_TOKEN_ITEM_HEADER:
+            return None
+    else:  # registry-framed under today's TokenItem (framed_item_head)
+        current = True
     try:
-        n = buf[HEADER_SIZE]  # item_id: a non-empty string under 64 bytes
+        n = buf[start]  # item_id: a non-empty string under 64 bytes
         if n >= 0x80 or n & 1 or not n:
             return None
-        pos = HEADER_SIZE + 1 + (n >> 1)
-        item_id = buf[HEADER_SIZE + 1 : pos].decode("utf-8")
+        pos = start + 1 + (n >> 1)
+        item_id = buf[start + 1 : pos].decode("utf-8")
         n = buf[pos]  # job_id
         if n >= 0x80 or n & 1:
             return None
@@ -268,10 +299,16 @@ def _usual_head(buf: bytes) -> ItemHead | None:
                     model = serving_key(model, request.adapter)
             else:
                 return None
+        if tail is not None:  # a producer's own fields after ours: checked, then left out
+            ours, pos = pos, tail(buf, pos)
         if pos != len(buf):  # nothing after the record
             return None
     except MALFORMED:
         return None
+    if tail is not None:  # a view, no copy: the batch splices our part only
+        return _new_head(
+            ItemHead, (item_id, model, shape, token_count, output_budget, memoryview(buf)[:ours], job)
+        )
     return _new_head(ItemHead, (item_id, model, shape, token_count, output_budget, buf, job))
 
 

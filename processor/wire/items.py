@@ -40,6 +40,7 @@ from processor.wire.request import GenerationRequest, request_problem
 from processor.wire.request_codec import encode_request_field, read_request_field
 from processor.wire.schemas import (
     BATCH_HEADER,
+    FRAME_SIZE,
     HEADER_SIZE,
     PRE_ATTEMPTS_BATCH_HEADER,
     PREVIOUS_BATCH_HEADER,
@@ -382,7 +383,9 @@ def encode_token_item(rec: TokenItemRecord) -> bytes:
 
 
 def _encode_batch_parts(
-    batch: Batch | BatchRecord, records: Sequence[TokenItemRecord | bytes], attempts: Sequence[int]
+    batch: Batch | BatchRecord,
+    records: Sequence[TokenItemRecord | bytes | memoryview],
+    attempts: Sequence[int],
 ) -> bytes:
     """The Batch message; with the header before ``attempts`` (and no ``attempts``) while every item
     is on its first attempt, so that the bytes are those a processor wrote before retries existed."""
@@ -404,11 +407,12 @@ def _encode_batch_parts(
     if records:
         out.append(encode_long(len(records)))
         for rec in records:
-            if isinstance(rec, bytes):
-                # an input message, validated when it was decoded: its body, past the header, as it
-                # is; one written before ``request`` gets the field, null (its one byte, 0)
-                out.append(memoryview(rec)[HEADER_SIZE:])
-                if rec.startswith(PREVIOUS_TOKEN_ITEM_HEADER):
+            if isinstance(rec, bytes | memoryview):
+                # an input message, validated when it was decoded: its body, past the header (or
+                # the registry frame: heads.framed_item_head), as it is; one written before
+                # ``request`` gets the field, null (its one byte, 0)
+                out.append(memoryview(rec)[FRAME_SIZE if rec[0] == 0 else HEADER_SIZE :])
+                if type(rec) is bytes and rec.startswith(PREVIOUS_TOKEN_ITEM_HEADER):
                     out.append(b"\x00")
             else:
                 _item_parts(rec, out)
@@ -429,10 +433,10 @@ def encode_batch(batch: Batch) -> bytes:
     The message is kept whole rather than as a copy of its body: the copy was a tenth of the cost of
     taking an item in (docs/benchmarks.md), and the header's 10 bytes are all it saved.
     """
-    records: list[TokenItemRecord | bytes] = []
+    records: list[TokenItemRecord | bytes | memoryview] = []
     for item in batch.items:
         payload = item.payload
-        if not isinstance(payload, TokenItemRecord | bytes):
+        if not isinstance(payload, TokenItemRecord | bytes | memoryview):
             raise TypeError(f"item {item.id!r}: payload is {type(payload).__name__}, not TokenItemRecord")
         records.append(payload)
     return _encode_batch_parts(batch, records, [item.attempt for item in batch.items])

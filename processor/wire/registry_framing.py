@@ -9,10 +9,12 @@ into the single-object encoding the rest of the processor reads (processor/wire/
 
 * a writer schema whose Parsing Canonical Form is one of ours (today's TokenItem or the one before
   ``request``), its named types' namespaces aside, has a byte-identical body, so the message is our
-  header plus that body (a copy);
+  header plus that body (a copy); :meth:`RegistryFraming.head`, the intake's call, reads today's in
+  place instead (``heads.framed_item_head``: no copy, the batch splices past the frame);
 * one that is today's TokenItem followed by fields of the producer's own (the usual evolution: an
   extra optional field) starts with our body: our record is walked to its end (no copy of a field),
-  the producer's fields after it are read with fastavro to check them, and our part is kept;
+  the producer's fields after it are checked (by processor/wire/skips.py when they are simple: the
+  head then keeps a view of the message up to our record's end; else with fastavro, our part kept);
 * any other is read with Avro's schema resolution (fastavro: writer schema -> TokenItem) and
   written again as today's TokenItem, whose own checks then apply as for any item.
 
@@ -38,14 +40,20 @@ from fastavro.schema import SchemaParseException, UnknownType, parse_schema, to_
 
 from processor.wire.avro import read_signature
 from processor.wire.errors import MALFORMED, REGISTRY_REASONS, DecodeError
-from processor.wire.heads import ItemHead, decode_item_head
+from processor.wire.heads import ItemHead, decode_item_head, framed_head_reader, framed_item_head
 from processor.wire.items import read_item_lead, read_item_rest
 from processor.wire.request_codec import read_request_field
-from processor.wire.schemas import HEADERS, NAMESPACE, PARSED, PREVIOUS_TOKEN_ITEM_HEADER, rabin_fingerprint
+from processor.wire.schemas import (
+    FRAME_SIZE,
+    HEADERS,
+    NAMESPACE,
+    PARSED,
+    PREVIOUS_TOKEN_ITEM_HEADER,
+    rabin_fingerprint,
+)
+from processor.wire.skips import fields_skipper as _fields_skipper
 
 CONFLUENT_MAGIC = 0
-FRAME_SIZE = 5
-"""The magic byte and the 4-byte big-endian schema id before the Avro body."""
 
 UNKNOWN_SCHEMA_ID, UNRESOLVABLE_SCHEMA = REGISTRY_REASONS
 
@@ -72,7 +80,7 @@ def decode_ingest_head(
     """An ingest message's head in either framing: single-object as ever, and a registry-framed one
     through ``framing`` (None: none configured, so it is refused ``bad-magic`` as before)."""
     if framing is not None and type(value) is bytes and value[:1] == b"\0":
-        value = framing.single_object(value)
+        return framing.head(value)
     return decode_item_head(value)
 
 
@@ -93,6 +101,17 @@ def frame_single_object(schema_id: int, message: bytes) -> bytes:
     return frame(schema_id, message[len(PREVIOUS_TOKEN_ITEM_HEADER) :])
 
 
+def results_single_object(value: bytes) -> bytes:
+    """A results message as single-object: a registry-framed one (what a consumer with
+    ``--completions registry`` writes) is this version's ``CompletionBatch`` under its registered id,
+    so its body follows our header; any other is returned as it is. Invariant: only tokenfabric
+    writes the results topic, and its readers are upgraded before its writers (as for every schema
+    change), so a framed results message never carries a schema the reader does not know."""
+    if value[:1] == b"\0" and len(value) >= FRAME_SIZE:
+        return HEADERS["CompletionBatch"] + memoryview(value)[FRAME_SIZE:]
+    return value
+
+
 _Reader = Callable[[bytes], bytes]
 
 
@@ -102,6 +121,25 @@ class RegistryFraming:
     def __init__(self, source: SchemaSource) -> None:
         self._source = source
         self._readers: dict[bytes, _Reader] = {}
+        self._heads: dict[bytes, Callable[[bytes], ItemHead | None]] = {}
+        """Ids (their 4 bytes) whose items' heads are read in place: a writer schema that is today's
+        TokenItem (any namespace), maybe followed by simple fields of the producer's own."""
+
+    def head(self, value: bytes) -> ItemHead:
+        """The head of registry-framed ``value``: read in place, no copy, when its writer schema is
+        today's TokenItem and the item is encoded the usual way (``heads.framed_item_head``: the
+        head keeps the framed message); else read from its single-object form. Raises as
+        :meth:`single_object` and :func:`decode_item_head` do."""
+        raw_id = value[1:FRAME_SIZE]
+        read = self._heads.get(raw_id)
+        if read is None and raw_id not in self._readers:  # an id not seen yet: its schema first
+            self._reader(raw_id)
+            read = self._heads.get(raw_id)
+        if read is not None:
+            head = read(value)
+            if head is not None:
+                return head
+        return decode_item_head(self.single_object(value))
 
     def single_object(self, value: bytes) -> bytes:
         """The single-object TokenItem that registry-framed ``value`` carries. Raises
@@ -130,8 +168,14 @@ class RegistryFraming:
             header = _OURS.get(_fingerprint(moved))
             if header is not None:
                 reader = _splice(header)
+                if header == HEADERS["TokenItem"]:
+                    self._heads[raw_id] = framed_item_head
             else:
-                reader = _prefixed(schema_id, moved) or _resolve(schema_id, writer)
+                theirs = _their_fields(moved)
+                reader = _resolve(schema_id, writer) if theirs is None else _prefixed(schema_id, theirs)
+                skip = None if theirs is None else _fields_skipper(theirs)
+                if skip is not None:
+                    self._heads[raw_id] = framed_head_reader(skip)
         self._readers[raw_id] = reader
         return reader
 
@@ -153,15 +197,20 @@ def _fingerprint(schema: Any) -> bytes:
     return rabin_fingerprint(to_parsing_canonical_form(parse_schema(schema)).encode()).to_bytes(8, "little")
 
 
-def _prefixed(schema_id: int, moved: dict[str, Any]) -> _Reader | None:
-    """Today's TokenItem and then fields of the producer's own: our part kept, theirs checked."""
+def _their_fields(moved: dict[str, Any]) -> list[Any] | None:
+    """The producer's own fields when ``moved`` is today's TokenItem and then those; else None."""
     ours = len(PARSED["TokenItem"]["fields"])
     fields = moved.get("fields")
     if not isinstance(fields, list) or len(fields) <= ours:
         return None
     if _fingerprint({**moved, "fields": fields[:ours]}) != HEADERS["TokenItem"][2:]:
         return None
-    theirs = parse_schema({"type": "record", "name": f"{NAMESPACE}.TheirFields", "fields": fields[ours:]})
+    return fields[ours:]
+
+
+def _prefixed(schema_id: int, fields: list[Any]) -> _Reader:
+    """Today's TokenItem and then ``fields`` of the producer's own: our part kept, theirs checked."""
+    theirs = parse_schema({"type": "record", "name": f"{NAMESPACE}.TheirFields", "fields": fields})
     header = HEADERS["TokenItem"]
 
     def read(value: bytes) -> bytes:

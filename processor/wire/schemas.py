@@ -32,6 +32,9 @@ RECORD_NAMES = (
 MAGIC = b"\xc3\x01"
 
 HEADER_SIZE = 10
+FRAME_SIZE = 5
+"""The Confluent wire format's magic byte (0) and 4-byte big-endian schema id before the Avro body
+(processor/wire/registry_framing.py)."""
 
 
 def rabin_fingerprint(data: bytes) -> int:

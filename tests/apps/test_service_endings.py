@@ -188,3 +188,15 @@ def test_at_least_once_a_cancelled_item_is_answered_and_its_offset_may_pass(p: P
     p.steps(svc, 3)
     assert once_each(p, ["a", "b"]) == {"cancelled": {"a", "b"}}
     assert p.mk.groups[p.topics.processor_group].committed[(p.topics.ingest, 0)] == 2
+
+
+def test_with_registry_framed_results_the_processor_frames_its_own_answers(p: Pipeline) -> None:
+    svc = p.started(results_schema_id=77)  # --results-framing registry
+    ids = [f"r{n}" for n in range(4)]
+    produce(p, ids)
+    p.steps(svc, 2)  # waiting; no consumer
+    lifecycle(p, cancelled_ms=EPOCH_MS)
+    p.steps(svc, 2)
+    values = [r.value for _p, _o, r in p.mk.records(p.topics.results)]
+    assert values and all(v[:5] == b"\0\0\0\0\x4d" for v in values)  # 77 as the frame's schema id
+    assert once_each(p, ids) == {"cancelled": set(ids)}

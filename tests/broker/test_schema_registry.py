@@ -6,7 +6,9 @@ The producer here is only the serializer, with a TokenItem schema of its own (an
 extra optional field); every item completes once and the audit is clean. An unknown schema id and a
 writer schema that cannot be resolved are dead-lettered with their reasons. A registry that stops
 answering (SIGSTOP: the JVM is frozen, so lookups time out) holds ingest instead: nothing is
-dead-lettered, and every item completes once it answers again.
+dead-lettered, and every item completes once it answers again. Out: a consumer writing its results
+registry-framed (``--results-framing registry``) is read by the processor, ``collect`` and the audit, and
+by confluent-kafka's ``AvroDeserializer`` as a team's own reader would.
 """
 
 from __future__ import annotations
@@ -24,21 +26,23 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from processor.apps.producer import shape_key, synthetic_tokens
 from processor.apps.schema_registry import RegistryClient, RegistrySettings
+from processor.cli.tokenfabric import main
 from processor.core.contract import Contract
 from processor.core.signature import to_signed
+from processor.jobs.datasets import read_output
 from processor.kafka.reader import read_topic
 from processor.ops.audit import audit
 from processor.sim.tracegen import synthetic_records
 from processor.wire.completions import decode_completions
 from processor.wire.control import decode_dead_letter
 from processor.wire.registry_framing import UNKNOWN_SCHEMA_ID, UNRESOLVABLE_SCHEMA, RegistryFraming, frame
-from processor.wire.schemas import schema_dir
-from tests.broker.rig import InProcess, running_in_process, wait_for
+from processor.wire.schemas import CANONICAL_FORMS, schema_dir
+from tests.broker.rig import InProcess, new_topics, review_job, running_in_process, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -196,3 +200,54 @@ def test_a_registry_that_stops_answering_under_load_holds_ingest_and_loses_nothi
     assert client.lookups >= 3  # the first schema, then the second: asked until it answered
     report = audit(rig.conf, rig.topics, f"{rig.topics.prefix}-proc", framing=reader)
     assert report.clean, "\n".join(report.lines())
+
+
+def test_results_written_registry_framed_are_read_by_the_pipeline_collect_audit_and_avro_deserializer(
+    kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf, topics = new_topics(kafka_bootstrap, "o", [CARD.consumer], ingest_partitions=2)
+    subject = f"{topics.results}-value"
+    schema_id = RegistryClient(RegistrySettings(schema_registry_url)).register(
+        subject, CANONICAL_FORMS["CompletionBatch"]
+    )
+    framed = {"results_schema_id": schema_id}
+    kafka = ["--bootstrap", kafka_bootstrap, "--topic-prefix", topics.prefix]
+    data, template = review_job(tmp_path, 200)
+    out = tmp_path / "out.jsonl"
+    with running_in_process(
+        kafka_bootstrap,
+        [CARD],
+        topics=(conf, topics),
+        app_options=framed,
+        commit_interval_ms=300,
+        results_schema_id=schema_id,
+    ) as rig:
+        assert (
+            main(["submit", str(data), "--job", "j1", "--template", str(template), "--no-progress", *kafka])
+            == 0
+        )
+        collect = [
+            "collect",
+            "--job",
+            "j1",
+            "--out",
+            str(out),
+            "--wait",
+            "--timeout-s",
+            "120",
+            "--no-progress",
+        ]
+        assert main([*collect, *kafka]) == 0, capsys.readouterr().err
+        wait_for(lambda: rig.processor.counters.completions >= 200, 30, "the processor applies them")
+    rows = read_output(out)
+    assert len(rows) == 200 and all(r["status"] == "ok" for r in rows)
+    values = [msg.value() for msg in read_topic(conf, topics.results)]
+    assert values and all(v[:1] == b"\0" and int.from_bytes(v[1:5], "big") == schema_id for v in values)
+    deserialize = AvroDeserializer(SchemaRegistryClient({"url": schema_registry_url}))
+    context = SerializationContext(topics.results, MessageField.VALUE)
+    theirs = Counter(i["item_id"] for v in values for i in deserialize(v, context)["items"])
+    assert len(theirs) == 200 and max(theirs.values()) == 1
+    assert completions(rig) == theirs  # our readers and theirs read the same items
+    report = audit(conf, topics, f"{topics.prefix}-proc")
+    assert report.clean, "\n".join(report.lines())
+    assert report.completed_items == 200

@@ -13,7 +13,7 @@ import pytest
 
 from processor.wire.errors import DecodeError
 from processor.wire.heads import decode_item_head
-from processor.wire.items import encode_token_item, new_item_record
+from processor.wire.items import encode_batch, encode_token_item, new_item_record
 from processor.wire.registry_framing import (
     UNKNOWN_SCHEMA_ID,
     UNRESOLVABLE_SCHEMA,
@@ -23,7 +23,7 @@ from processor.wire.registry_framing import (
     frame_single_object,
     is_registry_framed,
 )
-from processor.wire.schemas import CANONICAL_FORMS, HEADER_SIZE, schema_dir
+from processor.wire.schemas import CANONICAL_FORMS, HEADER_SIZE, HEADERS, schema_dir
 
 OURS = json.loads((schema_dir() / "TokenItem.avsc").read_text())
 
@@ -165,3 +165,70 @@ def test_our_schema_in_another_namespace_is_spliced_not_resolved() -> None:
     assert (
         "_splice" in framing._readers[(12).to_bytes(4, "big")].__qualname__
     )  # no Avro resolution per message
+
+
+def test_a_registry_framed_results_message_reads_as_the_single_object_one() -> None:
+    from processor.apps.endings import ended_messages
+    from processor.core.item import Item
+    from processor.wire.completion_heads import decode_completions_head
+    from processor.wire.completions import decode_completions
+
+    items = [Item(f"j-{n}", "m", 1, 10 + n, 0, job="j") for n in range(3)]
+    [(_key, [ours], _items)] = ended_messages([(i, "cancelled") for i in items], 5, 1 << 20)
+    framed = frame_single_object(77, ours)
+    assert framed[:5] == b"\0\0\0\0\x4d" and framed[5:] == ours[HEADER_SIZE:]
+    assert decode_completions(framed) == decode_completions(ours)
+    assert [c.item_id for c in decode_completions(framed)] == ["j-0", "j-1", "j-2"]
+    assert decode_completions_head(framed) == decode_completions_head(ours)
+    with pytest.raises(DecodeError):  # a framed body that is not a CompletionBatch is refused as ever
+        decode_completions(frame(77, b"\2a"))
+
+
+def test_registry_framed_results_need_the_batch_form() -> None:
+    from processor.apps.settings import ConsumerSettings
+
+    assert ConsumerSettings(results_schema_id=3).results_schema_id == 3
+    with pytest.raises(ValueError, match="--completions batch"):
+        ConsumerSettings(completions="item", results_schema_id=3)
+
+
+def _batch_of(payloads: list[Any]) -> bytes:
+    from processor.core.item import Item
+    from tests.wire.helpers import make_batch
+
+    batch = make_batch([])
+    batch.items = [Item(f"i-{n}", "m", 42, 3, arrival_ms=5, payload=p) for n, p in enumerate(payloads)]
+    return encode_batch(batch)
+
+
+@pytest.mark.parametrize("namespace", ["tokenfabric", "com.acme"])
+def test_our_schema_in_any_namespace_is_read_in_place_and_spliced_into_the_batch(namespace: str) -> None:
+    framing = RegistryFraming(Source({5: {**OURS, "namespace": namespace}}))
+    ours = item("a-1")
+    framed = frame_single_object(5, ours)
+    first, again = framing.head(framed), framing.head(framed)  # the first reads the schema
+    assert first == decode_item_head(ours)._replace(message=framed)
+    assert again.message is framed  # no copy: the batch splices it past the frame
+    assert _batch_of([again.message]) == _batch_of([ours])
+
+
+def test_simple_fields_of_the_producers_own_are_checked_in_place_and_left_out_of_the_batch() -> None:
+    framing = RegistryFraming(Source({9: evolved()}))
+    for team in ("x", None, "é" * 80):
+        message = written(evolved(), {**RECORD, "team": team}, 9)
+        head = framing.head(message)
+        assert isinstance(head.message, memoryview) and head.message.obj is message  # a view, no copy
+        single = framing.single_object(message)
+        assert head == decode_item_head(single)._replace(message=head.message)
+        assert _batch_of([head.message]) == _batch_of([single])
+    with pytest.raises(DecodeError) as err:  # refused as before: the general way says why
+        framing.head(message[:-1] + b"\x09")
+    assert err.value.reason == "avro-decode"
+
+
+def test_fields_of_the_producers_own_that_are_not_simple_are_read_with_fastavro() -> None:
+    schema = evolved(extra=False)
+    schema["fields"] = [*schema["fields"], {"name": "tags", "type": {"type": "array", "items": "string"}}]
+    framing = RegistryFraming(Source({4: schema}))
+    head = framing.head(written(schema, {**RECORD, "tags": ["a", "b"]}, 4))
+    assert type(head.message) is bytes and head.message[:HEADER_SIZE] == HEADERS["TokenItem"]
