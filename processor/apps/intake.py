@@ -69,8 +69,18 @@ class Intake:
         """An ingest message's head, in either framing; raises DecodeError or RegistryUnavailable."""
         return decode_ingest_head(value, self.framing)
 
-    def item(self, msg: Any, now: int) -> IngestItem | None:
-        """Decode one ingest message: the item to schedule, or None (an error, a dead letter, a repeat)."""
+    def items(self, msgs: list[Any], now: int) -> list[IngestItem]:
+        """The items of one poll's messages, in order (see :meth:`item`); the dedupe window's wall
+        clock is read once for the poll, not once per message."""
+        first_seen = self.mode.dedupe.poll_check()
+        item = self.item
+        return [it for it in (item(msg, now, first_seen) for msg in msgs) if it is not None]
+
+    def item(
+        self, msg: Any, now: int, first_seen: Callable[[int, str], bool] | None = None
+    ) -> IngestItem | None:
+        """Decode one ingest message: the item to schedule, or None (an error, a dead letter, a repeat).
+        ``first_seen``: the dedupe window's check for this poll (None: no window)."""
         err = msg.error()
         if err is not None:
             if fatal(err):
@@ -90,7 +100,7 @@ class Intake:
             self._dead_letter(msg, exc.reason, str(exc), partition, offset)
             self.core.dead_lettered()
             return None
-        if not self.mode.dedupe.first_seen(partition, head.item_id):
+        if first_seen is not None and not first_seen(partition, head.item_id):
             self._duplicate(msg, head, partition, offset)
             return None
         item = IngestItem.from_head(head, now, partition, offset)
