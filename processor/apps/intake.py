@@ -29,7 +29,7 @@ from processor.state.ingest import IngestItem
 from processor.state.modes import DeliveryMode
 from processor.wire.control import DUPLICATE_ITEM_ID, encode_dead_letter
 from processor.wire.errors import DecodeError
-from processor.wire.heads import ItemHead
+from processor.wire.heads import ItemHead, decode_item_head
 from processor.wire.registry_framing import RegistryFraming, RegistryUnavailable, decode_ingest_head
 
 log = logging.getLogger("tokenfabric.processor")
@@ -64,6 +64,10 @@ class Intake:
         self.held_since: float | None = None
         """When the first partition now held was held (health: not ready meanwhile)."""
         self._retry_at = 0.0
+        self._decode: Callable[[bytes | None], ItemHead] = (
+            decode_item_head if framing is None else self.decode_head
+        )
+        """The head's decode per message: without a framing, the single-object decode itself."""
 
     def decode_head(self, value: bytes | None) -> ItemHead:
         """An ingest message's head, in either framing; raises DecodeError or RegistryUnavailable."""
@@ -92,7 +96,7 @@ class Intake:
         if partition in self.held:  # after a held message: read again once the partition resumes
             return None
         try:
-            head = self.decode_head(msg.value())
+            head = self._decode(msg.value())
         except RegistryUnavailable as exc:
             self._hold(msg.topic(), partition, offset, str(exc))
             return None
