@@ -11,6 +11,7 @@ Per item it runs what the exactly-once processor runs per ingest message and per
 * **intake**: ``Intake.item`` on a ready consumed message (the head's decode, the dedupe window,
   the ``IngestItem``, the lane log told of it), in poll batches of ``--poll`` messages as the
   service's loop takes them;
+* **encode**: ``encode_batch`` of those items in batches of ``--batch`` (each message spliced in);
 * **completions**: ``decode_completions_head`` of a ``CompletionBatch`` answering ``--batch`` items
   (each item's outcome: the current schema, with cached tokens, retriable and attempt).
 
@@ -37,13 +38,14 @@ from bench_codec import sample_item
 
 from processor.apps.intake import Intake
 from processor.apps.observe import ServiceCounters
+from processor.core.item import Batch
 from processor.kafka.topics import TopicNames
 from processor.state.dedupe import WindowDedupe
 from processor.state.durability import CommitClients
 from processor.state.modes import ExactlyOnceOptions, exactly_once
 from processor.wire.completion_heads import decode_completions_head
 from processor.wire.completions import encode_completion_batch
-from processor.wire.items import encode_token_item
+from processor.wire.items import encode_batch, encode_token_item
 from processor.wire.records import CompletionBatchRecord, ItemOutcomeRecord
 
 
@@ -122,6 +124,21 @@ def completions(tokens: int, items: int, per_batch: int, rng: random.Random) -> 
     return out
 
 
+def batches(msgs: list[Message], per_batch: int) -> list[Batch]:
+    """The batches a dispatch makes of the intake's items (their payload: the input message)."""
+    items = intake_of(len(msgs)).items(msgs, 1)  # type: ignore[arg-type]
+    return [
+        Batch(f"b-{b}", "gpu-0", it[0].model, it[0].shape, 0, 8, it[0].length, list(it), 1)
+        for b in range(0, len(items), per_batch)
+        for it in [items[b : b + per_batch]]
+    ]
+
+
+def run_encode(out: list[Batch]) -> None:
+    for batch in out:
+        encode_batch(batch)
+
+
 def run_completions(values: list[bytes]) -> None:
     for value in values:
         decode_completions_head(value)
@@ -157,27 +174,33 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(36)
     print(
-        "tokens | intake CPU us/item | completions CPU us/item"
-        + (" | intake calls | completion calls" if args.profile else "")
+        "tokens | intake CPU us/item | encode CPU us/item | completions CPU us/item"
+        + (" | intake calls | encode calls | completion calls" if args.profile else "")
     )
     for tokens in (int(s) for s in args.sizes.split(",")):
         msgs = messages(tokens, args.items, rng)
         values = completions(tokens, args.items, args.batch, rng)
+        made = batches(msgs, args.batch)
 
         def intake_run(msgs: list[Message] = msgs) -> Callable[[], None]:
             intake = intake_of(len(msgs))
             return lambda: run_intake(intake, msgs, args.poll)
+
+        def encode_run(out: list[Batch] = made) -> Callable[[], None]:
+            return lambda: run_encode(out)
 
         def completions_run(values: list[bytes] = values) -> Callable[[], None]:
             return lambda: run_completions(values)
 
         intake = cpu_us_per_item(intake_run, args.items, args.reps)
         done = cpu_us_per_item(completions_run, args.items, args.reps)
-        row = f"{tokens:>6} | {intake:>18.2f} | {done:>23.2f}"
+        enc = cpu_us_per_item(encode_run, args.items, args.reps)
+        row = f"{tokens:>6} | {intake:>18.2f} | {enc:>17.2f} | {done:>23.2f}"
         if args.profile:
             ic = calls_per_item(intake_run, args.items)
+            ec = calls_per_item(encode_run, args.items)
             cc = calls_per_item(completions_run, args.items)
-            row += f" | {ic:>12.1f} | {cc:>16.1f}"
+            row += f" | {ic:>12.1f} | {ec:>12.1f} | {cc:>16.1f}"
         print(row, flush=True)
 
 
