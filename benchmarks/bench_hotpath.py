@@ -11,6 +11,8 @@ Per item it runs what the exactly-once processor runs per ingest message and per
 * **intake**: ``Intake.item`` on a ready consumed message (the head's decode, the dedupe window,
   the ``IngestItem``, the lane log told of it), in poll batches of ``--poll`` messages as the
   service's loop takes them;
+* **changelog**: the exactly-once lane log's ``changes()`` after each poll's items (a commit per
+  poll: the waiting set's bits and the attempt records; the seen ids' records are not in it);
 * **encode**: ``encode_batch`` of those items in batches of ``--batch`` (each message spliced in);
 * **completions**: ``decode_completions_head`` of a ``CompletionBatch`` answering ``--batch`` items
   (each item's outcome: the current schema, with cached tokens, retriable and attempt).
@@ -40,6 +42,7 @@ from processor.apps.intake import Intake
 from processor.apps.observe import ServiceCounters
 from processor.core.item import Batch
 from processor.kafka.topics import TopicNames
+from processor.state.changelog_writer import ChangelogWriter
 from processor.state.dedupe import WindowDedupe
 from processor.state.durability import CommitClients
 from processor.state.modes import ExactlyOnceOptions, exactly_once
@@ -124,6 +127,23 @@ def completions(tokens: int, items: int, per_batch: int, rng: random.Random) -> 
     return out
 
 
+def changelog_run_of(msgs: list[Message], poll: int) -> Callable[[], None]:
+    """A commit's changelog records of one run's items: taken in (untimed), then ``changes()``
+    once per poll (the waiting set's bits and attempt records), as a commit per poll would."""
+    intake = intake_of(len(msgs))
+    polls = [intake.items(msgs[s : s + poll], 1) for s in range(0, len(msgs), poll)]  # type: ignore[arg-type]
+    writer = intake.mode.lane_log
+    assert isinstance(writer, ChangelogWriter)
+    writer.reset()  # the intake told it of every item: start from nothing pending (nor seen ids)
+
+    def run() -> None:
+        for items in polls:
+            writer.requeued("", items)  # told of a poll's items again, as the intake tells it
+            writer.changes()
+
+    return run
+
+
 def batches(msgs: list[Message], per_batch: int) -> list[Batch]:
     """The batches a dispatch makes of the intake's items (their payload: the input message)."""
     items = intake_of(len(msgs)).items(msgs, 1)  # type: ignore[arg-type]
@@ -174,8 +194,8 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(36)
     print(
-        "tokens | intake CPU us/item | encode CPU us/item | completions CPU us/item"
-        + (" | intake calls | encode calls | completion calls" if args.profile else "")
+        "tokens | intake CPU us/item | changelog CPU us/item | encode CPU us/item | completions CPU us/item"
+        + (" | intake calls | changelog calls | encode calls | completion calls" if args.profile else "")
     )
     for tokens in (int(s) for s in args.sizes.split(",")):
         msgs = messages(tokens, args.items, rng)
@@ -189,18 +209,23 @@ def main() -> None:
         def encode_run(out: list[Batch] = made) -> Callable[[], None]:
             return lambda: run_encode(out)
 
+        def changelog_run(msgs: list[Message] = msgs) -> Callable[[], None]:
+            return changelog_run_of(msgs, args.poll)
+
         def completions_run(values: list[bytes] = values) -> Callable[[], None]:
             return lambda: run_completions(values)
 
         intake = cpu_us_per_item(intake_run, args.items, args.reps)
         done = cpu_us_per_item(completions_run, args.items, args.reps)
         enc = cpu_us_per_item(encode_run, args.items, args.reps)
-        row = f"{tokens:>6} | {intake:>18.2f} | {enc:>17.2f} | {done:>23.2f}"
+        log = cpu_us_per_item(changelog_run, args.items, args.reps)
+        row = f"{tokens:>6} | {intake:>18.2f} | {log:>20.2f} | {enc:>17.2f} | {done:>23.2f}"
         if args.profile:
             ic = calls_per_item(intake_run, args.items)
+            lc = calls_per_item(changelog_run, args.items)
             ec = calls_per_item(encode_run, args.items)
             cc = calls_per_item(completions_run, args.items)
-            row += f" | {ic:>12.1f} | {ec:>12.1f} | {cc:>16.1f}"
+            row += f" | {ic:>12.1f} | {lc:>15.1f} | {ec:>12.1f} | {cc:>16.1f}"
         print(row, flush=True)
 
 
