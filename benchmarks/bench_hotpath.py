@@ -131,7 +131,7 @@ def changelog_run_of(msgs: list[Message], poll: int) -> Callable[[], None]:
     """A commit's changelog records of one run's items: taken in (untimed), then ``changes()``
     once per poll (the waiting set's bits and attempt records), as a commit per poll would."""
     intake = intake_of(len(msgs))
-    polls = [intake.items(msgs[s : s + poll], 1) for s in range(0, len(msgs), poll)]  # type: ignore[arg-type]
+    polls = [take(intake, msgs[s : s + poll]) for s in range(0, len(msgs), poll)]
     writer = intake.mode.lane_log
     assert isinstance(writer, ChangelogWriter)
     writer.reset()  # the intake told it of every item: start from nothing pending (nor seen ids)
@@ -146,7 +146,7 @@ def changelog_run_of(msgs: list[Message], poll: int) -> Callable[[], None]:
 
 def batches(msgs: list[Message], per_batch: int) -> list[Batch]:
     """The batches a dispatch makes of the intake's items (their payload: the input message)."""
-    items = intake_of(len(msgs)).items(msgs, 1)  # type: ignore[arg-type]
+    items = take(intake_of(len(msgs)), msgs)
     return [
         Batch(f"b-{b}", "gpu-0", it[0].model, it[0].shape, 0, 8, it[0].length, list(it), 1)
         for b in range(0, len(items), per_batch)
