@@ -78,7 +78,12 @@ class Intake:
         clock is read once for the poll, not once per message."""
         first_seen = self.mode.dedupe.poll_check()
         item = self.item
-        return [it for it in (item(msg, now, first_seen) for msg in msgs) if it is not None]
+        out: list[IngestItem] = []  # a plain loop: no generator to resume per message
+        for msg in msgs:
+            it = item(msg, now, first_seen)
+            if it is not None:
+                out.append(it)
+        return out
 
     def item(
         self, msg: Any, now: int, first_seen: Callable[[int, str], bool] | None = None
