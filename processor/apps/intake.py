@@ -29,7 +29,7 @@ from processor.state.ingest import IngestItem
 from processor.state.modes import DeliveryMode
 from processor.wire.control import DUPLICATE_ITEM_ID, encode_dead_letter
 from processor.wire.errors import DecodeError
-from processor.wire.heads import ItemHead
+from processor.wire.heads import ItemHead, decode_item_head
 from processor.wire.registry_framing import RegistryFraming, RegistryUnavailable, decode_ingest_head
 
 log = logging.getLogger("tokenfabric.processor")
@@ -64,13 +64,32 @@ class Intake:
         self.held_since: float | None = None
         """When the first partition now held was held (health: not ready meanwhile)."""
         self._retry_at = 0.0
+        self._decode: Callable[[bytes | None], ItemHead] = (
+            decode_item_head if framing is None else self.decode_head
+        )
+        """The head's decode per message: without a framing, the single-object decode itself."""
 
     def decode_head(self, value: bytes | None) -> ItemHead:
         """An ingest message's head, in either framing; raises DecodeError or RegistryUnavailable."""
         return decode_ingest_head(value, self.framing)
 
-    def item(self, msg: Any, now: int) -> IngestItem | None:
-        """Decode one ingest message: the item to schedule, or None (an error, a dead letter, a repeat)."""
+    def items(self, msgs: list[Any], now: int) -> list[IngestItem]:
+        """The items of one poll's messages, in order (see :meth:`item`); the dedupe window's wall
+        clock is read once for the poll, not once per message."""
+        first_seen = self.mode.dedupe.poll_check()
+        item = self.item
+        out: list[IngestItem] = []  # a plain loop: no generator to resume per message
+        for msg in msgs:
+            it = item(msg, now, first_seen)
+            if it is not None:
+                out.append(it)
+        return out
+
+    def item(
+        self, msg: Any, now: int, first_seen: Callable[[int, str], bool] | None = None
+    ) -> IngestItem | None:
+        """Decode one ingest message: the item to schedule, or None (an error, a dead letter, a repeat).
+        ``first_seen``: the dedupe window's check for this poll (None: no window)."""
         err = msg.error()
         if err is not None:
             if fatal(err):
@@ -82,7 +101,7 @@ class Intake:
         if partition in self.held:  # after a held message: read again once the partition resumes
             return None
         try:
-            head = self.decode_head(msg.value())
+            head = self._decode(msg.value())
         except RegistryUnavailable as exc:
             self._hold(msg.topic(), partition, offset, str(exc))
             return None
@@ -90,7 +109,7 @@ class Intake:
             self._dead_letter(msg, exc.reason, str(exc), partition, offset)
             self.core.dead_lettered()
             return None
-        if not self.mode.dedupe.first_seen(partition, head.item_id):
+        if first_seen is not None and not first_seen(partition, head.item_id):
             self._duplicate(msg, head, partition, offset)
             return None
         item = IngestItem.from_head(head, now, partition, offset)

@@ -387,7 +387,7 @@ class ProcessorService:
         self.handover.restore_pending(self.ingest)  # what the group just assigned (paused till then)
         now = self.now_ms()
         self.intake.release_held()
-        items = [item for item in (self.intake.item(msg, now) for msg in msgs) if item is not None]
+        items = self.intake.items(msgs, now)
         if msgs:
             self.intake.registry_answered()
         if items:  # one pass for the poll's items, as ``submit`` on each in turn would place them

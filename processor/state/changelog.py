@@ -249,17 +249,23 @@ class WaitingSets:
         return sum(int.from_bytes(bm, "little").bit_count() for bm in self._chunks.values())
 
     def add_all(self, items: Iterable[Placed]) -> None:
-        """Set the bit of each item (in bulk: the commit marks thousands of items at a time)."""
+        """Set the bit of each item (in bulk: the commit marks thousands of items at a time). Items
+        come in runs of one chunk (a poll's consecutive offsets): a chunk is looked up when it changes."""
         chunks, dirty = self._chunks, self._dirty
+        home: int | None = None
+        partition: int | None = None
+        chunk: int | None = None
+        bitmap = bytearray()
         for it in items:
             offset = it.offset
-            cid = (it.home, it.partition, offset >> CHUNK_BITS)
-            bitmap = chunks.get(cid)
-            if bitmap is None:
-                bitmap = chunks[cid] = bytearray(_CHUNK_BYTES)
+            if offset >> CHUNK_BITS != chunk or it.partition != partition or it.home != home:
+                home, partition, chunk = it.home, it.partition, offset >> CHUNK_BITS
+                cid = (home, partition, chunk)
+                got = chunks.get(cid)
+                bitmap = chunks[cid] = bytearray(_CHUNK_BYTES) if got is None else got
+                dirty.add(cid)
             i = offset & _CHUNK_MASK
             bitmap[i >> 3] |= 1 << (i & 7)
-            dirty.add(cid)
 
     def discard_all(self, items: Iterable[Placed]) -> None:
         chunks, dirty = self._chunks, self._dirty

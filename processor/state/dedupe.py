@@ -24,6 +24,11 @@ class Dedupe(Protocol):
         """False for a repeat of an id the partition took within the window."""
         ...
 
+    def poll_check(self) -> Callable[[int, str], bool] | None:
+        """``first_seen`` for one poll's messages, the wall clock read once for them all (they
+        arrived together, so they share a bucket); None when every id is a first (no window)."""
+        ...
+
     def remembered_ids(self) -> int:
         """How many item ids the window holds (0: no dedupe)."""
         ...
@@ -49,6 +54,9 @@ class WindowDedupe:
     def first_seen(self, partition: int, item_id: str) -> bool:
         return self.seen.first(partition, item_id, self._wall_ms())
 
+    def poll_check(self) -> Callable[[int, str], bool]:
+        return self.seen.first_at(self._wall_ms())
+
     def remembered_ids(self) -> int:
         return len(self.seen)
 
@@ -67,6 +75,9 @@ class NoDedupe:
 
     def first_seen(self, partition: int, item_id: str) -> bool:
         return True
+
+    def poll_check(self) -> None:
+        return None
 
     def remembered_ids(self) -> int:
         return 0

@@ -252,10 +252,16 @@ def _read_batch_head(buf: bytes, with_cached: bool, with_retry: bool) -> tuple[C
     append, new = items.append, tuple.__new__  # an ItemOutcome without its Python-level __new__
     cached: list[int] = []
     retriable: list[str] = []
+    size = len(buf)
     count, pos = read_block_count(buf, pos)
     while count:
         for _ in range(count):
-            item_id, pos = read_str(buf, pos)
+            n = buf[pos]  # item_id: a length under 64 bytes inline, as read_str reads it
+            end = pos + 1 + (n >> 1)
+            if n < 0x80 and not n & 1 and end <= size:
+                item_id, pos = buf[pos + 1 : end].decode("utf-8"), end
+            else:
+                item_id, pos = read_str(buf, pos)
             status = _STATUS_BYTE.get(buf[pos])
             if status is None:
                 status, pos = _read_status(buf, pos)
@@ -271,6 +277,10 @@ def _read_batch_head(buf: bytes, with_cached: bool, with_retry: bool) -> tuple[C
             elif buf[pos] < 0x80:  # cached_tokens: one byte up to 63
                 cached.append((buf[pos] >> 1) ^ -(buf[pos] & 1))
                 pos += 1
+            elif buf[pos + 1] < 0x80:  # two bytes: up to 8,191
+                n = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+                cached.append((n >> 1) ^ -(n & 1))
+                pos += 2
             else:
                 n, pos = read_int(buf, pos)
                 cached.append(n)
@@ -287,19 +297,24 @@ def _read_batch_head(buf: bytes, with_cached: bool, with_retry: bool) -> tuple[C
 
 
 def _skip_outcome_rest(buf: bytes, pos: int) -> int:
-    """Past an ItemOutcome's fields after ``cached_tokens``: job_id, reason, two ints, output, queued_ms."""
+    """Past an ItemOutcome's fields after ``cached_tokens``: job_id, reason, two ints, output, queued_ms.
+    The usual cases (no job id, reason or output; ints of one or two bytes) inline, a call for the rest."""
     if buf[pos] == 0:  # no job_id
         pos += 1
     else:
         _job_id, pos = read_str(buf, pos)
-    pos = _skip_reason(buf, pos)
+    pos = pos + 1 if buf[pos] == 0 else _skip_reason(buf, pos)
     for _field in ("input_tokens", "output_tokens"):
         if buf[pos] < 0x80:
             pos += 1
+        elif buf[pos + 1] < 0x80:  # any two-byte varint is an int
+            pos += 2
         else:
             _n, pos = read_int(buf, pos)
-    pos = _skip_bytes(buf, pos)
+    pos = pos + 1 if buf[pos] == 0 else _skip_bytes(buf, pos)  # output
     if buf[pos] < 0x80:  # queued_ms
         return pos + 1
+    if buf[pos + 1] < 0x80:
+        return pos + 2
     _queued_ms, pos = read_long(buf, pos)
     return pos

@@ -221,7 +221,10 @@ def _usual_head(
         if n >= 0x80 or n & 1:
             return None
         end = pos + 1 + (n >> 1)
-        job = _job(buf[pos + 1 : end]) if n else ""
+        job = ""
+        if n:
+            raw = buf[pos + 1 : end]
+            job = _JOBS.get(raw) or _job(raw)  # a job seen before: one lookup, no call
         n = buf[end]  # model
         if n >= 0x80 or n & 1 or not n:
             return None

@@ -389,7 +389,7 @@ def _encode_batch_parts(
 ) -> bytes:
     """The Batch message; with the header before ``attempts`` (and no ``attempts``) while every item
     is on its first attempt, so that the bytes are those a processor wrote before retries existed."""
-    retried = any(a != 1 for a in attempts)
+    retried = attempts.count(1) != len(attempts)  # any attempt past the first (counted in C)
     if retried and (len(attempts) != len(records) or min(attempts) < 1):
         raise ValueError(f"attempts {list(attempts)[:8]} for {len(records)} items: one per item, each >= 1")
     out: list[bytes | memoryview] = [
@@ -433,12 +433,10 @@ def encode_batch(batch: Batch) -> bytes:
     The message is kept whole rather than as a copy of its body: the copy was a tenth of the cost of
     taking an item in (docs/benchmarks.md), and the header's 10 bytes are all it saved.
     """
-    records: list[TokenItemRecord | bytes | memoryview] = []
-    for item in batch.items:
-        payload = item.payload
-        if not isinstance(payload, TokenItemRecord | bytes | memoryview):
+    records: list[TokenItemRecord | bytes | memoryview] = [item.payload for item in batch.items]
+    for item, payload in zip(batch.items, records, strict=True):
+        if type(payload) is not bytes and not isinstance(payload, TokenItemRecord | memoryview):
             raise TypeError(f"item {item.id!r}: payload is {type(payload).__name__}, not TokenItemRecord")
-        records.append(payload)
     return _encode_batch_parts(batch, records, [item.attempt for item in batch.items])
 
 

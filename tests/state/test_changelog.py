@@ -125,3 +125,24 @@ def test_entries_written_before_slots_existed_still_parse() -> None:
     )
     entry = changelog.BatchEntry.parse("b", legacy)
     assert (entry.slot, entry.done, entry.results_from) == (-1, (), ())
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2), st.integers(0, 2), st.sampled_from([0, 1, 7, 65_535, 65_536, 65_537, 1 << 40])
+        ),
+        max_size=40,
+    )
+)
+def test_adding_items_in_one_call_sets_the_bits_adding_them_one_by_one_does(
+    refs: list[tuple[int, int, int]],
+) -> None:
+    """``add_all`` looks a chunk up once per run of items in it: runs broken by a home, a partition
+    or a chunk must each land in their own chunk, as they do one at a time."""
+    bulk, single = changelog.WaitingSets(), changelog.WaitingSets()
+    bulk.add_all([changelog.WaitingRef(*ref) for ref in refs])
+    for ref in refs:
+        single.add_all([changelog.WaitingRef(*ref)])
+    assert sorted(bulk.flush()) == sorted(single.flush())
+    assert len(bulk) == len(single)
