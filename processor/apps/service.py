@@ -300,7 +300,7 @@ class ProcessorService:
         if present and not self.resuming:  # a ride's own last round is no twin (processor.apps.ride)
             log.warning("%s", taking_over(self._who(), member))  # said before this process fences it
         self.mode.durability.start(self.watchdog)  # fences a live twin's transactions: it exits
-        if present and self.settings.group_protocol == "consumer":
+        if (present or self.resuming) and self.settings.group_protocol == "consumer":
             wait_for_own_id(self.conf, self.settings, member, self.topics.ingest, self._who(), self.clients)
         self.credits.count_partitions(len(self.control_plane.partitions(self.topics.ingest)))
         self.mode.ownership.on_start(self._resume)

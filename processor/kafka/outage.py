@@ -83,10 +83,22 @@ def _outage_codes() -> frozenset[int]:
 
 
 def outage_error(error: KafkaError) -> bool:
-    """A Kafka error that a broker coming back cures (module docstring); never a fatal one."""
+    """A Kafka error that a broker coming back cures (module docstring); never a fatal one but the
+    group's refusal of an instance id still held (:func:`instance_id_held`)."""
     if error.fatal():
-        return False
+        return instance_id_held(error)
     return error.code() in _outage_codes() or error.retriable() or error.txn_requires_abort()
+
+
+def instance_id_held(error: KafkaError) -> bool:
+    """The consumer protocol's fatal refusal of a member whose ``group.instance.id`` another member
+    still holds (UNRELEASED_INSTANCE_ID): after an outage that member is the ride's own last round,
+    whose leave never reached the broker; the next round waits for its session to end
+    (processor.apps.membership.wait_for_own_id) instead of the process ending."""
+    from confluent_kafka import KafkaError
+
+    held = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
+    return error.code() == KafkaError.UNRELEASED_INSTANCE_ID or held in error.str()
 
 
 def is_outage(exc: BaseException) -> bool:
