@@ -21,6 +21,7 @@ stop handlers of processor.cli.options; the apps below know nothing of processes
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -128,7 +129,21 @@ def printed_exit(prog: str, exc: BaseException) -> int:
     code = exit_code(exc)
     hint = f" (exit {EXIT_TEMPFAIL}: a restart recovers)" if code == EXIT_TEMPFAIL else ""
     print(f"{prog}: error: {exc}{hint}", file=sys.stderr)
+    _leave_if_stuck(exc, code)
     return code
+
+
+def _leave_if_stuck(exc: BaseException, code: int) -> None:
+    """A run stuck in librdkafka (:class:`~processor.kafka.outage.StuckCall`) holds a thread and
+    clients the interpreter cannot finish at exit: leave at once, as the watchdog did before the
+    ride (processor/kafka/watchdog.py), with the code already said."""
+    from processor.kafka.outage import StuckCall
+
+    if isinstance(exc, StuckCall):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
 
 
 def logged_exit(log: logging.Logger, exc: BaseException) -> int:
@@ -142,6 +157,7 @@ def logged_exit(log: logging.Logger, exc: BaseException) -> int:
         log.error("%s", exc)
     elif code == EXIT_TEMPFAIL:
         log.error("%s: exiting with %d, a restart recovers from the last commit", exc, code)
+        _leave_if_stuck(exc, code)
     else:
         raise exc
     return code

@@ -10,9 +10,9 @@ timed out while the broker was away, or whose transaction outlived its timeout, 
 restart and the stall: the longest stretch without a new completion once the broker is back, which
 issue 15 bounds at 60 s (221 s with the 180 s watchdog alone; docs/operations.md has the figures).
 
-Since issue 36 the processes ride a restart out themselves (processor/apps/ride.py: a stuck call
-abandons its round instead of exiting), so the supervisor usually has nothing to restart; it stays,
-so that a process that does exit 75 is still restarted as Kubernetes would.
+Since issue 36 the processes ride an outage out themselves (processor/apps/ride.py: a run the outage
+ended is followed by a fresh one in the process); a call stuck in librdkafka still ends the process
+with 75, and the supervisor restarts it as Kubernetes would.
 
 This test restarts a broker, so it starts its own (on loopback, from the cached jars) even when
 ``KAFKA_BOOTSTRAP`` names a shared one.
