@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from processor.kafka.clients import BROKER_SESSION_TIMEOUT_MS
 from processor.kafka.exits import EXIT_TEMPFAIL
 from processor.local import broker as kafka_local
 from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, running_rig
@@ -88,6 +89,12 @@ def test_the_pipeline_rides_out_a_broker_restart(
     assert all(codes[name] == 0 for name in live), codes
     assert outage_s > 1.0  # the broker really was away for a while
     # issue 15: with default settings, completions flow again within 60 s of the broker being back
-    # (221 s before send_offsets_to_transaction had its own bound: the 180 s watchdog plus restarts)
-    assert stall_s < 60, f"no completion for {stall_s:.0f} s after the broker came back"
+    # (221 s before send_offsets_to_transaction had its own bound: the 180 s watchdog plus restarts).
+    # Issue 36: on the consumer group protocol (KIP-848) a processor restarted after a stuck call is
+    # refused its instance id until the dead member's session ends (45 s by default; classic static
+    # membership replaced it at once): docs/operations.md, "Static membership".
+    bound_s = 60 + (
+        BROKER_SESSION_TIMEOUT_MS / 1000 if any(n.startswith("processor") for n in restarted) else 0
+    )
+    assert stall_s < bound_s, f"no completion for {stall_s:.0f} s after the broker came back"
     assert_exactly_once(rig, ids, tokens)
