@@ -43,7 +43,7 @@ def test_a_killed_processors_partitions_are_taken_over_and_handed_back(
         # b's last checkpoint still says 2; a's says 4 once the group gave it b's partitions
         # a checkpoint may list a partition the group assigned before the loop restored it (issue 36:
         # restores run from the loop), so wait for the adoption itself, not only the ownership
-        wait_for(lambda: owned(rig).get("a") == 4 and adopted(rig) > 0, 90, "a to take over b's partitions")
+        wait_for(lambda: owned(rig).get("a") == 4 and adopted(rig) > 0, 180, "a to take over b's partitions")
         taken_over = gather(rig.conf, rig.topics, group=rig.group).checkpoints["a"].counters
 
         rig.spawn_processor("b-again", instance="b", extra=GROUP_ARGS)
