@@ -69,9 +69,18 @@ class FakeCompletions:
                     reply = fake.script.pop(0) if fake.script else fake.unscripted(body)
                     fake.in_flight += 1
                     fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
+                self.answered = False
                 try:
                     self.answer(body, reply)
                 finally:
+                    self.leave_flight()
+
+            def leave_flight(self) -> None:
+                """Counts this request out of flight once, before its reply is written: a client that
+                reads the reply and sends its next request at once must not be counted as overlapping
+                this handler's last few instructions (that raced, and a test read 2 for 1)."""
+                if not self.answered:
+                    self.answered = True
                     with fake._lock:
                         fake.in_flight -= 1
 
@@ -80,6 +89,7 @@ class FakeCompletions:
                     return
                 if reply.delay_s and fake.stopping.wait(reply.delay_s):
                     return
+                self.leave_flight()
                 if reply.raw is not None:
                     payload = reply.raw
                 elif reply.status != 200:
