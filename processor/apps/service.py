@@ -384,6 +384,7 @@ class ProcessorService:
         """One pass of the loop; returns how many ingest messages it took."""
         s = self.settings
         msgs = self.ingest.consume(num_messages=s.consume_batch, timeout=s.poll_timeout_ms / 1000)
+        self.handover.raise_if_lost(self._who())  # before anything more goes into the open transaction
         self.handover.restore_pending(self.ingest)  # what the group just assigned (paused till then)
         now = self.now_ms()
         self.intake.release_held()

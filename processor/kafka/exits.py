@@ -95,6 +95,14 @@ class TransientFailure(RuntimeError):
     """Nothing was committed past the last good commit, and the cause lies outside the process."""
 
 
+class FencedByGroup(TransientFailure):
+    """The group fenced this member (its session expired: a long pause, or a broker away longer than
+    the session) and took its partitions back. The open transaction may hold batches of partitions
+    another member now owns, and with no partition left to send offsets for, nothing else would
+    refuse its commit: it is abandoned, and a restart (or the ride's next round) resumes from the
+    last commit, as a process that died there would."""
+
+
 class WrongSettings(RuntimeError):
     """The settings contradict what the topics hold; nothing was written. Exit :data:`EXIT_USAGE`."""
 

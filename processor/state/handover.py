@@ -39,6 +39,7 @@ from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
+from processor.kafka.exits import FencedByGroup
 from processor.state.changelog import ChangelogState
 from processor.state.credits import CreditBook
 from processor.state.ingest import IngestItem
@@ -113,6 +114,9 @@ class PartitionHandover:
         self.finished_s: float | None = None
         self.closing = False
         """Set when the service shuts down: a revocation then commits nothing more."""
+        self.lost = False
+        """Set when the group fenced this member (:meth:`on_lost`): from then on nothing may be
+        committed; the loop ends the run (:class:`~processor.kafka.exits.FencedByGroup`)."""
         self._counted_at_start: dict[str, tuple[int, int]] | None = None
         self._owned_at_checkpoint = -1
         self._retry_at_s = 0.0
@@ -145,16 +149,27 @@ class PartitionHandover:
         self._set_pending(consumer, kept)
 
     def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """The group fenced this member (its session expired: a long pause): its partitions may be
-        another's already, so nothing is committed. The open transaction is refused by the broker
-        when it is sent (the member epoch is stale): the caller's commit fails and the process
-        ends, and exactly-once makes its restart safe. Here only what was pending is forgotten."""
+        """The group fenced this member (its session expired: a long pause, or an outage longer than
+        the session): its partitions may be another's already, so nothing is committed, and the
+        loop must not commit again either (:attr:`lost`).
+
+        Why the loop must stop, not rely on the broker: the open transaction is refused only if it
+        carries offsets under the stale member epoch, and after a loss the assignment is empty (or
+        new, under a new epoch), so a commit would carry batches of partitions another member now
+        dispatches, and nothing to refuse it by. That doubled items under the consumer protocol
+        (issue 36). Exactly-once makes the restart that follows safe."""
         self.pending -= frozenset(tp.partition for tp in partitions)
+        self.lost = True
         log.warning(
-            "ingest partitions %s lost: this member was fenced by the group (a pause past its "
-            "session timeout?); its open transaction will be refused",
+            "ingest partitions %s lost: this member was fenced by the group (a pause or an outage past "
+            "its session timeout); its open transaction is abandoned, and it resumes from its last commit",
             sorted(tp.partition for tp in partitions),
         )
+
+    def raise_if_lost(self, who: str) -> None:
+        """From the loop, after each poll: end the run if the group fenced this member meanwhile."""
+        if self.lost:
+            raise FencedByGroup(f"{who}: fenced by its group; its open transaction is abandoned")
 
     def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Assign ``partitions`` paused and mark them pending: :meth:`restore_pending` restores them

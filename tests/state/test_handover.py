@@ -20,6 +20,8 @@ from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
 from processor.core.item import Batch
 from processor.core.scheduler import Scheduler
+from processor.kafka.exits import EXIT_TEMPFAIL, FencedByGroup, exit_code
+from processor.kafka.outage import is_outage
 from processor.kafka.topics import TopicNames
 from processor.state import changelog, modes
 from processor.state.changelog_writer import ChangelogWriter
@@ -322,6 +324,21 @@ def test_a_revocation_while_closing_does_nothing(restored: Changelog) -> None:
     svc.handover.closing = True
     revoke(svc, [0, 1])
     assert svc.commits == [] and svc.core.view.waiting().items == 4 and svc.owned == frozenset({0, 1})
+
+
+def test_a_member_the_group_fenced_commits_nothing_more_and_its_loop_ends_the_run(
+    restored: Changelog,
+) -> None:
+    """Issue 36's doubled items: after a loss the assignment is empty, so a commit would carry no
+    offsets for the broker to refuse, yet hold batches of partitions another member now serves."""
+    svc = Service()
+    assign(svc, [0, 1])
+    svc.handover.raise_if_lost("processor p")  # owning partitions is no reason to stop
+    svc.handover.on_lost(MEMBER, [TopicPartition("handover.ingest", p) for p in (0, 1)])
+    assert svc.commits == []  # the partitions may be another's already
+    with pytest.raises(FencedByGroup, match="processor p: fenced by its group"):
+        svc.handover.raise_if_lost("processor p")
+    assert exit_code(FencedByGroup("x")) == EXIT_TEMPFAIL and is_outage(FencedByGroup("x"))
 
 
 def test_at_least_once_keeps_its_lanes_and_forgets_only_the_revoked_offsets() -> None:
