@@ -90,10 +90,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--group-protocol",
         choices=("consumer", "classic"),
-        default="classic",
-        help="the ingest group's rebalance protocol: classic (eager: every rebalance stops every "
-        "instance) or consumer (KIP-848: only moved partitions stop; not yet the default: a zombie "
-        "under it dispatched items twice once, docs/operations.md) (default: classic)",
+        default="consumer",
+        help="the ingest group's rebalance protocol: consumer (KIP-848: only moved partitions stop) "
+        "or classic (eager: every rebalance stops every instance) (default: consumer)",
     )
     p.add_argument(
         "--transaction-timeout-ms",
