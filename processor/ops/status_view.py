@@ -11,11 +11,13 @@ import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
 from processor.core.contract import Contract
 from processor.core.ledger_keys import Scope, consumer_key, job_key, parse_key, stage_unit
+from processor.kafka.exits import BrokerUnreachable
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import passing, read_topic, reader_group, watermarks
 from processor.kafka.topics import TopicNames
@@ -125,6 +127,15 @@ def ingest_lag(
         consumer.close()
 
 
+def _answer(future: Any, timeout_s: float) -> Any:
+    """An admin future's answer. A broker silent past ``timeout_s`` (frozen, cut off) is unreachable,
+    which ``status --watch`` says and retries, rather than a ``TimeoutError`` traceback."""
+    try:
+        return future.result(timeout=timeout_s)
+    except TimeoutError:
+        raise BrokerUnreachable(f"Kafka did not answer a group description within {timeout_s:g} s") from None
+
+
 def consumer_groups(
     conf: Mapping[str, str], topics: TopicNames, consumers: list[str], timeout_s: float = 10.0
 ) -> dict[str, GroupFacts]:
@@ -142,7 +153,7 @@ def consumer_groups(
     for group, future in admin.describe_consumer_groups(list(groups), request_timeout=timeout_s).items():
         # on an error (no right to describe it) members stay unknown: judged by the last completion alone
         with contextlib.suppress(KafkaException):
-            out[groups[group]].members = len(future.result(timeout=timeout_s).members)
+            out[groups[group]].members = len(_answer(future, timeout_s).members)
     offsets = {
         c: admin.list_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(topics.consumer_group(c), [TopicPartition(topics.batches(c), 0)])],
@@ -156,7 +167,7 @@ def consumer_groups(
         for c, future in offsets.items():
             facts = out[c]
             try:
-                tps = future.result(timeout=timeout_s).topic_partitions
+                tps = _answer(future, timeout_s).topic_partitions
                 low, high = watermarks(probe, TopicPartition(topics.batches(c), 0), timeout_s)
             except KafkaException:
                 continue

@@ -282,3 +282,20 @@ def test_status_with_64_consumers_fits_80_columns_and_leads_with_what_needs_atte
     assert len(section) < 2 * 64  # a line per healthy card, not nine (576 lines before)
     small = render_text(report(fleet_view(4), TopicNames(), stale_s=30), width=80)
     assert small.count("    contract  ") == 4  # a few consumers: every one in detail, as before
+
+
+def test_a_group_description_kafka_never_answers_is_an_outage_not_a_traceback() -> None:
+    """``status --watch`` through a frozen broker: the admin future never completes. Found by the
+    outage test past the processors' session: status exited 1 with a ``TimeoutError`` traceback."""
+    from concurrent.futures import Future
+
+    from processor.kafka.exits import BrokerUnreachable
+    from processor.kafka.outage import is_outage
+    from processor.ops.status_view import _answer
+
+    with pytest.raises(BrokerUnreachable, match="did not answer a group description within 0.01 s") as caught:
+        _answer(Future(), 0.01)
+    assert is_outage(caught.value)
+    answered: Future[int] = Future()
+    answered.set_result(7)
+    assert _answer(answered, 0.01) == 7
