@@ -229,7 +229,16 @@ class PartitionHandover:
             ctx.credits.reassign(self.owned)
             return
         batches = lanes.let_go(gone)
-        ctx.core.release(lambda it: cast(IngestItem, it).home in gone, batches, ctx.now_ms())
+        homed_there = lambda it: cast(IngestItem, it).home in gone  # noqa: E731 (one use, read once)
+        items, released = ctx.core.release(homed_there, batches, ctx.now_ms())
+        log.info(
+            "ingest partitions %s revoked: let go of %d waiting items and %d batches in flight; "
+            "partitions %s kept in memory",
+            sorted(gone),
+            items,
+            released,
+            sorted(kept),
+        )
         self.owned = kept
         ctx.credits.narrow(kept, batches)
         view = ctx.core.view
