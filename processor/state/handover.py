@@ -40,7 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
-from processor.core.item import Batch
+from processor.core.item import Batch, Item
 from processor.core.scheduler import Scheduler
 from processor.kafka.exits import FencedByGroup
 from processor.state.changelog import ChangelogState
@@ -229,7 +229,10 @@ class PartitionHandover:
             ctx.credits.reassign(self.owned)
             return
         batches = lanes.let_go(gone)
-        homed_there = lambda it: cast(IngestItem, it).home in gone  # noqa: E731 (one use, read once)
+
+        def homed_there(item: Item) -> bool:
+            return cast(IngestItem, item).home in gone
+
         items, released = ctx.core.release(homed_there, batches, ctx.now_ms())
         log.info(
             "ingest partitions %s revoked: let go of %d waiting items and %d batches in flight; "
