@@ -73,7 +73,6 @@ from processor.core.books import (
     Tally,
     cached_prompt_share,
     check_prompts,
-    move_tally,
     prompt_split,
     sum_tallies,
 )
@@ -102,6 +101,12 @@ __all__ = [
     "prompt_split",
     "sum_tallies",
 ]
+
+
+Released = dict[tuple[str | None, str | None], tuple[int, int]]
+"""Waiting (items, tokens) let go, per (model, job): :meth:`Ledger.release`."""
+ReleasedInFlight = dict[tuple[str | None, str | None, str | None], tuple[int, int]]
+"""In-flight (items, tokens) let go, per (model, consumer, job): :meth:`Ledger.release`."""
 
 
 class Ledger:
@@ -336,13 +341,26 @@ class Ledger:
 
     def release_all(self) -> None:
         """Give up everything waiting and in flight (its partitions go, or are about to be restored):
-        the counts move to ``released_*`` so the equations keep holding."""
-        for book in self.models.values():
-            move_tally(book.queued, book.released_queued)
-            move_tally(book.in_flight, book.released_in_flight)
-        for c in self.consumers.values():
-            move_tally(c.in_flight, c.released_in_flight)
-        self._release_jobs()
+        the counts move to ``released_*`` so the equations keep holding (:meth:`release`, whole)."""
+        held = _held
+        queued: Released = {(m, None): held(b.queued) for m, b in self.models.items()}
+        queued.update({(None, j): held(b.queued) for j, b in self.jobs.items()})
+        in_flight: ReleasedInFlight = {(m, None, None): held(b.in_flight) for m, b in self.models.items()}
+        in_flight.update({(None, c, None): held(b.in_flight) for c, b in self.consumers.items()})
+        in_flight.update({(None, None, j): held(b.in_flight) for j, b in self.jobs.items()})
+        self.release(queued, in_flight)
+
+    def release(self, queued: Released, in_flight: ReleasedInFlight) -> None:
+        """Give up part of what waits and is in flight (the ingest partitions it belongs to go while
+        others stay): (items, tokens) per (model, job) waiting and per (model, consumer, job) in
+        flight move to ``released_*``, in every book named (None: no book of that kind)."""
+        for (model, job), (items, tokens) in queued.items():
+            for book in self._books(model, None, job).books:
+                assert isinstance(book, ModelBook)  # no consumer named: a model's or a job's book
+                _move(book.queued, book.released_queued, items, tokens)
+        for (model, consumer, job), (items, tokens) in in_flight.items():
+            for book in self._books(model, consumer, job).books:
+                _move(book.in_flight, book.released_in_flight, items, tokens)
 
     def handover_delta(self) -> dict[str, tuple[int, int]]:
         """Per model: (items, tokens) adopted minus released, waiting and in flight together."""
@@ -399,11 +417,6 @@ class Ledger:
         book.in_flight.add(items, tokens)
         book.adopted_in_flight.add(items, tokens)
 
-    def _release_jobs(self) -> None:
-        for book in self.jobs.values():
-            move_tally(book.queued, book.released_queued)
-            move_tally(book.in_flight, book.released_in_flight)
-
     # -- totals and checks ----------------------------------------------------------------------
 
     def total(self, stage: str) -> Tally:
@@ -447,6 +460,16 @@ class Ledger:
     def adopt_unbooked_jobs(self) -> None:
         """A checkpoint's counts from before jobs were counted go to job "" (core/ledger_checkpoint.py)."""
         adopt_unbooked_jobs(self)
+
+
+def _held(t: Tally) -> tuple[int, int]:
+    return t.items, t.tokens
+
+
+def _move(source: Tally, target: Tally, items: int, tokens: int) -> None:
+    """``items`` and ``tokens`` leave ``source`` for ``target`` (a release: the one formula)."""
+    source.add(-items, -tokens)
+    target.add(items, tokens)
 
 
 _KEPT_BOOKS = 4096

@@ -1,5 +1,6 @@
 """The scheduler's part in a partition handover: taking back what a restore rebuilt (batches in
-flight, the ledger's checkpoint) and letting go of everything when the partitions move.
+flight, the ledger's checkpoint) and letting go of it when partitions move: all of it, or only what
+belongs to the partitions that go (a partial revocation under the consumer protocol).
 
 Kept apart from core/scheduler.py because it runs once per rebalance, not per item: the hot path
 (submit, dispatch, complete) is the scheduler's own, and so is taking in restored waiting items
@@ -13,14 +14,19 @@ tells the whole story.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
+from typing import TypeVar
 
-from processor.core.accounting import Ledger
+from processor.core.accounting import Ledger, Released, ReleasedInFlight
 from processor.core.context import SchedulerContext
 from processor.core.contract import Contract
 from processor.core.inflight import ConsumerState, InFlight, per_job
 from processor.core.item import Batch, Item
 from processor.core.lanes import LaneTable
+from processor.core.withdrawals import take_waiting
+
+_K = TypeVar("_K")
 
 Requeue = Callable[[str, int], list[Item]]
 """``Scheduler.requeue``: a batch's outstanding items back to their lanes, counted as redelivered."""
@@ -107,6 +113,41 @@ class Adoption:
         ctx.flights.recount(ctx.consumers.values())
         ctx.ledger.release_all()
 
+    def release(
+        self, waiting: Callable[[Item], bool], batch_ids: Iterable[str], now_ms: int
+    ) -> tuple[int, int]:
+        """Forget the waiting items ``waiting`` picks and the in-flight batches ``batch_ids`` (their
+        ingest partitions are handed over while this instance keeps others, whose work stays as it
+        is); the ledger moves exactly their counts to ``released``, per model, consumer and job.
+        Returns the waiting items and batches let go.
+
+        A shape left empty leaves the switch order and its job's active shapes; the batches are
+        remembered as handed over (``InFlightTable.handed_over``), their holders' slots free."""
+        ctx = self._context
+        queued: Released = {}
+        released = 0
+        for sl in [sl for sl in ctx.table.shapes.values() if sl.waiting_items]:
+            items, tokens = take_waiting(ctx, sl, now_ms, waiting)
+            if items:
+                _count(queued, (sl.key[0], sl.job), len(items), tokens)
+                released += len(items)
+        if released:  # released items are marked dispatched: they leave their arrival queues now
+            for model in list(ctx.arrivals):
+                ctx.arrivals[model] = deque(it for it in ctx.arrivals[model] if not it.dispatched)
+        in_flight: ReleasedInFlight = {}
+        batches = 0
+        for batch_id in batch_ids:
+            entry = ctx.flights.let_go(batch_id)
+            if entry is not None:
+                batches += 1
+                batch, outstanding = entry[1].batch, entry[1].outstanding()
+                tokens = sum(it.length for it in outstanding)
+                _count(in_flight, (batch.model, batch.consumer, None), len(outstanding), tokens)
+                for job, (n, t) in per_job(outstanding).items():
+                    _count(in_flight, (None, None, job), n, t)
+        ctx.ledger.release(queued, in_flight)
+        return released, batches
+
     def done_items(self, batch_id: str) -> list[str]:
         """Ids of the items of an in-flight batch that have been answered already."""
         entry = self._context.flights.get(batch_id)
@@ -123,3 +164,9 @@ class Adoption:
         ctx.counted_before = before = Ledger.restore(snapshot)
         before.adopt_unbooked_jobs()
         ctx.shares.resume(ledger)
+
+
+def _count(out: dict[_K, tuple[int, int]], key: _K, items: int, tokens: int) -> None:
+    """Add (items, tokens) to ``out[key]``."""
+    n, t = out.get(key, (0, 0))
+    out[key] = (n + items, t + tokens)

@@ -207,11 +207,22 @@ class InFlightTable:
     def clear(self) -> None:
         """Forget every batch, remembering their ids as handed over (the holders' own lists are the
         caller's to clear)."""
+        self._remember(self._by_id)
+        self._by_id.clear()
+
+    def let_go(self, batch_id: str) -> tuple[ConsumerState, InFlight] | None:
+        """Forget one batch as :meth:`pop` does (its holder's list too), remembering it as handed
+        over (its ingest partition went to another instance, which adopts it); None if unknown."""
+        entry = self.pop(batch_id)
+        if entry is not None:
+            self._remember((batch_id,))
+        return entry
+
+    def _remember(self, batch_ids: Iterable[str]) -> None:
         handed = self._handed
-        handed.update(dict.fromkeys(self._by_id))
+        handed.update(dict.fromkeys(batch_ids))
         while len(handed) > HANDED_OVER_KEPT:
             del handed[next(iter(handed))]
-        self._by_id.clear()
 
     def handed_over(self, batch_id: str) -> bool:
         """Whether ``batch_id`` was in flight here when it was let go, and has not come back."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 from processor.core.item import Item
@@ -76,6 +76,21 @@ class ByLength:
     def in_cut_order(self) -> list[Item]:
         return [it for length in reversed(self.lengths) for it in self.buckets[length]]
 
+    def take_out(self, which: Callable[[Item], bool]) -> list[Item]:
+        """Remove the items ``which`` picks (the rest keep their order and the sweep); returns them."""
+        out: list[Item] = []
+        for length in list(self.lengths):
+            bucket = self.buckets[length]
+            gone, kept = split(bucket, which)
+            if gone:
+                out += gone
+                if kept:
+                    self.buckets[length] = type(bucket)(kept)
+                else:
+                    self._drop(length)
+        self.n -= len(out)
+        return out
+
 
 class Lane:
     """Waiting items of similar length within one shape.
@@ -106,3 +121,28 @@ class Lane:
         """The waiting items in the order batches take them (without an anchor)."""
         items = self.items
         return items.in_cut_order() if isinstance(items, ByLength) else list(items)
+
+    def take_out(self, which: Callable[[Item], bool] | None = None) -> list[Item]:
+        """Remove the waiting items ``which`` picks (None: all of them), the rest kept in their order;
+        returns them. Once per handover or ended job, never per batch."""
+        items = self.items
+        if which is None:
+            out = list(items)
+            self.items = ByLength() if self.by_length else deque()
+        elif isinstance(items, ByLength):
+            out = items.take_out(which)
+        else:
+            out, kept = split(items, which)
+            if out:
+                self.items = deque(kept)
+        self.tokens -= sum(it.length for it in out)
+        return out
+
+
+def split(items: Iterable[Item], which: Callable[[Item], bool]) -> tuple[list[Item], list[Item]]:
+    """(the items ``which`` picks, the rest), each in their order."""
+    picked: list[Item] = []
+    rest: list[Item] = []
+    for it in items:
+        (picked if which(it) else rest).append(it)
+    return picked, rest

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from processor.core.contract import BatchRule
 from processor.core.cut import cut_by_length, cut_in_arrival_order
@@ -264,25 +264,29 @@ class LaneTable:
             self._quiet[(sl.key, lane.id)] = now_ms
         return taken, padded_length
 
-    def withdraw(self, sl: ShapeLanes, now_ms: int) -> list[Item]:
-        """Take every waiting item out of ``sl``'s lanes, undispatched (its job ended: cancelled or
-        expired); returns them, marked ``dispatched`` so the arrival queues and the changelog pass
-        over them as they pass over dispatched ones. The lanes stay, empty, and go quiet as lanes a
-        batch emptied do."""
+    def withdraw(
+        self, sl: ShapeLanes, now_ms: int, which: Callable[[Item], bool] | None = None
+    ) -> list[Item]:
+        """Take the waiting items ``which`` picks (None: every one) out of ``sl``'s lanes, undispatched
+        (their job ended: cancelled or expired; their ingest partition was handed over); returns them,
+        marked ``dispatched`` so the arrival queues and the changelog pass over them as they pass over
+        dispatched ones. The lanes stay, and one left empty goes quiet as lanes a batch emptied do."""
         out: list[Item] = []
         for lane in sl.lanes.values():
             if not lane.tokens:
                 continue
-            out += lane.items
-            lane.items = ByLength() if lane.by_length else deque()
-            lane.tokens = 0
-            del sl.ready[lane.id]
-            self._quiet[(sl.key, lane.id)] = now_ms
+            out += lane.take_out(which)
+            if not lane.tokens:
+                del sl.ready[lane.id]
+                self._quiet[(sl.key, lane.id)] = now_ms
+        tokens = 0
         for item in out:
             item.dispatched = True
-        self.waiting_items -= sl.waiting_items
-        self.waiting_tokens -= sl.waiting_tokens
-        sl.waiting_items = sl.waiting_tokens = 0
+            tokens += item.length
+        self.waiting_items -= len(out)
+        self.waiting_tokens -= tokens
+        sl.waiting_items -= len(out)
+        sl.waiting_tokens -= tokens
         return out
 
     def reclaim_idle(self, now_ms: int) -> int:

@@ -16,7 +16,7 @@ The scheduler's methods for those delegate to them, one line each.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -286,9 +286,8 @@ class Scheduler:
         return flight.batch
 
     def item_done(self, batch_id: str, item_id: str, ok: bool, now_ms: int) -> bool | None:
-        """One item of a batch came back: :meth:`items_done` with one outcome. Returns True when that
-        finished the batch (its slot is free), False if items are still outstanding, None if the item
-        was not outstanding (a duplicate)."""
+        """One item of a batch came back (:meth:`items_done` with one outcome): True when that finished
+        the batch (its slot is free), False while items are outstanding, None for a duplicate."""
         applied, finished = self.items_done(batch_id, (ItemOutcome(item_id, ok),), now_ms)
         return finished if applied else None
 
@@ -427,6 +426,10 @@ class Scheduler:
         """Forget every waiting item and in-flight batch; contracts stay (:meth:`Adoption.release_all`)."""
         self._adoption.release_all()
 
+    def release(self, which: Callable[[Item], bool], batches: Iterable[str], now_ms: int) -> tuple[int, int]:
+        """Forget some waiting items and in-flight batches (:meth:`Adoption.release`)."""
+        return self._adoption.release(which, batches, now_ms)
+
     def done_items(self, batch_id: str) -> list[str]:
         """Ids of the items of an in-flight batch that have been answered already."""
         return self._adoption.done_items(batch_id)
@@ -448,7 +451,7 @@ class Scheduler:
         return batch_id in self._context.flights
 
     def handed_over(self, batch_id: str) -> bool:
-        """In flight here when :meth:`release_all` let it go, and not adopted back since."""
+        """In flight here when a release let it go, and not adopted back since."""
         return self._context.flights.handed_over(batch_id)
 
     def made_here(self, batch_id: str) -> bool:
@@ -470,8 +473,7 @@ class Scheduler:
 
     @property
     def oversized(self) -> int:
-        """Single-item batches sent although they exceed their consumer's batching rule (counted in
-        the context, where the view reads it; settable, as the attribute it was)."""
+        """Single-item batches sent past their consumer's batching rule (settable: the context's)."""
         return self._context.oversized
 
     @oversized.setter
@@ -480,17 +482,15 @@ class Scheduler:
 
     @property
     def shape_switches(self) -> int:
-        """Shape switches of every consumer known now (a retired consumer's go with it); safe to read
-        from another thread (the dict is copied in one C call)."""
+        """Shape switches of every consumer known now (a retired one's go with it); any thread reads it."""
         return self.view.shape_switches()
 
     def check(self, deep: bool = True) -> None:
         """Compare the ledger with what the lanes and in-flight batches hold; raise on any difference.
 
         ``deep`` recounts every waiting and in-flight item (linear in what waits) and checks rule 3's
-        kept order against the shapes' waiting tokens (core/switch_order.py); otherwise the
-        lanes' and in-flight running totals are compared, which is cheap enough for every checkpoint.
-        """
+        kept order against the shapes' waiting tokens (core/switch_order.py); otherwise the lanes'
+        and in-flight running totals are compared, which is cheap enough for every checkpoint."""
         ctx = self._context
         if deep:
             ctx.table.check()

@@ -9,9 +9,12 @@ is handed as a :class:`~processor.core.context.SchedulerContext`: the scheduler'
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from processor.core.context import SchedulerContext
 from processor.core.endings import Ending
 from processor.core.item import Item
+from processor.core.lanes import ShapeLanes
 
 
 class Withdrawals:
@@ -54,12 +57,24 @@ class Withdrawals:
         table = ctx.table
         withdrawn = 0
         for sl in [sl for sl in table.shapes.values() if sl.job == job and sl.waiting_items]:
-            model, tokens = sl.key[0], sl.waiting_tokens
-            items = table.withdraw(sl, now_ms)
-            ctx.order.taken_from(sl)
-            del ctx.active[model][sl.key]
-            ctx.shares.lanes_changed(model, job, -1)
-            ctx.ledger.ended(model, job, ending, len(items), tokens)
+            items, tokens = take_waiting(ctx, sl, now_ms)
+            ctx.ledger.ended(sl.key[0], job, ending, len(items), tokens)
             ctx.endings.withdrawn += [(item, ending) for item in items]
             withdrawn += len(items)
         return withdrawn
+
+
+def take_waiting(
+    ctx: SchedulerContext, sl: ShapeLanes, now_ms: int, which: Callable[[Item], bool] | None = None
+) -> tuple[list[Item], int]:
+    """Take the waiting items ``which`` picks (None: every one) out of ``sl``, with the switch order
+    and the shares told, and the shape no longer active once nothing waits there. Returns them and
+    their tokens; what the ledger counts them as is the caller's (an ending, a release)."""
+    tokens = sl.waiting_tokens
+    items = ctx.table.withdraw(sl, now_ms, which)
+    if items:
+        ctx.order.taken_from(sl)
+        if not sl.waiting_items:
+            del ctx.active[sl.key[0]][sl.key]
+            ctx.shares.lanes_changed(sl.key[0], sl.job, -1)
+    return items, tokens - sl.waiting_tokens

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -306,6 +306,19 @@ class WaitingSets:
         self._chunks.clear()
         self._dirty.clear()
         self._legacy.clear()
+
+    def forget(self, homes: Collection[int]) -> None:
+        """Drop the chunks of the changelog partitions ``homes`` (handed over, just after a commit:
+        nothing of theirs is left to flush); the other partitions' chunks stay as they are."""
+        unflushed = [cid for cid in self._dirty if cid[0] in homes] + [
+            r for r in self._legacy if r[0] in homes
+        ]
+        if unflushed:
+            raise RuntimeError(
+                f"changelog partitions {sorted(homes)}: let go with unflushed changes {unflushed[:3]}"
+            )
+        for cid in [cid for cid in self._chunks if cid[0] in homes]:
+            del self._chunks[cid]
 
 
 class ChangelogState:

@@ -6,12 +6,13 @@ so a restore (processor/state/restore.py) rebuilds exactly what the last commit 
 and :class:`~processor.state.lane_log.InFlightLog` roles), and gives the records at each commit
 (:meth:`ChangelogWriter.changes`, called by :class:`~processor.state.durability.Transactions`). At an
 assignment the handover adopts restored state through it (the
-:class:`~processor.state.ownership.Restorable` role).
+:class:`~processor.state.ownership.Restorable` role); at a revocation it forgets the state of the
+partitions that go (:meth:`ChangelogWriter.let_go`), or all of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -130,6 +131,27 @@ class ChangelogWriter:
         self._logged_batches.clear()
         self._waiting.clear()
         self.dedupe.clear()
+
+    def let_go(self, partitions: Collection[int]) -> list[str]:
+        """Forget what the changelog partitions ``partitions`` hold (they were handed over, just after
+        the commit that made them durable; the partitions kept stay tracked as they are). Returns the
+        ids of the in-flight batches whose records live there, for the core to let go of too.
+
+        A batch kept may carry items of a partition that goes: they are homed in the batch's
+        partition now, as a restore of it would home them, so that if they go back to the lanes
+        their records are written where this instance still owns them."""
+        pending = (self._new_items, self._withdrawn, self._emitted, self._finished, self._progressed)
+        if any(pending):
+            raise RuntimeError("the lane log lets go of partitions only just after a commit")
+        gone = [b for b, logged in self._logged_batches.items() if logged.partition in partitions]
+        for batch_id in gone:
+            del self._logged_batches[batch_id]
+        for logged in self._logged_batches.values():
+            for item in logged.batch.items:
+                cast(IngestItem, item).home = logged.partition
+        self._waiting.forget(partitions)
+        self.dedupe.forget(partitions)
+        return gone
 
     def _clear_pending(self) -> None:
         self._new_items.clear()

@@ -20,6 +20,7 @@ No I/O: the processor service keeps one ``CreditBook`` and re-fills it on each a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -116,6 +117,14 @@ class CreditBook:
         new partitions' slots are free until restore adopts their batches."""
         self.owned_partitions = owned_partitions
         self._owned.clear()
+
+    def narrow(self, owned_partitions: frozenset[int], let_go: Iterable[str]) -> None:
+        """Fewer partitions, none added (a partial revocation): the batches ``let_go`` (those whose
+        records live in the partitions that went) give up their slots with them; the slots of the
+        batches kept stay held, in the partitions kept."""
+        for batch_id in let_go:
+            self.free(batch_id)
+        self.extend(owned_partitions)
 
     def held(self, consumer: str) -> int:
         return len(self._held.get(consumer, {}))

@@ -10,7 +10,7 @@ null object: without a changelog, a re-read after a rebalance or a crash would l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from processor.state.durability import ChangelogRecord
@@ -45,6 +45,10 @@ class Dedupe(Protocol):
         """Forget everything (the partitions were handed over)."""
         ...
 
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Forget what ``partitions`` took (they were handed over; the others stay)."""
+        ...
+
 
 class WindowDedupe:
     def __init__(self, window_ms: int, max_ids: int, wall_ms: Callable[[], int]) -> None:
@@ -69,6 +73,9 @@ class WindowDedupe:
     def clear(self) -> None:
         self.seen.clear()
 
+    def forget(self, partitions: Iterable[int]) -> None:
+        self.seen.forget(partitions)
+
 
 class NoDedupe:
     """Every id is a first: nothing is remembered, written or restored."""
@@ -89,4 +96,7 @@ class NoDedupe:
         return None
 
     def clear(self) -> None:
+        return None
+
+    def forget(self, partitions: Iterable[int]) -> None:
         return None

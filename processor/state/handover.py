@@ -11,9 +11,12 @@ handover"). The rebalance callbacks only record what moved; the restore runs fro
   consumer slots their batches hold, rewinds the results reader to where their completions can
   first appear, and resumes them. Partitions this instance kept meanwhile go on dispatching.
 - a revocation commits while the partitions are still ours. A pending partition that goes was never
-  restored: nothing is thrown away. When restored ones go, the lane state (which the core keeps
-  per instance, not per partition) is let go as a whole and the partitions kept are pending again:
-  restored from what the commit just made durable, so nothing restored is lost.
+  restored: nothing is thrown away. When restored ones go, only their lane state is let go (the
+  waiting items homed in them, the batches whose changelog records live there, their waiting sets
+  and seen ids): their next owner restores it from what the commit just made durable. The
+  partitions kept keep theirs in memory and go on dispatching, never paused; each consumer's share
+  of slots follows them. A revocation of everything owned (the classic protocol's, always) lets go
+  of it all at once.
 - a restore that fails on a transient broker error (the previous owner's transaction still open,
   an unreachable coordinator) has adopted nothing yet: it is tried again a second later, never a
   crash loop; a rebalance between two tries just changes what is pending.
@@ -31,13 +34,13 @@ import logging
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.core.accounting import LedgerImbalance
 from processor.core.contract import Contract
-from processor.core.item import Batch
+from processor.core.item import Batch, Item
 from processor.core.scheduler import Scheduler
 from processor.kafka.exits import FencedByGroup
 from processor.state.changelog import ChangelogState
@@ -134,8 +137,8 @@ class PartitionHandover:
 
     def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Make everything consumed so far durable while the partitions are still ours, then let the
-        ownership say what a revocation means in its mode (exactly-once: let go of all lane state;
-        the partitions kept are restored again from what this commit made durable)."""
+        ownership say what a revocation means in its mode (exactly-once: let go of the revoked
+        partitions' lane state; the partitions kept keep theirs and dispatch on)."""
         if self.closing:
             return
         revoked = frozenset(tp.partition for tp in partitions)
@@ -144,9 +147,7 @@ class PartitionHandover:
         if revoked == unrestored:
             return  # only partitions paused since their assignment went: nothing was read from them
         self.ctx.commit()
-        kept = self.owned - revoked
         self.ctx.ownership.revoked(sorted(revoked), self._let_go)
-        self._set_pending(consumer, kept)
 
     def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """The group fenced this member (its session expired: a long pause, or an outage longer than
@@ -212,12 +213,43 @@ class PartitionHandover:
         consumer.resume([TopicPartition(self.ctx.ingest_topic, p) for p in partitions])
         return True
 
-    def _let_go(self) -> None:
-        """After the commit in ``on_revoke``: forget everything; the next owner restores it."""
-        self.ctx.core.release_all()
-        self.ctx.core.release_slots()
-        self.owned = frozenset()
-        self.ctx.credits.reassign(self.owned)
+    def _let_go(self, lanes: Restorable, partitions: list[int]) -> None:
+        """After the commit in ``on_revoke``: forget the lane state of ``partitions`` (their next
+        owner restores it from that commit). When every partition owned goes, all of it goes at once;
+        otherwise only the waiting items homed in them and the batches whose records live there, and
+        each consumer's share of slots follows the partitions kept."""
+        ctx = self.ctx
+        gone = frozenset(partitions)
+        kept = self.owned - gone
+        if not kept:
+            ctx.core.release_all()
+            ctx.core.release_slots()
+            lanes.reset()
+            self.owned = frozenset()
+            ctx.credits.reassign(self.owned)
+            return
+        batches = lanes.let_go(gone)
+
+        def homed_there(item: Item) -> bool:
+            return cast(IngestItem, item).home in gone
+
+        items, released = ctx.core.release(homed_there, batches, ctx.now_ms())
+        log.info(
+            "ingest partitions %s revoked: let go of %d waiting items and %d batches in flight; "
+            "partitions %s kept in memory",
+            sorted(gone),
+            items,
+            released,
+            sorted(kept),
+        )
+        self.owned = kept
+        ctx.credits.narrow(kept, batches)
+        view = ctx.core.view
+        for name in view.consumers():
+            contract = view.contract(name)
+            if contract is not None:
+                ctx.set_contract(contract)  # this instance's share of its slots, on fewer partitions
+        ctx.core.check(deep=True)
 
     def _take_over(self, lanes: Restorable, partitions: list[int]) -> None:
         """Restore the lanes and in-flight batches of ``partitions``, now this instance's too."""

@@ -3,16 +3,16 @@ hooks mean. One of the roles a delivery mode is made of (processor/state/modes.p
 (processor/state/handover.py) asks it instead of asking which mode it runs in.
 
 :class:`MovesWithPartitions` (exactly-once): lane state belongs to ingest partitions; at start the
-ledger resumes before any is assigned, a revocation lets go of everything (the core keeps lane
-state per instance; the handover restores the partitions kept again) and an assignment restores the
-assigned partitions' changelog into the :class:`Restorable` lane log. :class:`StaysWithInstance`
+ledger resumes before any is assigned, a revocation lets go of the revoked partitions' lane state
+(the partitions kept keep theirs, in memory) and an assignment restores the assigned partitions'
+changelog into the :class:`Restorable` lane log. :class:`StaysWithInstance`
 (at-least-once): there is no changelog to hand lane state over by; the next owner of a revoked
 partition reads it again from its committed offset, so only its offsets are forgotten here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
 from confluent_kafka import TopicPartition
@@ -47,9 +47,16 @@ class Restorable(Protocol):
         """Forget everything tracked (the partitions were handed over)."""
         ...
 
+    def let_go(self, partitions: Collection[int]) -> list[str]:
+        """Forget what ``partitions`` hold (handed over while others stay); returns the ids of the
+        in-flight batches whose records live there."""
+        ...
+
 
 TakeOver = Callable[[Restorable, list[int]], None]
 """Restores the lane state of some partitions into a restorable lane log (the handover's)."""
+LetGo = Callable[[Restorable, list[int]], None]
+"""Lets go of the lane state of some partitions, held in a restorable lane log (the handover's)."""
 
 
 class Ownership(Protocol):
@@ -66,7 +73,7 @@ class Ownership(Protocol):
         """Where the results reader starts: the cursor's positions, or the group's committed ones."""
         ...
 
-    def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
+    def revoked(self, partitions: list[int], let_go: LetGo) -> None:
         """After the forced commit of a revocation: what letting go of ``partitions`` means here."""
         ...
 
@@ -91,11 +98,10 @@ class MovesWithPartitions:
         """From the cursor: completions of batches restored later are found by rewinding it."""
         return [TopicPartition(topic, p, o) for p, o in cursor.next.items()]
 
-    def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
-        """All lane state goes (committed just before; the next owner of a revoked partition restores
-        it, the handover restores the partitions kept), and nothing tracked here is this instance's."""
-        let_go()
-        self.lanes.reset()
+    def revoked(self, partitions: list[int], let_go: LetGo) -> None:
+        """The revoked partitions' lane state goes (committed just before: their next owner restores
+        it), in the core and in ``lanes``; the partitions kept keep theirs."""
+        let_go(self.lanes, partitions)
 
     def assigned(self, partitions: list[int], take_over: TakeOver) -> None:
         take_over(self.lanes, partitions)
@@ -116,7 +122,7 @@ class StaysWithInstance:
         """From the group's committed position: completions are applied at least once."""
         return [TopicPartition(topic, p) for p in partitions]
 
-    def revoked(self, partitions: list[int], let_go: Callable[[], None]) -> None:
+    def revoked(self, partitions: list[int], let_go: LetGo) -> None:
         """Lane state stays (there is no changelog to hand it over by): the next owner reads the
         revoked partitions again from their committed offsets, so only their offsets are forgotten."""
         for p in partitions:

@@ -401,3 +401,8 @@ class SeenBook:
 
     def clear(self) -> None:
         self.partitions.clear()
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop what ``partitions`` remember (they were handed over; their next owner restores it)."""
+        for p in partitions:
+            self.partitions.pop(p, None)

@@ -327,15 +327,13 @@ def test_without_a_window_every_id_is_first_seen() -> None:
     assert c.dedupe.first_seen(0, "x") and c.dedupe.first_seen(0, "x") and c.dedupe.remembered_ids() == 0
 
 
-def test_a_revocation_lets_go_of_lane_state_and_forgets_what_was_tracked() -> None:
-    r, c = eo()
-    r.produce_items(0, ["a"])
-    r.consume()
-    let_go: list[bool] = []
-    c.ownership.revoked([0, 1], lambda: let_go.append(True))
-    assert let_go == [True] and c.lane_log._new_items == []
-    r.commit()
-    assert r.visible(r.topics.changelog) == []  # the item was forgotten, not logged
+def test_a_revocation_lets_go_of_the_revoked_partitions_in_the_exactly_once_lane_log() -> None:
+    """Which state goes (the revoked partitions', or all of it) is the handover's to say
+    (tests/state/test_handover.py); the ownership hands it the lane log that holds it."""
+    _r, c = eo()
+    let_go: list[tuple[object, list[int]]] = []
+    c.ownership.revoked([0, 1], lambda lanes, parts: let_go.append((lanes, parts)))
+    assert let_go == [(c.lane_log, [0, 1])]
 
 
 def test_an_assignment_restores_into_the_exactly_once_lane_log() -> None:

@@ -11,7 +11,7 @@ import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -124,6 +124,7 @@ class Service:
         self.commits: list[bool] = []
         self.control_assignments = 0
         self.restores: list[list[int]] = []
+        self.records: list[tuple[int, bytes, bytes | None]] = []
         none: Any = None  # no clients: nothing here commits
         clients = CommitClients(none, none, none)
         if mode == "transactional":
@@ -140,7 +141,7 @@ class Service:
                 restore=lambda partitions, on_contracts, on_waiting: RESTORE(
                     partitions, on_contracts, on_waiting
                 ),
-                commit=lambda: self.commits.append(True),
+                commit=self._commit,
                 set_contract=self._set_contract,
                 reassign_results=self._assign_control,
                 now_ms=lambda: 1_000,
@@ -154,6 +155,13 @@ class Service:
     @property
     def owned(self) -> frozenset[int]:
         return self.handover.owned
+
+    def _commit(self) -> None:
+        """As the forced commit does: the lane log's records go out (kept here, in order)."""
+        self.commits.append(True)
+        lanes = self.mode.lane_log
+        if isinstance(lanes, ChangelogWriter):
+            self.records += lanes.changes()
 
     def _assign_control(self) -> None:
         self.control_assignments += 1
@@ -172,6 +180,7 @@ class Changelog:
     contracts: dict[str, Contract] = field(default_factory=lambda: {CARD.consumer: CARD})
     stamps: dict[tuple[int, int], int] = field(default_factory=dict)  # ref -> message timestamp (0: none)
     asked: list[tuple[str, list[int] | None]] = field(default_factory=list)
+    written: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)  # later, in log order
 
     def restore(self, partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
         """Stands in for processor.state.restore.restore: the records go through a real fold."""
@@ -186,10 +195,14 @@ class Changelog:
         for partition, entry in self.batches:
             if partition in mine:
                 state.apply(changelog.batch_key(entry.batch_id), entry.value(), partition)
+        for partition, key, value in self.written:
+            if partition in mine:
+                state.apply(key, value, partition)
+        heads = {**self.heads, **{ref: h for ref, (_home, h) in self.waiting.items()}}
         on_contracts(self.contracts)
         for ref, home in state.waiting.items():
-            on_waiting(ref, home, self.waiting[ref][1], self.stamps.get(ref, 0))
-        return RestoredState(sorted(partitions), state, dict(self.heads), self.contracts, seconds=0.5)
+            on_waiting(ref, home, heads[ref], self.stamps.get(ref, 0))
+        return RestoredState(sorted(partitions), state, heads, self.contracts, seconds=0.5)
 
 
 @pytest.fixture
@@ -423,19 +436,97 @@ def test_more_partitions_are_restored_beside_what_is_held(restored: Changelog) -
     svc.core.check(deep=True)
 
 
-def test_a_partial_revocation_restores_the_partitions_kept_from_what_it_committed(
+def test_a_partial_revocation_keeps_the_partitions_kept_in_memory_and_lets_go_of_the_rest(
     restored: Changelog,
 ) -> None:
+    restored.waiting[(1, 8)] = (1, head("w6", 100))  # as long as w1: they leave in one batch
     svc, member = Service(), Member()
     assign(svc, [0, 1], member)
+    core = svc.core
+    (out,) = core.dispatch(1_500)  # in c's one free slot, 0: its record goes to partition 0
+    lanes = svc.mode.lane_log
+    lanes.batch_emitted(out, svc.mode.placement.place(out, svc.credits, CARD.max_inflight, svc.results))
+    assert [it.id for it in out.items] == ["w1", "w6"]
+    before = core.view.handover_delta()["m"]
     revoke(svc, [1], member)
-    # committed while ours, all lane state let go, the kept partition paused until restored again
-    assert svc.commits == [True] and svc.owned == frozenset() and svc.handover.pending == {0}
-    assert member.paused == {0} and svc.core.view.waiting().items == 0
-    svc.core.check(deep=True)
-    assert svc.handover.restore_pending(member)
-    assert restored.asked[-1] == ("handover-proc", [0]) and svc.owned == {0} and member.paused == set()
-    svc.core.check(deep=True)
+    # committed while ours; partition 0 is neither restored again nor paused: it dispatches on
+    assert svc.commits == [True] and restored.asked == [("handover-proc", [0, 1])]
+    assert svc.owned == {0} and svc.handover.pending == frozenset() and member.paused == set()
+    # w3 is homed in partition 1 and b1's record lives there: both are its next owner's
+    assert {it.id for it in core.view.waiting_list()} == {"w2", "gone-a"}
+    assert not core.is_in_flight("b1") and core.handed_over("b1")
+    assert core.item_done("b1", "b1-b", True, 2_000) is None  # its completion is booked there, not here
+    # the batch kept has an item of partition 1: homed now where the batch's record lives, so that
+    # put back in the lanes it is logged in a partition this instance owns (as a restore homes it)
+    assert core.is_in_flight(out.batch_id)
+    assert [cast(IngestItem, it).home for it in out.items] == [0, 0]
+    # released exactly w3 (20 tokens) and b1's outstanding item (40): the next owner adopts them
+    assert core.view.handover_delta()["m"] == (before[0] - 2, before[1] - 20 - 40)
+    core.check(deep=True)
+    # of c's four slots partition 0 owns one, which the batch kept holds; b1's went with partition 1
+    assert svc.credits.held("c") == 1 and svc.credits.share(CARD.max_inflight) == 1
+    assert core.view.consumer("c").slots == 1 and core.dispatch(2_500) == []
+    assert isinstance(lanes, ChangelogWriter) and set(lanes._logged_batches) == {out.batch_id}
+    written = len(svc.records)
+    lanes.requeued(out.batch_id, core.retire("c", 2_600)[0].items)  # put back: its items wait again
+    svc.handover.ctx.commit()
+    assert {p for p, _key, _value in svc.records[written:]} == {0}  # logged where this instance owns
+    revoke(svc, [0], member)  # the last partition: everything goes at once
+    assert svc.owned == frozenset() and core.view.waiting().items == 0
+    assert core.view.handover_delta()["m"] == (0, 0) and not lanes._logged_batches
+    core.check(deep=True)
+
+
+def _held(svc: Service) -> tuple[dict[str, int], dict[str, tuple[str, list[str], list[str]]]]:
+    """What a service holds: waiting items by id with their home, in-flight batches by id."""
+    core = svc.core
+    waiting = {it.id: it.home for it in core.view.waiting_list() if isinstance(it, IngestItem)}
+    flights = {
+        b.batch_id: (b.consumer, [it.id for it in b.items], core.done_items(b.batch_id))
+        for b in core.in_flight_batches()
+    }
+    return waiting, flights
+
+
+def test_after_a_partial_revocation_a_restore_of_the_partitions_kept_rebuilds_what_is_in_memory(
+    restored: Changelog,
+) -> None:
+    """The kept partitions' changelog stays right: what a later commit writes restores exactly the
+    lane state the instance kept in memory (nothing lost, nothing doubled at the next handover)."""
+    svc, member = Service(), Member()
+    restored.waiting[(1, 9)] = (0, head("w5", 70))  # an item of partition 1 homed in 0 (put back there)
+    assign(svc, [0, 1], member)
+    revoke(svc, [1], member)
+    batches = svc.core.dispatch(3_000)  # the kept partition dispatches on, in slot 0 of partition 0
+    assert batches
+    for batch in batches:
+        lanes = svc.mode.lane_log
+        lanes.batch_emitted(batch, svc.mode.placement.place(batch, svc.credits, 4, svc.results))
+    first = batches[0]
+    if len(first.items) > 1:
+        svc.core.item_done(first.batch_id, first.items[0].id, True, 3_001)
+        svc.mode.in_flight.batch_progress(first.batch_id)
+    svc.handover.ctx.commit()
+    restored.written = list(svc.records)
+
+    fresh = Service()
+    assign(fresh, [0], Member())
+    assert _held(fresh) == _held(svc)
+    assert "w5" in {it.id for it in svc.core.view.waiting_list()} | {
+        it.id for b in svc.core.in_flight_batches() for it in b.items
+    }
+    for stage in ("queued", "in_flight"):
+        assert fresh.core.view.total(stage) == svc.core.view.total(stage)
+    fresh.core.check(deep=True)
+
+
+def test_the_lane_log_lets_go_of_partitions_only_just_after_a_commit(restored: Changelog) -> None:
+    svc = Service()
+    assign(svc, [0, 1])  # the retired consumer's item waits to be logged: a change not yet committed
+    lanes = svc.mode.lane_log
+    assert isinstance(lanes, ChangelogWriter)
+    with pytest.raises(RuntimeError, match="only just after a commit"):
+        lanes.let_go({1})
 
 
 def test_a_rebalance_before_the_restore_throws_nothing_away_and_commits_nothing(
