@@ -225,16 +225,11 @@ class ProcessorService:
         partitions: list[int],
         on_contracts: Callable[[dict[str, Contract]], None],
         on_waiting: OnWaiting,
+        wait_s: float,
     ) -> RestoredState:
+        where = (self.conf, self.topics, self.settings.group_id)
         return restore(
-            self.conf,
-            self.topics,
-            self.settings.group_id,
-            partitions,
-            on_contracts,
-            on_waiting,
-            self.clients,
-            self.intake.decode_head,
+            *where, partitions, on_contracts, on_waiting, self.clients, self.intake.decode_head, wait_s
         )
 
     def _restored(self, done: Restored) -> None:
@@ -278,12 +273,10 @@ class ProcessorService:
     def now_ms(self) -> int:
         """The core's clock: epoch milliseconds, advancing with the monotonic ``clock``.
 
-        Epoch, because its readings leave the process: a batch's ``created_ms`` is on the wire
-        (the consumer's ``queued_ms`` subtracts the item's ``produced_ms`` from it) and in the
-        changelog (a restarted or succeeding instance adopts it, so both must count from the same
-        origin). Anchored once at start and advanced by the monotonic clock, so that a wall-clock
-        step (NTP) never moves the core's time backwards.
-        """
+        Epoch, because its readings leave the process: a batch's ``created_ms`` is on the wire (the
+        consumer's ``queued_ms`` subtracts the item's ``produced_ms``) and in the changelog (a successor
+        adopts it: both count from one origin). Anchored once at start and advanced by the monotonic
+        clock, so that a wall-clock step (NTP) never moves the core's time backwards."""
         return self._wall_at_t0 + int((self._clock() - self._t0) * 1000)
 
     def start(self) -> None:

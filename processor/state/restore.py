@@ -74,6 +74,7 @@ def committed_offsets(
     group: str,
     clients: ClientFactory = KAFKA,
     only: list[int] | None = None,
+    timeout_s: float = 30.0,
 ) -> dict[int, int]:
     """The group's committed offsets of partitions ``only`` (default: all), stable ones only
     (read_committed: KIP-447 waits out any open transaction that is committing offsets for them).
@@ -84,7 +85,7 @@ def committed_offsets(
     )
     try:
         partitions = (partitions_of(consumer, topic) or []) if only is None else only
-        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
+        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
         return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
     finally:
         consumer.close()
@@ -104,6 +105,7 @@ def restore(
     on_waiting: OnWaiting,
     clients: ClientFactory = KAFKA,
     decode: Callable[[bytes | None], ItemHead] = decode_item_head,
+    offsets_wait_s: float = 30.0,
 ) -> RestoredState:
     """The state of ``partitions`` (default: all) as their last committed transactions left it; the
     waiting items go to ``on_waiting``, the heads of in-flight batches' items to ``records``.
@@ -119,9 +121,11 @@ def restore(
     on fetches for about as long as it works; docs/benchmarks.md, "Restore"). A restored message is
     validated again, as it was when first consumed: a topic recreated under the same name is refused,
     not adopted. ``decode`` reads an ingest message (the intake's, so a registry-framed one reads too).
+    ``offsets_wait_s`` bounds the wait for the committed offsets: past it a ``_TIMED_OUT``
+    KafkaException, which the handover tries again later (processor/state/handover.py).
     """
     started = time.monotonic()
-    committed = committed_offsets(conf, topics.ingest, group, clients, partitions)
+    committed = committed_offsets(conf, topics.ingest, group, clients, partitions, offsets_wait_s)
     contracts = latest_contracts(conf, topics, clients)
     on_contracts(contracts)
     state = ChangelogState()

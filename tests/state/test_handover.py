@@ -27,7 +27,14 @@ from processor.state import changelog, modes
 from processor.state.changelog_writer import ChangelogWriter
 from processor.state.credits import CreditBook
 from processor.state.durability import CommitClients
-from processor.state.handover import HandoverContext, PartitionHandover, Restored
+from processor.state.handover import (
+    OFFSETS_WAIT_KEPT_S,
+    OFFSETS_WAIT_S,
+    RESTORE_RETRY_S,
+    HandoverContext,
+    PartitionHandover,
+    Restored,
+)
 from processor.state.ingest import IngestItem
 from processor.state.lane_log import OffsetLog
 from processor.state.restore import RestoredState
@@ -138,8 +145,8 @@ class Service:
                 ownership=self.mode.ownership,
                 credits=self.credits,
                 results=self.results,
-                restore=lambda partitions, on_contracts, on_waiting: RESTORE(
-                    partitions, on_contracts, on_waiting
+                restore=lambda partitions, on_contracts, on_waiting, wait_s: RESTORE(
+                    partitions, on_contracts, on_waiting, wait_s
                 ),
                 commit=self._commit,
                 set_contract=self._set_contract,
@@ -180,11 +187,13 @@ class Changelog:
     contracts: dict[str, Contract] = field(default_factory=lambda: {CARD.consumer: CARD})
     stamps: dict[tuple[int, int], int] = field(default_factory=dict)  # ref -> message timestamp (0: none)
     asked: list[tuple[str, list[int] | None]] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)  # each restore's wait for committed offsets
     written: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)  # later, in log order
 
-    def restore(self, partitions, on_contracts, on_waiting) -> RestoredState:  # type: ignore[no-untyped-def]
+    def restore(self, partitions, on_contracts, on_waiting, wait_s=30.0) -> RestoredState:  # type: ignore[no-untyped-def]
         """Stands in for processor.state.restore.restore: the records go through a real fold."""
         self.asked.append(("handover-proc", partitions))
+        self.waits.append(wait_s)
         state = changelog.ChangelogState()
         sets = changelog.WaitingSets()
         mine = set(partitions)  # a changelog partition is read only when its ingest partition is asked
@@ -552,7 +561,7 @@ def test_a_restore_that_fails_on_a_transient_error_is_tried_again_not_crashed(
     svc.handover.ctx = dataclasses.replace(svc.handover.ctx, clock=lambda: now[0])
     real = restored.restore
 
-    def timing_out(partitions, on_contracts, on_waiting):  # type: ignore[no-untyped-def]
+    def timing_out(partitions, on_contracts, on_waiting, wait_s):  # type: ignore[no-untyped-def]
         monkeypatch.setattr(sys.modules[__name__], "RESTORE", real)
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "committed offsets timed out"))
 
@@ -566,8 +575,20 @@ def test_a_restore_that_fails_on_a_transient_error_is_tried_again_not_crashed(
     assert svc.owned == {0, 1} and svc.core.view.waiting().items == 4 and member.paused == set()
 
 
+def test_a_restore_beside_partitions_it_keeps_waits_briefly_for_offsets_so_they_go_on_dispatching(
+    restored: Changelog,
+) -> None:
+    """A dead owner's open transaction holds the committed offsets back for up to its transaction
+    timeout, and the restore runs on the loop: an instance that owns partitions must not stall them
+    that long (bench_rebalance's kill during a restore: 9.4 s). Owning nothing, it waits in full."""
+    svc, member = Service(), Member()
+    assign(svc, [0], member)
+    assign(svc, [1], member)
+    assert restored.waits == [OFFSETS_WAIT_S, OFFSETS_WAIT_KEPT_S] and OFFSETS_WAIT_KEPT_S < RESTORE_RETRY_S
+
+
 def test_a_fatal_error_in_a_restore_is_raised(restored: Changelog, monkeypatch: pytest.MonkeyPatch) -> None:
-    def fenced(partitions, on_contracts, on_waiting):  # type: ignore[no-untyped-def]
+    def fenced(partitions, on_contracts, on_waiting, wait_s):  # type: ignore[no-untyped-def]
         raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
 
     monkeypatch.setattr(sys.modules[__name__], "RESTORE", fenced)
