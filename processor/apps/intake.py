@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -129,11 +129,16 @@ class Intake:
         self.ingest.pause([tp])
         self.ingest.seek(tp)
 
-    def release_held(self) -> None:
-        """Resume the held partitions once a second, to read their message again (once per step)."""
+    def release_held(self, pending: Collection[int] = ()) -> None:
+        """Resume the held partitions once a second, to read their message again (once per step).
+
+        A partition ``pending`` a restore (processor/state/handover.py: the group moved it since it
+        was held) is only forgotten: the handover resumes it once restored, from its committed
+        offset, and a registry still silent then holds it again. Resuming it here would read it
+        before its lane state is back."""
         if not self.held or self.clock() < self._retry_at:
             return
-        parts = [TopicPartition(topic, p, offset) for p, (topic, offset) in self.held.items()]
+        parts = [TopicPartition(t, p, offset) for p, (t, offset) in self.held.items() if p not in pending]
         self.held.clear()
         if self.ingest is not None:
             self.ingest.resume(parts)

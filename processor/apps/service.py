@@ -380,7 +380,7 @@ class ProcessorService:
         self.handover.raise_if_lost(self._who())  # before anything more goes into the open transaction
         self.handover.restore_pending(self.ingest)  # what the group just assigned (paused till then)
         now = self.now_ms()
-        self.intake.release_held()
+        self.intake.release_held(self.handover.pending)
         items = self.intake.items(msgs, now)
         if msgs:
             self.intake.registry_answered()
