@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -44,7 +44,7 @@ from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.contract import Contract
 from processor.engines.base import Engine
 from processor.kafka.clients import static_member, static_member_present
-from processor.kafka.exits import MissingTopics, ended_by, fatal, taking_over
+from processor.kafka.exits import MissingTopics, TransientFailure, ended_by, fatal, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
 from processor.kafka.pipelines import missing_pipeline, raise_if_hidden
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
@@ -110,6 +110,12 @@ class ConsumerApp:
         self.resuming = False
         """Set on the rounds after the first of a ride (processor.apps.ride): the member the group
         still has under this id is this process's own last round, not a twin: nothing to say."""
+        self.stale: Callable[[], bool] = lambda: False
+        """Set by the ride's CLI: whether Kafka went away since this round began. An app idle
+        through an outage keeps clients whose first ``send_offsets_to_transaction`` after a broker
+        restart can block for ever (librdkafka#5456/#5511: the coordinator's old broker object is
+        never woken; a consumer exited 75 on it in the 45 s freeze-and-restart run), so before its
+        next transaction such a round ends as an outage and the ride starts one with fresh clients."""
 
     @property
     def stats(self) -> ConsumerStats:
@@ -250,6 +256,8 @@ class ConsumerApp:
             if error is not None:
                 _consumer_error(error)
                 continue
+            if self.stale():  # nothing of this batch is written: the next round reads it again
+                raise TransientFailure(f"{self._who()}: Kafka went away meanwhile: fresh clients first")
             self.delivery.deliver(consumer, msg, self.batches.handle)
             last_batch = time.monotonic()
             if on_batch is not None:

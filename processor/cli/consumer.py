@@ -224,9 +224,14 @@ def run(args: argparse.Namespace) -> int:
     metrics = ConsumerMetrics(contract.consumer)
     client_conf = metrics.kafka_conf(conf) if http is not None else conf
 
+    watch = BrokerWatch()
+
     def fresh(engine: Engine) -> ConsumerApp:
         hooks = ConsumerHooks(**metrics.hooks())
-        return ConsumerApp(client_conf, topics, contract, engine, settings, hooks=hooks, watchdog=watchdog)
+        app = ConsumerApp(client_conf, topics, contract, engine, settings, hooks=hooks, watchdog=watchdog)
+        began_after = watch.outages
+        app.stale = lambda: watch.outages > began_after  # fresh clients after an outage (ConsumerApp.stale)
+        return app
 
     current = Current(fresh(engine))
     rounds = iter([current.target])  # the first round runs the app built with the first engine
@@ -238,7 +243,6 @@ def run(args: argparse.Namespace) -> int:
             app.resuming = True
         return current.switch(app).run
 
-    watch = BrokerWatch()
     who = f"consumer {contract.consumer} of pipeline {topics.prefix}"
     ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck)
     metrics.watch(cast("ConsumerApp", current))

@@ -123,3 +123,52 @@ def test_the_consumer_app_writes_each_items_cached_tokens_held_to_its_prompt() -
     ]
     assert [c.status for c in done] == ["ok", "ok", "ok", "ok", "failed"]
     assert app.stats.cached_prompt_tokens == 15
+
+
+class OneBatch:
+    """A batch-topic consumer with one good message waiting."""
+
+    def __init__(self, msg: object) -> None:
+        self.msgs = [msg]
+
+    def poll(self, timeout: float) -> object:
+        return self.msgs.pop(0) if self.msgs else None
+
+
+class GoodMessage(BatchMessage):
+    def error(self) -> None:
+        return None
+
+
+def test_a_round_that_saw_kafka_go_away_ends_before_its_next_transaction() -> None:
+    """librdkafka#5456/#5511: an app idle through a broker restart blocks for ever in its first
+    ``send_offsets_to_transaction``. A round that saw an outage ends as one (the ride starts a
+    round with fresh clients) before it delivers anything; one that saw none delivers."""
+    from processor.kafka.exits import TransientFailure
+    from processor.kafka.outage import is_outage
+
+    engine = SimEngine(CardSpec(), time_scale=0.0)
+    app = ConsumerApp({}, TopicNames("unit"), card_contract("card-a"), engine, ConsumerSettings())
+    delivered: list[object] = []
+    app.delivery.deliver = lambda consumer, msg, handle: delivered.append(msg)  # type: ignore[method-assign]
+    msg = GoodMessage(b"")
+    app.stale = lambda: True
+    with pytest.raises(TransientFailure, match="Kafka went away meanwhile") as ended:
+        app._loop(cast(Any, OneBatch(msg)), _stop_after_one())
+    assert delivered == [] and is_outage(ended.value)
+    app.stale = lambda: False
+    app._loop(cast(Any, OneBatch(msg)), _stop_after_one())
+    assert delivered == [msg]
+
+
+def _stop_after_one() -> Any:
+    """A stop event that is set once the loop has asked twice (one message, then an empty poll)."""
+
+    class Stop:
+        asked = 0
+
+        def is_set(self) -> bool:
+            self.asked += 1
+            return self.asked > 2
+
+    return Stop()
