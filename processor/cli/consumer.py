@@ -230,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
         hooks = ConsumerHooks(**metrics.hooks())
         app = ConsumerApp(client_conf, topics, contract, engine, settings, hooks=hooks, watchdog=watchdog)
         began_after = watch.outages
-        app.stale = lambda: watch.outages > began_after  # fresh clients after an outage (ConsumerApp.stale)
+        if ride_settings.outage_exit_s > 0:  # riding outages out: fresh clients after one (ConsumerApp.stale)
+            app.stale = lambda: watch.outages > began_after
         return app
 
     current = Current(fresh(engine))
