@@ -270,10 +270,10 @@ RULES: tuple[RuleSpec, ...] = (
         "broker_away_for_s",
         "critical",
         "{{ $value }} tokenfabric processes cannot reach Kafka",
-        "Processors and consumers wait for a broker to answer (live, not ready) and resume from "
-        "their last commit when one does; nothing moves meanwhile. They exit 75 after "
-        "--outage-exit-s (300 s by default). Check the brokers, the network between them and the "
-        "pods, and `tokenfabric_broker_unreachable_seconds`.",
+        "A process's lookout gets no answer from Kafka; nothing moves meanwhile. Processors and "
+        "consumers given --outage-exit-s wait for a broker (live, not ready) and resume from their "
+        "last commit; by default they exit 75 and are restarted. Check the brokers, the network "
+        "between them and the pods, and `tokenfabric_broker_unreachable_seconds`.",
     ),
 )
 

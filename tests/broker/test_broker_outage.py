@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 FROZEN_S = 20.0
 INFO = ("--log-level", "INFO")
+#: The ride is opt-in (processor/apps/ride.py, OUTAGE_EXIT_S): this test turns it on.
+RIDE = ("--outage-exit-s", "300")
 
 
 def complete_without_exits(rig: Rig, n: int, timeout_s: float) -> float:
@@ -63,15 +65,15 @@ def ride_out(
     Prometheus scrapes processor0 every second with the shipped rules (a 2 s ``broker_away_for_s``):
     TokenfabricBrokerUnreachable must fire while the broker is away, as no target goes down."""
     for contract in CARDS:
-        rig.spawn_consumer(contract.consumer, contract, overhead_ms=5, extra=INFO)
+        rig.spawn_consumer(contract.consumer, contract, overhead_ms=5, extra=(*INFO, *RIDE))
     ids, tokens, producer = produce_paced(rig, items, seed=36, seconds=15)
     metrics = free_port()
     for i in range(processors):
         port = ("--metrics-port", str(metrics)) if i == 0 else ()
-        rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=(*INFO, *port))
+        rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=(*INFO, *RIDE, *port))
     rig.spawn("status", ["status", *rig.pipeline_args(), "--watch", "--interval-s", "2"])
     where = rig.pipeline_args()[:4]  # the collector has no --group
-    rig.spawn("collector", ["collector", *where, "--out-dir", str(tmp_path / "out"), "--log-level", "INFO"])
+    rig.spawn("collector", ["collector", *where, "--out-dir", str(tmp_path / "out"), *INFO, *RIDE])
     rig.wait_completed(items // 10, timeout_s=120)  # mid-run: batches in flight, items waiting
     home = tmp_path / "prometheus"
     home.mkdir()
