@@ -60,7 +60,14 @@ def test_a_processor_paused_past_its_session_is_fenced_by_the_group_and_nothing_
     partitions over meanwhile. On SIGCONT the zombie's open transaction is refused (its member epoch
     is stale): it may not commit what it did while paused. It ends asking for a restart (75) or
     rejoins; either way every item completes once and the audit is clean."""
-    args = ("--session-timeout-ms", "6000", "--transaction-timeout-ms", "30000")
+    args = (
+        "--session-timeout-ms",
+        "6000",
+        "--transaction-timeout-ms",
+        "30000",
+        "--group-protocol",
+        "consumer",
+    )
     with running_rig(private_bootstrap, tmp_path, ingest_partitions=4) as rig:
         ids, tokens, producing = produce_paced(rig, 6_000, seed=23, seconds=40)
         rig.spawn_processor("p0", instance="p0", extra=args)
@@ -90,7 +97,7 @@ def test_a_processor_restarted_at_once_after_a_sigkill_waits_for_its_instance_id
     refuses its id to a newer member until the session (6 s) times out, fatally in librdkafka. The
     replacement, started at once as a pod's restart would be, says so in one line, waits, joins and
     finishes the work: nothing lost or doubled."""
-    args = ("--session-timeout-ms", "6000")
+    args = ("--session-timeout-ms", "6000", "--group-protocol", "consumer")
     with running_rig(private_bootstrap, tmp_path, ingest_partitions=2) as rig:
         ids, tokens = produce(rig, 3_000, seed=29)
         rig.spawn_processor("first", instance="p0", extra=args)
