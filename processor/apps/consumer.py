@@ -44,11 +44,12 @@ from processor.apps.settings import MAX_COMPLETION_BYTES, ConsumerSettings
 from processor.core.contract import Contract
 from processor.engines.base import Engine
 from processor.kafka.clients import static_member, static_member_present
-from processor.kafka.exits import MissingTopics, TransientFailure, ended_by, fatal, taking_over
+from processor.kafka.exits import MissingTopics, ended_by, fatal, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient
+from processor.kafka.outage import Abandoned
 from processor.kafka.pipelines import missing_pipeline, raise_if_hidden
 from processor.kafka.topics import TopicNames, create_topics, topic_specs
-from processor.kafka.watchdog import CallWatchdog
+from processor.kafka.watchdog import CLOSE_TIMEOUT_S, CallWatchdog, guarded
 from processor.wire.control import encode_contract
 from processor.wire.records import ContractRecord
 
@@ -104,6 +105,7 @@ class ConsumerApp:
         """The consumer group, static member id and transactional id: one name, the pipeline's."""
         self.output = ConsumerOutput()
         self.batches = BatchHandler(topics, contract, engine, self.settings, self.output, self.hooks)
+        self.watchdog = watchdog
         self.delivery: ConsumerDelivery = delivery_for(
             self.settings.exactly_once, self.output, self.group, self.batch_topic, watchdog
         )
@@ -185,7 +187,7 @@ class ConsumerApp:
         ):
             log.warning("%s", taking_over(self._who(), self.group))
         consumer: ConsumerClient | None = None
-        clean = False
+        clean = abandoned = False
         try:
             self.delivery.open()  # init_transactions: a refused transactional id is classified below
             if self.ensure_topic():
@@ -195,17 +197,30 @@ class ConsumerApp:
             self._loop(consumer, stop)
             clean = True
         except Exception as exc:
+            abandoned = isinstance(exc, Abandoned)
             ended = self._ended_by(exc)
             if ended is exc:
                 raise
             raise ended from None
         finally:
             if consumer is not None:
-                consumer.close()
+                self._close(consumer, aside=abandoned)
             if clean:  # after a failure nothing more commits
                 producer.flush(10.0)
             self.engine.close()
         return self.stats
+
+    def _close(self, consumer: ConsumerClient, aside: bool) -> None:
+        """Close the batch consumer; ``aside`` (a round abandoned after an outage), in a thread of its
+        own, unwaited: its close may wait for ever on the coordinator as its send_offsets would
+        (librdkafka#5511), and the next round must not wait on it. That member commits nothing (offsets
+        go through the transactional producer) and the next round's, with the same static instance
+        id, replaces it in the group."""
+        if aside:
+            threading.Thread(target=consumer.close, name=f"{self.group}-closing", daemon=True).start()
+            return
+        with guarded(self.watchdog, "closing the consumer", CLOSE_TIMEOUT_S):
+            consumer.close()
 
     def _subscribe(self) -> ConsumerClient:
         """The group's consumer of the batch topic (a static member: a restart keeps its partition)."""
@@ -256,12 +271,22 @@ class ConsumerApp:
             if error is not None:
                 _consumer_error(error)
                 continue
-            if self.stale():  # nothing of this batch is written: the next round reads it again
-                raise TransientFailure(f"{self._who()}: Kafka went away meanwhile: fresh clients first")
-            self.delivery.deliver(consumer, msg, self.batches.handle)
+            self._abandon_if_stale()  # nothing of this batch is written: the next round reads it again
+            self.delivery.deliver(consumer, msg, self._answer)
             last_batch = time.monotonic()
             if on_batch is not None:
                 on_batch(self.stats)
+
+    def _answer(self, msg: Message) -> None:
+        """Answer the batch in the open transaction; then, before the offsets go to the transaction
+        coordinator, end the round if Kafka went away meanwhile (a flush blocked through an outage,
+        then ``send_offsets_to_transaction`` blocked for ever on these clients: exit 75 in a 20 s freeze)."""
+        self.batches.handle(msg)
+        self._abandon_if_stale()
+
+    def _abandon_if_stale(self) -> None:
+        if self.stale():
+            raise Abandoned(f"{self._who()}: Kafka went away meanwhile: fresh clients first")
 
 
 def _consumer_error(error: KafkaError) -> None:

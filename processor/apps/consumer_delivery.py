@@ -25,9 +25,14 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from processor.apps.consumer_output import ConsumerOutput
 from processor.kafka.exits import age_s, kafka_cause, now_stamp, producer_fenced
 from processor.kafka.factory import ConsumerClient
+from processor.kafka.outage import Abandoned
 from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 
 log = logging.getLogger("tokenfabric.consumer")
+
+#: ``abort_transaction``'s timeout; guarded like ``send_offsets_to_transaction``: a call stuck past it
+#: ends the process with 75 rather than leave a consumer silent (processor.kafka.watchdog).
+ABORT_TIMEOUT_S = 30.0
 
 
 class ConsumerDelivery(Protocol):
@@ -127,6 +132,8 @@ class TransactionalDelivery:
         try:
             handle(msg)
             self._commit(consumer, msg)
+        except Abandoned:
+            raise  # no call on these clients: the next round's init_transactions aborts it
         except BaseException:
             fenced = self._abort()
             if fenced is not None:  # the cause of whatever failed (a purge, a failed commit)
@@ -155,7 +162,8 @@ class TransactionalDelivery:
     def _abort(self) -> KafkaException | None:
         """Abort the open transaction; returns the fencing error if the producer was fenced."""
         try:
-            self.output.client().abort_transaction(30)
+            with guarded(self.watchdog, "abort_transaction", ABORT_TIMEOUT_S):
+                self.output.client().abort_transaction(ABORT_TIMEOUT_S)
         except (KafkaException, SystemError) as exc:  # fenced or broker gone: the broker aborts it anyway
             cause = kafka_cause(exc)
             log.debug("could not abort the open transaction: %s", cause)

@@ -58,7 +58,7 @@ from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, Produc
 from processor.kafka.pipelines import raise_if_hidden
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
-from processor.kafka.watchdog import CallWatchdog, guarded
+from processor.kafka.watchdog import CLOSE_TIMEOUT_S, CallWatchdog, guarded
 from processor.state.credits import CreditBook
 from processor.state.durability import CommitClients
 from processor.state.handover import HandoverContext, PartitionHandover, Restored
@@ -355,8 +355,9 @@ class ProcessorService:
             self._commit(force=True)
             self.core.check(deep=True)
             self.producer.flush(30)
-        self.ingest.close()
-        self.control.close()
+        with guarded(self.watchdog, "closing the Kafka clients", CLOSE_TIMEOUT_S):
+            self.ingest.close()
+            self.control.close()
 
     def _check_topics(self) -> None:
         """Raise :class:`MissingTopics` naming every topic the processor needs that does not exist."""

@@ -46,12 +46,19 @@ from processor.kafka.exits import (
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError
 
-__all__ = ["StuckCall", "is_outage", "outage_error"]
+__all__ = ["Abandoned", "StuckCall", "is_outage", "outage_error"]
 
 
 class StuckCall(TransientFailure):
     """A Kafka call did not return within its own timeout plus the watchdog's margin
     (processor.kafka.watchdog): the run is abandoned, its thread left in the C library."""
+
+
+class Abandoned(TransientFailure):
+    """Kafka went away while this round's clients were open: the round ends before its next call to
+    the transaction coordinator, which may block for ever on clients that lived through an outage
+    (librdkafka#5456/#5511). Its open transaction is not aborted here: the next round's
+    ``init_transactions`` (same transactional id) aborts it, as after a crash."""
 
 
 @cache

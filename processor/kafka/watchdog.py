@@ -46,6 +46,10 @@ PAST_TIMEOUT_S = 10.0
 #: the default watchdog (180 s): after a broker restart completions flow again within 60 s
 #: (tests/broker/test_broker_restart.py measures it).
 SEND_OFFSETS_TIMEOUT_S = 15.0
+#: How long closing a round's clients may take (plus :data:`PAST_TIMEOUT_S`): a consumer's close after
+#: an outage waits on a coordinator that may never answer, and a round that never ends would leave a
+#: process up but silent, with nothing to restart it.
+CLOSE_TIMEOUT_S = 30.0
 
 
 class CallWatchdog:

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from processor.core.contract import Contract
 from processor.core.ledger_keys import Scope, consumer_key, job_key, parse_key, stage_unit
+from processor.kafka.admin_calls import HeldAdmin
 from processor.kafka.exits import BrokerUnreachable
 from processor.kafka.factory import KAFKA
 from processor.kafka.reader import passing, read_topic, reader_group, watermarks
@@ -143,24 +144,38 @@ def consumer_groups(
 
     What the broker will not say (no rights to describe a group, a topic not created yet) stays None.
     """
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
     out = {c: GroupFacts() for c in consumers}
     if not consumers:
         return out
-    admin = KAFKA.admin(dict(conf))
+    with HeldAdmin(conf) as held:
+        _group_facts(held, conf, topics, consumers, timeout_s, out)
+    return out
+
+
+def _group_facts(
+    held: HeldAdmin,
+    conf: Mapping[str, str],
+    topics: TopicNames,
+    consumers: list[str],
+    timeout_s: float,
+    out: dict[str, GroupFacts],
+) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = held.client
     groups = {topics.consumer_group(c): c for c in consumers}
-    for group, future in admin.describe_consumer_groups(list(groups), request_timeout=timeout_s).items():
+    described = held.track(admin.describe_consumer_groups(list(groups), request_timeout=timeout_s))
+    for group, future in described.items():
         # on an error (no right to describe it) members stay unknown: judged by the last completion alone
         with contextlib.suppress(KafkaException):
             out[groups[group]].members = len(_answer(future, timeout_s).members)
-    offsets = {
-        c: admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(topics.consumer_group(c), [TopicPartition(topics.batches(c), 0)])],
-            request_timeout=timeout_s,
-        )[topics.consumer_group(c)]
-        for c in consumers
-    }
+
+    def offsets_of(c: str) -> Any:
+        where = ConsumerGroupTopicPartitions(topics.consumer_group(c), [TopicPartition(topics.batches(c), 0)])
+        asked = admin.list_consumer_group_offsets([where], request_timeout=timeout_s)
+        return held.track(asked)[topics.consumer_group(c)]
+
+    offsets = {c: offsets_of(c) for c in consumers}
     # a throwaway reader's group: the status role's prefixed Describe covers it (no denial logged)
     probe = KAFKA.consumer({**conf, "group.id": reader_group(topics.ingest), "enable.auto.commit": "false"})
     try:
@@ -180,7 +195,6 @@ def consumer_groups(
             )
     finally:
         probe.close()
-    return out
 
 
 def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "", groups: bool = False) -> StatusView:

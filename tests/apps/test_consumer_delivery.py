@@ -87,3 +87,30 @@ def test_a_transactional_app_aborts_a_batch_whose_handling_fails_and_reports_the
         failing.run()
     assert "abort_transaction" in p.mk.calls and completed_items(p) == Counter()
     assert failing.delivery.open_for_s() > 0.0  # the aborted transaction was open: for the exit code
+
+
+def test_a_batch_answered_through_an_outage_is_abandoned_without_a_call_to_the_coordinator(
+    p: Pipeline,
+) -> None:
+    """librdkafka#5456: a consumer whose flush blocked through a 20 s freeze then blocked for ever in
+    ``send_offsets_to_transaction``. Kafka went away while the batch was answered: the round ends
+    before offsets or an abort reach the coordinator (the next round's ``init_transactions`` aborts
+    the open transaction), and nothing of the batch is visible."""
+    from processor.kafka.outage import Abandoned, is_outage
+
+    svc = p.started()
+    app(p, exactly_once=True).run()
+    p.produce(["a"])
+    p.steps(svc, 3)
+    answering = app(p, exactly_once=True)
+    seen = iter([False, True])  # no outage when the batch arrived; one by the time it is answered
+    answering.stale = lambda: next(seen)
+    before = len(p.mk.calls)
+    with pytest.raises(Abandoned, match="Kafka went away meanwhile") as ended:
+        answering.run()
+    after = p.mk.calls[before:]
+    assert "begin_transaction" in after and is_outage(ended.value)
+    assert "send_offsets_to_transaction" not in after and "abort_transaction" not in after
+    assert completed_items(p) == Counter()
+    app(p, exactly_once=True).run()  # the next round: the batch again, once
+    assert completed_items(p) == Counter({"a": 1})

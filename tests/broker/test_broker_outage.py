@@ -45,8 +45,8 @@ def complete_without_exits(rig: Rig, n: int, timeout_s: float) -> float:
     done, stall = 0, 0.0
     while done < n:
         exited = {name: p.poll() for name, p in rig.pipeline.procs.items() if p.poll() is not None}
-        assert not exited, f"exited during the outage: {exited}; logs in {rig.pipeline.log_dir}"
-        assert time.monotonic() - started < timeout_s, f"only {done:,} of {n:,} completed"
+        assert not exited, f"exited during the outage: {exited}; {tails(rig)}"
+        assert time.monotonic() - started < timeout_s, f"only {done:,} of {n:,} completed; {tails(rig)}"
         time.sleep(0.5)
         try:
             now_done = rig.completed()
@@ -55,6 +55,16 @@ def complete_without_exits(rig: Rig, n: int, timeout_s: float) -> float:
         if now_done > done:
             stall, last, done = max(stall, time.monotonic() - last), time.monotonic(), now_done
     return stall
+
+
+def tails(rig: Rig, lines: int = 6) -> str:
+    """The last lines above DEBUG of each process's log: what CI prints when this test fails (the logs
+    themselves stay on the CI machine)."""
+    out = [f"logs in {rig.pipeline.log_dir}"]
+    for path in sorted(rig.pipeline.log_dir.glob("*.log")):
+        said = [ln for ln in path.read_text(errors="replace").splitlines() if " DEBUG " not in ln]
+        out += [f"--- {path.name}", *(ln[:300] for ln in said[-lines:])]
+    return "\n".join(out)
 
 
 def ride_out(
