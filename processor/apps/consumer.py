@@ -103,7 +103,7 @@ class ConsumerApp:
         self.batch_topic = topics.batches(contract.consumer)
         self.group = topics.consumer_group(contract.consumer)
         """The consumer group, static member id and transactional id: one name, the pipeline's."""
-        self.output = ConsumerOutput()
+        self.output = ConsumerOutput(stale=lambda: self.stale())
         self.batches = BatchHandler(topics, contract, engine, self.settings, self.output, self.hooks)
         self.watchdog = watchdog
         self.delivery: ConsumerDelivery = delivery_for(

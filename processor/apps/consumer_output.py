@@ -12,13 +12,18 @@ the caller commits nothing for them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, Message
 
 from processor.kafka.exits import DeliveryFailed, refusal
 from processor.kafka.factory import KAFKA, ClientFactory, ProducerClient
+from processor.kafka.outage import Abandoned
 from processor.kafka.topics import TopicNames
+
+#: How long one wait of :meth:`ConsumerOutput.flush` lasts before it looks at ``stale`` again.
+FLUSH_SLICE_S = 1.0
 
 #: Settings of the producer that writes completions, contracts and dead letters.
 PRODUCER_SETTINGS: dict[str, str] = {"enable.idempotence": "true", "acks": "all", "linger.ms": "5"}
@@ -32,8 +37,10 @@ class ConsumerAppError(RuntimeError):
 class ConsumerOutput:
     """The app's producer once :meth:`open` gave it one (``run`` does); tests set :attr:`producer`."""
 
-    def __init__(self) -> None:
+    def __init__(self, stale: Callable[[], bool] = lambda: False) -> None:
         self.producer: ProducerClient | None = None
+        self.stale = stale
+        """Whether Kafka went away since the app's round began (processor.apps.consumer: the ride's)."""
         self._delivery_errors: list[tuple[str, KafkaError]] = []
 
     def open(self, producer: ProducerClient) -> ProducerClient:
@@ -65,8 +72,18 @@ class ConsumerOutput:
         """Wait for every queued message; raise (so nothing is committed) if any was not delivered.
 
         Nothing was committed for the batch then, so a restarted app runs it again and the processor
-        counts its completions once: the command exits 75 for this (processor.kafka.exits)."""
-        remaining = self.client().flush(timeout_s)
+        counts its completions once: the command exits 75 for this (processor.kafka.exits).
+
+        Waits in slices of :data:`FLUSH_SLICE_S` and raises :class:`Abandoned` as soon as ``stale``
+        says Kafka went away meanwhile: a flush caught in an outage could otherwise wait out the
+        messages' timeout (60 s and more past the broker's return, seen under a 20 s freeze) and
+        leave the round's clients to a transaction coordinator they may never reach again."""
+        deadline = time.monotonic() + timeout_s
+        remaining = self.client().flush(min(FLUSH_SLICE_S, timeout_s))
+        while remaining and time.monotonic() < deadline:
+            if self.stale():
+                raise Abandoned(f"{what}: Kafka went away while it was written: fresh clients first")
+            remaining = self.client().flush(min(FLUSH_SLICE_S, max(0.0, deadline - time.monotonic())))
         if self._delivery_errors:
             errors, self._delivery_errors = self._delivery_errors, []
             text, first = errors[0]

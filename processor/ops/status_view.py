@@ -20,6 +20,7 @@ from processor.core.ledger_keys import Scope, consumer_key, job_key, parse_key, 
 from processor.kafka.admin_calls import HeldAdmin
 from processor.kafka.exits import BrokerUnreachable
 from processor.kafka.factory import KAFKA
+from processor.kafka.reach import probe
 from processor.kafka.reader import passing, read_topic, reader_group, watermarks
 from processor.kafka.topics import TopicNames
 from processor.ops.contracts import read_announcements
@@ -137,6 +138,10 @@ def _answer(future: Any, timeout_s: float) -> Any:
         raise BrokerUnreachable(f"Kafka did not answer a group description within {timeout_s:g} s") from None
 
 
+#: How long the broker may take to answer before the group requests are left for the next refresh.
+GROUPS_PROBE_S = 3.0
+
+
 def consumer_groups(
     conf: Mapping[str, str], topics: TopicNames, consumers: list[str], timeout_s: float = 10.0
 ) -> dict[str, GroupFacts]:
@@ -147,6 +152,9 @@ def consumer_groups(
     out = {c: GroupFacts() for c in consumers}
     if not consumers:
         return out
+    # librdkafka aborts the process when a group request's connection fails under it (#4605, fix
+    # open as #5397; seen under a frozen broker): ask only a broker that answered just now.
+    probe(conf, GROUPS_PROBE_S)
     with HeldAdmin(conf) as held:
         _group_facts(held, conf, topics, consumers, timeout_s, out)
     return out
@@ -177,13 +185,13 @@ def _group_facts(
 
     offsets = {c: offsets_of(c) for c in consumers}
     # a throwaway reader's group: the status role's prefixed Describe covers it (no denial logged)
-    probe = KAFKA.consumer({**conf, "group.id": reader_group(topics.ingest), "enable.auto.commit": "false"})
+    ends = KAFKA.consumer({**conf, "group.id": reader_group(topics.ingest), "enable.auto.commit": "false"})
     try:
         for c, future in offsets.items():
             facts = out[c]
             try:
                 tps = _answer(future, timeout_s).topic_partitions
-                low, high = watermarks(probe, TopicPartition(topics.batches(c), 0), timeout_s)
+                low, high = watermarks(ends, TopicPartition(topics.batches(c), 0), timeout_s)
             except KafkaException:
                 continue
             facts.end = high
@@ -194,7 +202,7 @@ def _group_facts(
                 0 if start >= high else sum(1 for _ in read_topic(conf, topics.batches(c), starts={0: start}))
             )
     finally:
-        probe.close()
+        ends.close()
 
 
 def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "", groups: bool = False) -> StatusView:

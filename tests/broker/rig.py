@@ -355,14 +355,23 @@ def assert_exactly_once(rig: Rig, ids: set[str], tokens: int) -> None:
             assert len({it.shape for it in batch.items}) == 1
             dispatched.update(it.item_id for it in batch.items)
     completed: Counter[str] = Counter()
+    where: dict[str, list[str]] = {}  # item -> each completion: batch, attempt, results partition@offset
     for msg in read_topic(rig.conf, rig.topics.results):
-        completed.update(c.item_id for c in decode_completions(msg.value()))
+        for c in decode_completions(msg.value()):
+            completed[c.item_id] += 1
+            where.setdefault(c.item_id, []).append(
+                f"batch {c.batch_id} attempt {c.attempt} by {c.consumer} at "
+                f"results[{msg.partition()}]@{msg.offset()} completed_ms {c.completed_ms}"
+            )
     assert set(dispatched) == ids, f"{len(ids - set(dispatched))} never dispatched"
     assert max(dispatched.values()) == 1, (
         f"dispatched twice: {[k for k, v in dispatched.items() if v > 1][:5]}"
     )
     assert set(completed) == ids
-    assert max(completed.values()) == 1, f"completed twice: {[k for k, v in completed.items() if v > 1][:5]}"
+    twice = [k for k, v in completed.items() if v > 1]
+    assert not twice, f"completed twice: {twice[:5]}; " + "; ".join(
+        f"{k}: {' / '.join(where[k])}" for k in twice[:3]
+    )
     view = gather(rig.conf, rig.topics, group=rig.group)
     t = view.total
     assert (t("received_items"), t("received_tokens")) == (len(ids), tokens)
