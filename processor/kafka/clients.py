@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from processor.kafka.admin_calls import HeldAdmin
 from processor.kafka.factory import KAFKA, ClientFactory
 from processor.kafka.reader import LARGE_FETCH_QUEUE
 
@@ -111,10 +110,10 @@ def static_member_present(
     False when the group cannot be described in ``timeout_s`` (the start goes on regardless)."""
     from confluent_kafka import KafkaException
 
+    admin = clients.admin(conf)
     try:
-        with HeldAdmin(conf, clients) as held:
-            asked = held.client.describe_consumer_groups([group_id], request_timeout=timeout_s)
-            members = held.track(asked)[group_id].result(timeout=timeout_s).members
+        future = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id]
+        members = future.result(timeout=timeout_s).members
     except (KafkaException, TimeoutError, ValueError):
         return False
     return any(m.group_instance_id == instance_id for m in members)

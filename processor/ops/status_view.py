@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +18,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from processor.core.contract import Contract
 from processor.core.ledger_keys import Scope, consumer_key, job_key, parse_key, stage_unit
-from processor.kafka.admin_calls import HeldAdmin
-from processor.kafka.exits import BrokerUnreachable
 from processor.kafka.factory import KAFKA
-from processor.kafka.reach import probe
 from processor.kafka.reader import passing, read_topic, reader_group, watermarks
 from processor.kafka.topics import TopicNames
 from processor.ops.contracts import read_announcements
@@ -129,73 +127,40 @@ def ingest_lag(
         consumer.close()
 
 
-def _answer(future: Any, timeout_s: float) -> Any:
-    """An admin future's answer. A broker silent past ``timeout_s`` (frozen, cut off) is unreachable,
-    which ``status --watch`` says and retries, rather than a ``TimeoutError`` traceback."""
-    try:
-        return future.result(timeout=timeout_s)
-    except TimeoutError:
-        raise BrokerUnreachable(f"Kafka did not answer a group description within {timeout_s:g} s") from None
-
-
-#: How long the broker may take to answer before the group requests are left for the next refresh.
-GROUPS_PROBE_S = 3.0
+#: Why group facts are read without the admin API's group requests: librdkafka 2.16 aborts the
+#: whole process when the connection under one of them fails (librdkafka#4605, fix proposed in #5397):
+#: ``status --watch`` died of it (SIGABRT) in 4 of about 20 runs with a broker frozen under load.
+#: Members come from the classic DescribeGroups (``list_groups``), committed offsets from a consumer
+#: of the group's own id that never joins it.
+GROUP_READS = "DescribeGroups and OffsetFetch, outside the admin API's coordinator requests"
 
 
 def consumer_groups(
     conf: Mapping[str, str], topics: TopicNames, consumers: list[str], timeout_s: float = 10.0
 ) -> dict[str, GroupFacts]:
-    """Members, committed offset and unread batches of each consumer's group on its batch topic.
+    """Members, committed offset and unread batches of each consumer's group on its batch topic
+    (read as :data:`GROUP_READS` says).
 
     What the broker will not say (no rights to describe a group, a topic not created yet) stays None.
     """
     out = {c: GroupFacts() for c in consumers}
     if not consumers:
         return out
-    # librdkafka aborts the process when a group request's connection fails under it (#4605, fix
-    # open as #5397; seen under a frozen broker): ask only a broker that answered just now.
-    probe(conf, GROUPS_PROBE_S)
-    with HeldAdmin(conf) as held:
-        _group_facts(held, conf, topics, consumers, timeout_s, out)
-    return out
-
-
-def _group_facts(
-    held: HeldAdmin,
-    conf: Mapping[str, str],
-    topics: TopicNames,
-    consumers: list[str],
-    timeout_s: float,
-    out: dict[str, GroupFacts],
-) -> None:
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
-    admin = held.client
-    groups = {topics.consumer_group(c): c for c in consumers}
-    described = held.track(admin.describe_consumer_groups(list(groups), request_timeout=timeout_s))
-    for group, future in described.items():
-        # on an error (no right to describe it) members stay unknown: judged by the last completion alone
-        with contextlib.suppress(KafkaException):
-            out[groups[group]].members = len(_answer(future, timeout_s).members)
-
-    def offsets_of(c: str) -> Any:
-        where = ConsumerGroupTopicPartitions(topics.consumer_group(c), [TopicPartition(topics.batches(c), 0)])
-        asked = admin.list_consumer_group_offsets([where], request_timeout=timeout_s)
-        return held.track(asked)[topics.consumer_group(c)]
-
-    offsets = {c: offsets_of(c) for c in consumers}
+    admin = KAFKA.admin(dict(conf))
     # a throwaway reader's group: the status role's prefixed Describe covers it (no denial logged)
     ends = KAFKA.consumer({**conf, "group.id": reader_group(topics.ingest), "enable.auto.commit": "false"})
     try:
-        for c, future in offsets.items():
-            facts = out[c]
+        for c in consumers:
+            group, tp = topics.consumer_group(c), TopicPartition(topics.batches(c), 0)
+            with contextlib.suppress(KafkaException):  # no right to describe it: members unknown
+                out[c].members = _members(admin, group, timeout_s)
             try:
-                tps = _answer(future, timeout_s).topic_partitions
-                low, high = watermarks(ends, TopicPartition(topics.batches(c), 0), timeout_s)
+                committed = _committed(conf, group, tp, timeout_s)
+                low, high = watermarks(ends, tp, timeout_s)
             except KafkaException:
                 continue
+            facts = out[c]
             facts.end = high
-            committed = tps[0].offset if tps and tps[0].error is None else -1
             facts.committed = committed if committed >= 0 else None
             start = max(low, committed)
             facts.unread = (
@@ -203,6 +168,31 @@ def _group_facts(
             )
     finally:
         ends.close()
+    return out
+
+
+def _members(admin: Any, group: str, timeout_s: float) -> int | None:
+    """How many members ``group`` has (0 when it has none or does not exist), None when not said."""
+    with warnings.catch_warnings():  # deprecated for the admin API's group requests: GROUP_READS says why not
+        warnings.simplefilter("ignore", DeprecationWarning)
+        groups = admin.list_groups(group=group, timeout=timeout_s)
+    for found in groups:
+        if found.id == group:
+            return len(found.members) if found.error is None else None
+    return 0
+
+
+def _committed(conf: Mapping[str, str], group: str, tp: TopicPartition, timeout_s: float) -> int:
+    """``group``'s committed offset of ``tp`` (negative: none), as the last committed transaction
+    left it: read uncommitted, so an open transaction's offset is not waited for."""
+    reader = KAFKA.consumer(
+        {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_uncommitted"}
+    )
+    try:
+        offset: int = reader.committed([tp], timeout=timeout_s)[0].offset
+        return offset
+    finally:
+        reader.close()
 
 
 def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "", groups: bool = False) -> StatusView:
