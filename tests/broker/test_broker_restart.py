@@ -29,6 +29,7 @@ import pytest
 from processor.kafka.clients import BROKER_SESSION_TIMEOUT_MS
 from processor.kafka.exits import EXIT_TEMPFAIL
 from processor.local import broker as kafka_local
+from tests.broker.markers import missing_markers
 from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, running_rig
 
 pytestmark = pytest.mark.kafka
@@ -61,12 +62,6 @@ def supervise_until_done(rig: Rig, n: int, timeout_s: float) -> tuple[list[str],
     return restarted, max(stall, time.monotonic() - last_progress)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 36, open: after a broker restart, consumers stuck in send_offsets_to_transaction "
-    "(librdkafka#5456) exit 75 and are restarted, and an item was completed twice in 2 of about 10 runs "
-    "on 2026-12-06 (docs/reliability.md, 'Limits today'); cause not found",
-)
 @pytest.mark.parametrize("kill", [False, True], ids=["clean restart", "broker SIGKILL"])
 def test_the_pipeline_rides_out_a_broker_restart(
     private_broker: tuple[Path, str], tmp_path: Path, kill: bool
@@ -103,4 +98,10 @@ def test_the_pipeline_rides_out_a_broker_restart(
         BROKER_SESSION_TIMEOUT_MS / 1000 if any(n.startswith("processor") for n in restarted) else 0
     )
     assert stall_s < bound_s, f"no completion for {stall_s:.0f} s after the broker came back"
-    assert_exactly_once(rig, ids, tokens)
+    try:
+        assert_exactly_once(rig, ids, tokens)
+    except AssertionError as failed:
+        gaps = missing_markers(state / "data")
+        if gaps and "completed twice" in str(failed):  # the broker's doing (tests/broker/markers.py)
+            pytest.xfail(f"the restarted broker lacks COMMIT markers of committed transactions: {gaps[:3]}")
+        raise
