@@ -63,6 +63,10 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s:
         time.sleep(poll_s)
 
 
+#: How long :func:`produce_paced`'s producer waits for its last messages when it closes.
+PACED_CLOSE_S = 180.0
+
+
 def produce_paced(
     rig: Rig, n: int, seed: int, seconds: float, hurry: threading.Event | None = None
 ) -> tuple[set[str], int, threading.Thread]:
@@ -72,12 +76,15 @@ def produce_paced(
 
     def run() -> None:
         started = time.monotonic()
-        with TokenProducer(rig.conf, rig.topics) as producer:
-            for i, r in enumerate(records):
-                producer.send(r.id, r.model, synthetic_tokens(r.id, r.length), shape=r.shape)
-                ahead = started + seconds * i / n - time.monotonic()
-                if ahead > 0.01 and not (hurry is not None and hurry.is_set()):
-                    time.sleep(ahead)
+        producer = TokenProducer(rig.conf, rig.topics)
+        for i, r in enumerate(records):
+            producer.send(r.id, r.model, synthetic_tokens(r.id, r.length), shape=r.shape)
+            ahead = started + seconds * i / n - time.monotonic()
+            if ahead > 0.01 and not (hurry is not None and hurry.is_set()):
+                time.sleep(ahead)
+        # Outlasts the outage tests' brokers (58 s away in the 45 s freeze and restart): the default
+        # 30 s ended this thread with "still queued" there, though every item arrived.
+        producer.close(timeout=PACED_CLOSE_S)
 
     thread = threading.Thread(target=run, name="producer")
     thread.start()
