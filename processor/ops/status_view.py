@@ -146,7 +146,9 @@ def consumer_groups(
     out = {c: GroupFacts() for c in consumers}
     if not consumers:
         return out
-    admin = KAFKA.admin(dict(conf))
+    # list_groups waits for its requests without a deadline of its own: a broker that went silent
+    # held status --watch past a 20 s freeze; librdkafka fails a request after socket.timeout.ms
+    admin = KAFKA.admin({**conf, "socket.timeout.ms": str(int(timeout_s * 1000))})
     # a throwaway reader's group: the status role's prefixed Describe covers it (no denial logged)
     ends = KAFKA.consumer({**conf, "group.id": reader_group(topics.ingest), "enable.auto.commit": "false"})
     try:
@@ -185,9 +187,9 @@ def _members(admin: Any, group: str, timeout_s: float) -> int | None:
 def _committed(conf: Mapping[str, str], group: str, tp: TopicPartition, timeout_s: float) -> int:
     """``group``'s committed offset of ``tp`` (negative: none), as the last committed transaction
     left it: read uncommitted, so an open transaction's offset is not waited for."""
-    reader = KAFKA.consumer(
-        {**conf, "group.id": group, "enable.auto.commit": "false", "isolation.level": "read_uncommitted"}
-    )
+    bounded = {"socket.timeout.ms": str(int(timeout_s * 1000))}  # its close waits on its requests
+    settings = {"group.id": group, "enable.auto.commit": "false", "isolation.level": "read_uncommitted"}
+    reader = KAFKA.consumer({**conf, **bounded, **settings})
     try:
         offset: int = reader.committed([tp], timeout=timeout_s)[0].offset
         return offset

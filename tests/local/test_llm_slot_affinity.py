@@ -91,8 +91,15 @@ def test_each_shapes_items_run_in_the_slot_that_holds_its_prefix(url: str) -> No
 
 
 def test_without_affinity_concurrent_items_of_a_shape_compute_its_prefix_in_several_slots(url: str) -> None:
-    shapes = [3, 3, 3, 3]
-    without = _cached(url, _batch(shapes, salt=2), ignore_eos="true")
     held = _cached(url, _batch([4, 4, 4, 4], salt=2), ignore_eos="true", slot_affinity=str(SLOTS))
     assert sum(c >= PREFIX for c in held) == 3, held
-    assert sum(c >= PREFIX for c in without) < 3, without
+    # Concurrency is the premise: on a loaded machine the four requests can reach the server one
+    # after another, and then each finds the prefix in the last one's slot (a CI rehearsal saw
+    # [0, 97, 97, 97]). Up to three tries, each with a prefix of its own; one must show the spread.
+    seen = []
+    for salt in (2, 3, 4):
+        without = _cached(url, _batch([3, 3, 3, 3], salt=salt), ignore_eos="true")
+        seen.append(without)
+        if sum(c >= PREFIX for c in without) < 3:
+            return
+    raise AssertionError(f"every try found the prefix cached three times without affinity: {seen}")
