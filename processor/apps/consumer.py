@@ -113,11 +113,12 @@ class ConsumerApp:
         """Set on the rounds after the first of a ride (processor.apps.ride): the member the group
         still has under this id is this process's own last round, not a twin: nothing to say."""
         self.stale: Callable[[], bool] = lambda: False
-        """Set by the ride's CLI: whether Kafka went away since this round began. An app idle
-        through an outage keeps clients whose first ``send_offsets_to_transaction`` after a broker
-        restart can block for ever (librdkafka#5456/#5511: the coordinator's old broker object is
-        never woken; a consumer exited 75 on it in the 45 s freeze-and-restart run), so before its
-        next transaction such a round ends as an outage and the ride starts one with fresh clients."""
+        """Set by the ride's CLI: whether Kafka went away since this round began. Clients that
+        lived through an outage can block for ever in their next ``send_offsets_to_transaction``
+        (librdkafka#5456/#5511: the coordinator's old broker object is never woken), so such a round
+        ends (:class:`Abandoned`) before a batch's transaction, while its completions are flushed
+        (processor.apps.consumer_output) and after they are, and the ride starts one with fresh
+        clients."""
 
     @property
     def stats(self) -> ConsumerStats:

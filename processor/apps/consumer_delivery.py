@@ -26,13 +26,9 @@ from processor.apps.consumer_output import ConsumerOutput
 from processor.kafka.exits import age_s, kafka_cause, now_stamp, producer_fenced
 from processor.kafka.factory import ConsumerClient
 from processor.kafka.outage import Abandoned
-from processor.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
+from processor.kafka.watchdog import ABORT_TIMEOUT_S, SEND_OFFSETS_TIMEOUT_S, CallWatchdog, guarded
 
 log = logging.getLogger("tokenfabric.consumer")
-
-#: ``abort_transaction``'s timeout; guarded like ``send_offsets_to_transaction``: a call stuck past it
-#: ends the process with 75 rather than leave a consumer silent (processor.kafka.watchdog).
-ABORT_TIMEOUT_S = 30.0
 
 
 class ConsumerDelivery(Protocol):

@@ -50,6 +50,9 @@ SEND_OFFSETS_TIMEOUT_S = 15.0
 #: an outage waits on a coordinator that may never answer, and a round that never ends would leave a
 #: process up but silent, with nothing to restart it.
 CLOSE_TIMEOUT_S = 30.0
+#: ``abort_transaction``'s timeout, guarded like ``send_offsets_to_transaction``: a call stuck past it
+#: ends the process with 75 rather than leave a consumer silent.
+ABORT_TIMEOUT_S = 30.0
 
 
 class CallWatchdog:

@@ -127,28 +127,23 @@ def ingest_lag(
         consumer.close()
 
 
-#: Why group facts are read without the admin API's group requests: librdkafka 2.16 aborts the
-#: whole process when the connection under one of them fails (librdkafka#4605, fix proposed in #5397):
-#: ``status --watch`` died of it (SIGABRT) in 4 of about 20 runs with a broker frozen under load.
-#: Members come from the classic DescribeGroups (``list_groups``), committed offsets from a consumer
-#: of the group's own id that never joins it.
-GROUP_READS = "DescribeGroups and OffsetFetch, outside the admin API's coordinator requests"
-
-
 def consumer_groups(
     conf: Mapping[str, str], topics: TopicNames, consumers: list[str], timeout_s: float = 10.0
 ) -> dict[str, GroupFacts]:
-    """Members, committed offset and unread batches of each consumer's group on its batch topic
-    (read as :data:`GROUP_READS` says).
+    """Members, committed offset and unread batches of each consumer's group on its batch topic.
+
+    Read without the admin API's group requests: librdkafka 2.16 aborts the whole process when the
+    connection under one of them fails (librdkafka#4605, fix proposed in #5397; ``status --watch``
+    died of it, SIGABRT, in 4 of about 30 runs with a broker frozen under load). Members come from
+    the classic DescribeGroups (``list_groups``), committed offsets from a consumer of the group's
+    own id that never joins it; both are bounded by :func:`_bounded`.
 
     What the broker will not say (no rights to describe a group, a topic not created yet) stays None.
     """
     out = {c: GroupFacts() for c in consumers}
     if not consumers:
         return out
-    # list_groups waits for its requests without a deadline of its own: a broker that went silent
-    # held status --watch past a 20 s freeze; librdkafka fails a request after socket.timeout.ms
-    admin = KAFKA.admin({**conf, "socket.timeout.ms": str(int(timeout_s * 1000))})
+    admin = KAFKA.admin({**conf, **_bounded(timeout_s)})
     # a throwaway reader's group: the status role's prefixed Describe covers it (no denial logged)
     ends = KAFKA.consumer({**conf, "group.id": reader_group(topics.ingest), "enable.auto.commit": "false"})
     try:
@@ -175,7 +170,7 @@ def consumer_groups(
 
 def _members(admin: Any, group: str, timeout_s: float) -> int | None:
     """How many members ``group`` has (0 when it has none or does not exist), None when not said."""
-    with warnings.catch_warnings():  # deprecated for the admin API's group requests: GROUP_READS says why not
+    with warnings.catch_warnings():  # deprecated for the admin API's group requests, which abort
         warnings.simplefilter("ignore", DeprecationWarning)
         groups = admin.list_groups(group=group, timeout=timeout_s)
     for found in groups:
@@ -187,14 +182,20 @@ def _members(admin: Any, group: str, timeout_s: float) -> int | None:
 def _committed(conf: Mapping[str, str], group: str, tp: TopicPartition, timeout_s: float) -> int:
     """``group``'s committed offset of ``tp`` (negative: none), as the last committed transaction
     left it: read uncommitted, so an open transaction's offset is not waited for."""
-    bounded = {"socket.timeout.ms": str(int(timeout_s * 1000))}  # its close waits on its requests
     settings = {"group.id": group, "enable.auto.commit": "false", "isolation.level": "read_uncommitted"}
-    reader = KAFKA.consumer({**conf, **bounded, **settings})
+    reader = KAFKA.consumer({**conf, **_bounded(timeout_s), **settings})  # its close waits on its requests
     try:
         offset: int = reader.committed([tp], timeout=timeout_s)[0].offset
         return offset
     finally:
         reader.close()
+
+
+def _bounded(timeout_s: float) -> dict[str, str]:
+    """Client settings that fail each request after ``timeout_s``: ``list_groups`` and a consumer's
+    close wait for their requests with no deadline of their own (status --watch stayed silent past a
+    20 s freeze), and librdkafka fails a request after ``socket.timeout.ms``."""
+    return {"socket.timeout.ms": str(int(timeout_s * 1000))}
 
 
 def gather(conf: Mapping[str, str], topics: TopicNames, group: str = "", groups: bool = False) -> StatusView:

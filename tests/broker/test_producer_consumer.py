@@ -467,7 +467,8 @@ def test_consumer_command_exits_75_when_completions_cannot_be_delivered(
         for future in admin.delete_topics([names.results]).values():
             future.result(TIMEOUT_S)
         _send_batch(kafka_bootstrap, names, "card-e", "b1", ["e1", "e2"])
-        _out, err = proc.communicate(timeout=TIMEOUT_S)
+        # start, join, a 2 s message timeout and an abort: under three loaded workers it once passed 30 s
+        _out, err = proc.communicate(timeout=2 * TIMEOUT_S)
     assert proc.returncode == 75, err
     assert "messages not delivered" in err and "exit 75: a restart recovers" in err
     _create_all(kafka_bootstrap, names)  # the results topic is back (the others exist: refused, kept)
