@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 FROZEN_S = 20.0
 INFO = ("--log-level", "INFO")
-#: The ride, as by default (processor/apps/ride.py, OUTAGE_EXIT_S), said here so the test keeps it.
+#: The ride is opt-in (processor/apps/ride.py, OUTAGE_EXIT_S): this test turns it on.
 RIDE = ("--outage-exit-s", "300")
 
 
