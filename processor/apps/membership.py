@@ -10,6 +10,7 @@ consumer protocol".
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 
 from processor.apps.settings import ProcessorSettings
@@ -20,9 +21,12 @@ from processor.kafka.clients import (
     wait_for_instance_id,
 )
 from processor.kafka.exits import TransientFailure
-from processor.kafka.factory import ClientFactory
+from processor.kafka.factory import ClientFactory, ConsumerClient
 
 log = logging.getLogger("tokenfabric.processor")
+
+#: How long the next round waits for the last round's member to leave the group once Kafka answers.
+PART_TIMEOUT_S = 15.0
 
 
 def wait_for_own_id(
@@ -59,3 +63,33 @@ def set_group_session(conf: Mapping[str, str], s: ProcessorSettings, clients: Cl
             s.session_timeout_ms,
             refused,
         )
+
+
+def part_from(member: ConsumerClient | None, who: str, timeout_s: float = PART_TIMEOUT_S) -> bool:
+    """Close the group member of a round an outage ended, now that Kafka answers again; True once it
+    closed within ``timeout_s`` (or there was none).
+
+    Why: closed during the outage, a member's leave never reaches the broker, and under the consumer
+    protocol the group then refuses its instance id to the next round until the session times out
+    (45 s by default: :func:`wait_for_own_id` waits it out). Closed once the broker answers, it
+    leaves as a static member leaves, and the next round takes its id and partitions at once. The
+    close runs in a thread of its own: one that never returns (librdkafka#5511) is left behind, and
+    the next round waits for the id as before."""
+    if member is None:
+        return True
+    closing = threading.Thread(target=_leave, args=(member, who), name="parting-member", daemon=True)
+    closing.start()
+    closing.join(timeout_s)
+    if closing.is_alive():
+        log.warning("%s: the last run's group member did not leave within %.0f s", who, timeout_s)
+        return False
+    return True
+
+
+def _leave(member: ConsumerClient, who: str) -> None:
+    from confluent_kafka import KafkaException
+
+    try:
+        member.close()
+    except (KafkaException, RuntimeError) as exc:  # closed already, or refused: its session ends it
+        log.info("%s: the last run's group member left with an error: %s", who, exc)

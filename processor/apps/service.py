@@ -55,6 +55,7 @@ from processor.kafka.clients import (
 )
 from processor.kafka.exits import MissingTopics, ended_by, taking_over
 from processor.kafka.factory import KAFKA, ClientFactory, ConsumerClient, ProducerClient
+from processor.kafka.outage import is_outage
 from processor.kafka.pipelines import raise_if_hidden
 from processor.kafka.reader import watermarks
 from processor.kafka.topics import TopicNames
@@ -137,6 +138,8 @@ class ProcessorService:
         """Set by the CLI: ends the process if a commit blocks forever (processor/kafka/watchdog.py)."""
         self.resuming = False
         """Set on a ride's later rounds (processor.apps.ride): a member under this id is its own."""
+        self.parting: ConsumerClient | None = None
+        """The group member of a run an outage ended, left open to leave once Kafka answers (part_from)."""
 
         self.identity = transactional_id(s.instance, s.group_id)
         """Its transactional id and its group.instance.id: one identity, fenced as one by a twin."""
@@ -325,8 +328,8 @@ class ProcessorService:
             try:
                 while not stop.is_set():
                     self.step()
-            except BaseException:
-                self._close(commit=False)
+            except BaseException as exc:
+                self._close(commit=False, parting=is_outage(exc))
                 raise
             self._close(commit=True)
         except Exception as exc:
@@ -345,10 +348,11 @@ class ProcessorService:
     def _who(self) -> str:
         return f"processor {self.settings.instance} of pipeline {self.topics.prefix}"
 
-    def _close(self, commit: bool) -> None:
+    def _close(self, commit: bool, parting: bool = False) -> None:
         """After a failure nothing more is committed, so nothing is flushed: a flush would only run
         delivery callbacks on a producer that may be fatally fenced, where confluent-kafka makes
-        every callback raise (processor.kafka.exits.kafka_cause)."""
+        every callback raise (processor.kafka.exits.kafka_cause). ``parting`` (an outage): the group
+        member stays open, for the ride's next round to close once Kafka answers (part_from)."""
         log.info("processor %s: shutting down", self.settings.instance)
         self.handover.closing = True
         if commit:
@@ -356,8 +360,10 @@ class ProcessorService:
             self.core.check(deep=True)
             self.producer.flush(30)
         with guarded(self.watchdog, "closing the Kafka clients", CLOSE_TIMEOUT_S):
-            self.ingest.close()
+            if not parting:
+                self.ingest.close()
             self.control.close()
+        self.parting = self.ingest if parting else None
 
     def _check_topics(self) -> None:
         """Raise :class:`MissingTopics` naming every topic the processor needs that does not exist."""

@@ -47,9 +47,9 @@ class ProcessorSettings:
     """How long the group waits for a silent instance before handing its partitions to the others.
     Classic protocol: a client setting. Consumer protocol: the group's ``consumer.session.timeout.ms``,
     set through the admin API at start within the broker's bounds (docs/operations.md)."""
-    group_protocol: str = "classic"
-    """``classic`` (eager) or ``consumer`` (KIP-848: incremental, only moved partitions stop; not the
-    default while a broker restart under it has been seen to complete items twice: docs/operations.md)."""
+    group_protocol: str = "consumer"
+    """``consumer`` (KIP-848, Kafka 4.0+: incremental, only moved partitions stop) or ``classic``
+    (eager: every rebalance stops every instance; for brokers older than 4.0)."""
     tick_interval_ms: int = 500
     max_waiting_tokens: int = 0
     """Backpressure: past this many tokens waiting in lanes, stop consuming ingest (the backlog stays in

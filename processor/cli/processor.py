@@ -90,10 +90,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--group-protocol",
         choices=("consumer", "classic"),
-        default="classic",
-        help="the ingest group's rebalance protocol: classic (eager: every rebalance stops every "
-        "instance) or consumer (KIP-848: only moved partitions stop; not yet the default: a broker "
-        "restart under it completed items twice once, docs/operations.md) (default: classic)",
+        default="consumer",
+        help="the ingest group's rebalance protocol: consumer (KIP-848, Kafka 4.0+: only moved "
+        "partitions stop) or classic (eager: every rebalance stops every instance; for older "
+        "brokers) (default: consumer)",
     )
     p.add_argument(
         "--transaction-timeout-ms",
@@ -141,6 +141,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
+    from processor.apps.membership import part_from
     from processor.apps.ride import BrokerWatch, Current, Ride, StuckSignal
     from processor.apps.schema_registry import RegistryRefused
     from processor.apps.service import ProcessorService
@@ -187,11 +188,13 @@ def run(args: argparse.Namespace) -> int:
         current = Current(fresh())
         rounds = iter([current.target])  # the first round runs the service built for the server
 
+        who = f"processor {settings.instance} of pipeline {topics.prefix}"
+
         def make_round() -> Callable[[threading.Event], None]:
+            part_from(current.target.parting, who)  # Kafka answers: the last round's member leaves
             return current.switch(next(rounds, None) or fresh(resuming=True)).run
 
         watch = BrokerWatch()
-        who = f"processor {settings.instance} of pipeline {topics.prefix}"
         ride = Ride(make_round, conf, who, log, ride_settings, watch, stuck)
         service = cast("ProcessorService", current)
         if http is not None:

@@ -27,7 +27,7 @@ def ingest_settings(
     group_id: str,
     session_timeout_ms: int,
     instance_id: str,
-    group_protocol: str = "classic",
+    group_protocol: str = "consumer",
 ) -> dict[str, str]:
     """The processor's ingest consumer: its own offsets (committed with its output), committed reads.
 

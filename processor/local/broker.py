@@ -216,8 +216,9 @@ def _launch_and_wait(
 ) -> BrokerInfo:
     """Start the JVM, record it in the state file, and wait until it serves (or kill it)."""
     data_dir, log_dir = state_dir / "data", state_dir / "logs"
-    for name in ("stdout.log", "server.log"):  # a previous attempt's bind error must not count again
-        (log_dir / name).unlink(missing_ok=True)
+    for name in ("stdout.log", "server.log"):  # a previous run's bind error must not count again,
+        if (log_dir / name).exists():  # and its last lines stay readable (server.previous.log)
+            (log_dir / name).replace(log_dir / name.replace(".log", ".previous.log"))
     started = time.monotonic()
     with (log_dir / "stdout.log").open("ab") as out:
         proc = subprocess.Popen(

@@ -271,8 +271,8 @@ RULES: tuple[RuleSpec, ...] = (
         "critical",
         "{{ $value }} tokenfabric processes cannot reach Kafka",
         "A process's lookout gets no answer from Kafka; nothing moves meanwhile. Processors and "
-        "consumers given --outage-exit-s wait for a broker (live, not ready) and resume from their "
-        "last commit; by default they exit 75 and are restarted. Check the brokers, the network "
+        "consumers wait for a broker (live, not ready) and resume from their last commit; they "
+        "exit 75 after --outage-exit-s (300 s by default). Check the brokers, the network "
         "between them and the pods, and `tokenfabric_broker_unreachable_seconds`.",
     ),
 )

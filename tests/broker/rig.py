@@ -410,3 +410,13 @@ def review_job(folder: Path, rows: int, model: str | None = None) -> tuple[Path,
     head = "" if model is None else f'model = "{model}"\n'
     template.write_text(head + REVIEW_TEMPLATE, encoding="utf-8")
     return data, template
+
+
+def tails(rig: Rig, lines: int = 6) -> str:
+    """The last lines above DEBUG of each process's log: what CI prints when this test fails (the logs
+    themselves stay on the CI machine)."""
+    out = [f"logs in {rig.pipeline.log_dir}"]
+    for path in sorted(rig.pipeline.log_dir.glob("*.log")):
+        said = [ln for ln in path.read_text(errors="replace").splitlines() if " DEBUG " not in ln]
+        out += [f"--- {path.name}", *(ln[:300] for ln in said[-lines:])]
+    return "\n".join(out)

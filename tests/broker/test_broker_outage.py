@@ -26,8 +26,8 @@ from confluent_kafka import KafkaException
 
 from processor.local import broker as kafka_local
 from processor.ops.alerts import AlertSettings, render
-from tests.broker.markers import exactly_once_or_broker_fault
-from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, running_rig
+from tests.broker.markers import exactly_once_or_broker_fault, xfail_if_stalled_by_broker
+from tests.broker.rig import CARDS, Rig, assert_exactly_once, produce_paced, running_rig, tails
 from tests.broker.test_alerts import await_alert, find, free_port, prometheus
 
 pytestmark = pytest.mark.kafka
@@ -35,13 +35,14 @@ log = logging.getLogger(__name__)
 
 FROZEN_S = 20.0
 INFO = ("--log-level", "INFO")
-#: The ride is opt-in (processor/apps/ride.py, OUTAGE_EXIT_S): this test turns it on.
+#: The ride, as by default (processor/apps/ride.py, OUTAGE_EXIT_S), said here so the test keeps it.
 RIDE = ("--outage-exit-s", "300")
 
 
-def complete_without_exits(rig: Rig, n: int, timeout_s: float) -> float:
+def complete_without_exits(rig: Rig, n: int, timeout_s: float, broker_logs: Path) -> float:
     """Wait until ``n`` items completed, failing as soon as any process exits; returns the longest
-    stretch without a new completion."""
+    stretch without a new completion. A stall the broker's logs (``broker_logs``) blame on skipped
+    markers is an expected failure (tests.broker.markers)."""
     started = last = time.monotonic()
     done, stall = 0, 0.0
     while done < n:
@@ -55,24 +56,23 @@ def complete_without_exits(rig: Rig, n: int, timeout_s: float) -> float:
             continue
         if now_done > done:
             stall, last, done = max(stall, time.monotonic() - last), time.monotonic(), now_done
+        xfail_if_stalled_by_broker(broker_logs, time.monotonic() - last)
     return stall
 
 
-def tails(rig: Rig, lines: int = 6) -> str:
-    """The last lines above DEBUG of each process's log: what CI prints when this test fails (the logs
-    themselves stay on the CI machine)."""
-    out = [f"logs in {rig.pipeline.log_dir}"]
-    for path in sorted(rig.pipeline.log_dir.glob("*.log")):
-        said = [ln for ln in path.read_text(errors="replace").splitlines() if " DEBUG " not in ln]
-        out += [f"--- {path.name}", *(ln[:300] for ln in said[-lines:])]
-    return "\n".join(out)
-
-
 def ride_out(
-    state: Path, rig: Rig, tmp_path: Path, processors: int, items: int, frozen_s: float, restart: bool
-) -> None:
-    """The scenario: consumers and processors under paced load, the broker frozen mid-run (and, with
-    ``restart``, replaced), then every item completes once with no process exiting. A real
+    state: Path,
+    rig: Rig,
+    tmp_path: Path,
+    processors: int,
+    items: int,
+    frozen_s: float,
+    restart: bool,
+    protocol: str = "classic",
+) -> dict[str, str]:
+    """The scenario: consumers and processors (on group ``protocol``) under paced load, the broker
+    frozen mid-run (and, with ``restart``, replaced), then every item completes once with no process
+    exiting; returns each process's log. A real
     Prometheus scrapes processor0 every second with the shipped rules (a 2 s ``broker_away_for_s``):
     TokenfabricBrokerUnreachable must fire while the broker is away, as no target goes down."""
     for contract in CARDS:
@@ -81,7 +81,8 @@ def ride_out(
     metrics = free_port()
     for i in range(processors):
         port = ("--metrics-port", str(metrics)) if i == 0 else ()
-        rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=(*INFO, *RIDE, *port))
+        extra = (*INFO, *RIDE, "--group-protocol", protocol, *port)
+        rig.spawn_processor(f"processor{i}", instance=f"p{i}", extra=extra)
     rig.spawn("status", ["status", *rig.pipeline_args(), "--watch", "--interval-s", "2"])
     where = rig.pipeline_args()[:4]  # the collector has no --group
     rig.spawn("collector", ["collector", *where, "--out-dir", str(tmp_path / "out"), *INFO, *RIDE])
@@ -101,7 +102,7 @@ def ride_out(
         assert find(prom.alerts(), "TokenfabricTargetDown") is None  # it stayed up and scraped
     away_s = frozen[0]
     producer.join()
-    stall_s = complete_without_exits(rig, len(ids), timeout_s=400)
+    stall_s = complete_without_exits(rig, len(ids), 400, state / "logs")
     codes = rig.pipeline.stop()
     logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in codes}
     away = {n: text.count("does not answer (") for n, text in logs.items()}
@@ -118,6 +119,7 @@ def ride_out(
     assert "KAFKA UNREACHABLE at" in said, said[-2000:]
     assert "processors (age" in said.rsplit("KAFKA UNREACHABLE", 1)[1], said[-2000:]
     exactly_once_or_broker_fault(lambda: assert_exactly_once(rig, ids, tokens), state / "data")
+    return logs
 
 
 def test_a_frozen_broker_is_ridden_out_without_an_exit(
@@ -126,6 +128,21 @@ def test_a_frozen_broker_is_ridden_out_without_an_exit(
     state, bootstrap = private_broker
     with running_rig(bootstrap, tmp_path, consumer_threads=False) as rig:
         ride_out(state, rig, tmp_path, processors=1, items=3_000, frozen_s=FROZEN_S, restart=False)
+
+
+def test_under_the_consumer_protocol_the_next_run_takes_its_instance_id_at_once(
+    private_broker: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The same freeze with the processor on the consumer group protocol (KIP-848), where the group
+    refuses a static member's id to a newer member until the older leaves or its session (45 s by
+    default) ends: the run the outage ended leaves once Kafka answers (processor.apps.membership.
+    part_from), so the next run is never refused its id."""
+    state, bootstrap = private_broker
+    with running_rig(bootstrap, tmp_path, consumer_threads=False) as rig:
+        logs = ride_out(state, rig, tmp_path, 1, 3_000, FROZEN_S, restart=False, protocol="consumer")
+    said = logs["processor0"]
+    assert "answers again after" in said, said[-3000:]  # its run was ended by the outage
+    assert "the group still holds instance id" not in said, said[-3000:]
 
 
 @pytest.mark.skipif(not os.environ.get("TOKENFABRIC_OUTAGE_FULL"), reason="opt-in: TOKENFABRIC_OUTAGE_FULL=1")

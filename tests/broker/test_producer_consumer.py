@@ -458,9 +458,9 @@ def test_consumer_command_exits_75_when_completions_cannot_be_delivered(
 
     admin = AdminClient(_conf(kafka_bootstrap))
     quick = {"TOKENFABRIC_KAFKA_MESSAGE_TIMEOUT_MS": "2000"}
-    # The exit itself, without the ride: riding outages out (--outage-exit-s > 0), the app first
-    # tries three fresh runs, each failing while Kafka answers, then exits 75 the same way
-    # (tests/apps/test_ride.py), which took about as long as this test's 30 s in a CI rehearsal.
+    # The exit itself, without the ride: riding on (the default), the app first tries three fresh
+    # runs, each failing while Kafka answers, then exits 75 the same way (tests/apps/test_ride.py),
+    # which took about as long as this test's 30 s in a CI rehearsal.
     at_once = ("--outage-exit-s", "0")
     with _consumer_command(kafka_bootstrap, names, "card-e", env=quick, extra=at_once) as proc:
         _read(kafka_bootstrap, names.contracts, 1)  # announced: its batch topic exists now
