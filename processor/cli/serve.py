@@ -20,6 +20,7 @@ stop handlers of processor.cli.options; the apps below know nothing of processes
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -40,6 +41,8 @@ if TYPE_CHECKING:  # the collector serves no HTTP: it need not load prometheus_c
 
 #: The signals that stop a long-running command.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: What prints every thread's stack on stderr while the command runs on (docs/operations.md).
+STACKS_SIGNAL = signal.SIGUSR2
 
 #: Installs a command's stop handlers: each sets the event (and may do more, see
 #: processor.cli.options.install_stop_handlers, whose second signal aborts).
@@ -81,6 +84,9 @@ class Serving:
     def __enter__(self) -> Serving:
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+            # ``kill -USR2 PID``: every thread's stack on stderr, the process going on (a call that
+            # never returns is found this way, where a debugger cannot be attached: a pod, CI)
+            faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)  # fd 2: whatever sys.stderr is
         self._stop_handlers(self.stop)
         return self
 
@@ -92,6 +98,8 @@ class Serving:
             self.server = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._previous:
+            faulthandler.unregister(STACKS_SIGNAL)
         self._previous = {}
 
     def error(self, exc: object, hint: str = "") -> None:

@@ -467,8 +467,9 @@ def test_consumer_command_exits_75_when_completions_cannot_be_delivered(
         for future in admin.delete_topics([names.results]).values():
             future.result(TIMEOUT_S)
         _send_batch(kafka_bootstrap, names, "card-e", "b1", ["e1", "e2"])
-        # start, join, a 2 s message timeout and an abort: under three loaded workers it once passed 30 s
-        _out, err = proc.communicate(timeout=2 * TIMEOUT_S)
+        # start, join, a 2 s message timeout and an abort: under three loaded workers it once passed 30 s,
+        # and once 60 s (its output was lost): past 60 s, its stacks say where it waits
+        err = _stderr_within(proc, 2 * TIMEOUT_S)
     assert proc.returncode == 75, err
     assert "messages not delivered" in err and "exit 75: a restart recovers" in err
     _create_all(kafka_bootstrap, names)  # the results topic is back (the others exist: refused, kept)
@@ -479,6 +480,20 @@ def test_consumer_command_exits_75_when_completions_cannot_be_delivered(
     assert again.returncode == 0, err
     assert sorted(done) == ["b1"] and sorted(c.item_id for c in done["b1"]) == ["e1", "e2"]
     assert out.startswith("consumer card-e: 1 batches, 2 items (ok 2,")
+
+
+def _stderr_within(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The command's stderr once it ends; past ``timeout_s``, a failure quoting its threads' stacks
+    (SIGUSR2, processor.cli.serve.STACKS_SIGNAL) and its last lines."""
+    try:
+        return proc.communicate(timeout=timeout_s)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(2)
+        proc.kill()
+        err = proc.communicate()[1]
+        said = f"still running after {timeout_s:.0f} s; its stderr ends:\n{err[-6000:]}"
+        raise AssertionError(said) from None
 
 
 @pytest.mark.kafka

@@ -5,14 +5,17 @@ test_waiting.py, test_consumer.py, tests/broker/test_foreseeable_errors.py."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
 import signal
+import time
 import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from processor.cli.serve import Serving, logged_exit, printed_exit
+from processor.cli.serve import STACKS_SIGNAL, Serving, logged_exit, printed_exit
 from processor.kafka.exits import (
     EXIT_SUPERSEDED,
     EXIT_TEMPFAIL,
@@ -34,6 +37,17 @@ def test_a_stop_signal_sets_the_event_and_leaving_puts_the_handlers_back() -> No
         handler(signal.SIGTERM, None)
         assert serving.stop.is_set()
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_sigusr2_prints_every_threads_stack_while_serving_and_not_after(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    with Serving("tokenfabric test", LOG):
+        os.kill(os.getpid(), STACKS_SIGNAL)
+        time.sleep(0.1)
+        said = capfd.readouterr().err
+        assert "Current thread" in said and "test_serve.py" in said, said
+    assert faulthandler.unregister(STACKS_SIGNAL) is False  # the frame took its handler back
 
 
 def test_the_server_lives_as_long_as_the_frame() -> None:
