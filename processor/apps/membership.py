@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from processor.apps.settings import ProcessorSettings
 from processor.kafka.clients import (
@@ -28,10 +27,6 @@ log = logging.getLogger("tokenfabric.processor")
 
 #: How long the next round waits for the last round's member to leave the group once Kafka answers.
 PART_TIMEOUT_S = 15.0
-#: How long the last round's member is left to find its coordinator again once the group's answers
-#: (a heartbeat interval, 5 s by default): librdkafka sends no leave while it looks for one ("leave:
-#: ConsumerGroupHeartbeat response error in state query-coord: Local: Waiting for coordinator").
-PART_SETTLE_S = 5.0
 
 
 def wait_for_own_id(
@@ -71,27 +66,31 @@ def set_group_session(conf: Mapping[str, str], s: ProcessorSettings, clients: Cl
 
 
 def part_from(
-    member: ConsumerClient | None,
-    who: str,
-    ready: Callable[[], bool],
-    settle_s: float = PART_SETTLE_S,
-    timeout_s: float = PART_TIMEOUT_S,
+    member: ConsumerClient | None, who: str, topic: str | None, timeout_s: float = PART_TIMEOUT_S
 ) -> bool:
-    """Close the group member of a round an outage ended, now that Kafka answers again, once the
-    group's coordinator answers too (``ready``) and ``settle_s`` later; True once it closed within
-    ``timeout_s`` (or there was none).
+    """Close the group member of a round an outage ended, now that Kafka answers again, once its
+    own client reaches the group's coordinator (an offset fetch of ``topic`` through it answers;
+    None: at once, as under the classic protocol, whose static members send no leave); True once it
+    closed, each step within ``timeout_s`` (or there was none).
 
-    Why: closed during the outage, or before the coordinator is loaded again, a member's leave never
-    reaches the group, and under the consumer protocol the group then refuses its instance id to the
-    next round until the session times out (45 s by default: :func:`wait_for_own_id` waits it out).
-    Closed after, it leaves as a static member leaves, and the next round takes its id and
-    partitions at once. The close runs in a thread of its own: one that never returns
-    (librdkafka#5511) is left behind, and the next round waits for the id as before."""
+    Why: closed during the outage, or while its client still looks for the coordinator, a member's
+    leave is not sent (librdkafka: "leave: ConsumerGroupHeartbeat response error in state
+    query-coord: Local: Waiting for coordinator"; a connection it opened to a frozen broker first
+    waits out its ApiVersion request, 10 s), and under the consumer protocol the group then refuses
+    its instance id to the next round until the session times out (45 s by default:
+    :func:`wait_for_own_id` waits it out; closed as soon as a fresh client reached the coordinator,
+    5 runs of 8 still waited). Closed after, it leaves as a static member leaves, and the next round
+    takes its id and partitions at once. The close runs in a thread of its own: one that never
+    returns (librdkafka#5511) is left behind, and the next round waits for the id as before."""
     if member is None:
         return True
-    if not ready():
-        log.info("%s: the group's coordinator does not answer yet; the last run's member leaves anyway", who)
-    time.sleep(settle_s)  # its own client finds the coordinator again, or its leave is not sent
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:  # an offset fetch goes through the member's own coordinator connection; no callbacks run
+        if topic is not None:
+            member.committed([TopicPartition(topic, 0)], timeout=timeout_s)
+    except KafkaException as exc:  # still unstable (an open transaction) or unreached: leave anyway
+        log.info("%s: the last run's group member reached no coordinator (%s); it leaves anyway", who, exc)
     closing = threading.Thread(target=_leave, args=(member, who), name="parting-member", daemon=True)
     closing.start()
     closing.join(timeout_s)

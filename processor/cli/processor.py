@@ -141,12 +141,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from processor.apps.membership import PART_TIMEOUT_S, part_from
+    from processor.apps.membership import part_from
     from processor.apps.ride import BrokerWatch, Current, Ride, StuckSignal
     from processor.apps.schema_registry import RegistryRefused
     from processor.apps.service import ProcessorService
     from processor.cli.schemas import framing_from
-    from processor.kafka.clients import group_coordinator_answers
     from processor.kafka.config import ConfigError, describe
     from processor.kafka.exits import Superseded, TransientFailure, WrongSettings
     from processor.kafka.rdlog import demote_outage_lines
@@ -191,14 +190,9 @@ def run(args: argparse.Namespace) -> int:
 
         who = f"processor {settings.instance} of pipeline {topics.prefix}"
 
-        def coordinator_answers() -> bool:
-            return group_coordinator_answers(conf, settings.group_id, topics.ingest, PART_TIMEOUT_S)
-
         def make_round() -> Callable[[threading.Event], None]:
-            if settings.group_protocol == "consumer":  # classic: a static member sends no leave
-                part_from(current.target.parting, who, coordinator_answers)  # the last round's leaves
-            else:
-                part_from(current.target.parting, who, lambda: True, settle_s=0.0)
+            leaves = topics.ingest if settings.group_protocol == "consumer" else None
+            part_from(current.target.parting, who, leaves)  # the last round's member leaves the group
             return current.switch(next(rounds, None) or fresh(resuming=True)).run
 
         watch = BrokerWatch()

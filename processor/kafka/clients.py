@@ -201,24 +201,3 @@ def wait_for_instance_id(
         if time.monotonic() > deadline:
             return False
         time.sleep(1.0)
-
-
-def group_coordinator_answers(
-    conf: Mapping[str, str], group_id: str, topic: str, timeout_s: float, clients: ClientFactory = KAFKA
-) -> bool:
-    """Whether ``group_id``'s coordinator answers an offset fetch within ``timeout_s``: loaded and
-    serving, as a member's leave needs it to be. Read uncommitted, so that an open transaction's
-    offsets are not waited for (KIP-447). A broker back from an outage answers metadata before its
-    coordinators are loaded: a leave sent then is lost, and under the consumer protocol the group
-    keeps the member's instance id until its session ends."""
-    from confluent_kafka import KafkaException, TopicPartition
-
-    settings = {**conf, "group.id": group_id, "enable.auto.commit": "false"}
-    reader = clients.consumer({**settings, "isolation.level": "read_uncommitted"})
-    try:
-        reader.committed([TopicPartition(topic, 0)], timeout=timeout_s)
-        return True
-    except KafkaException:
-        return False
-    finally:
-        reader.close()

@@ -17,7 +17,6 @@ from confluent_kafka import KafkaError, KafkaException
 
 from processor.apps.membership import part_from
 from processor.apps.service import ProcessorService
-from processor.kafka.clients import group_coordinator_answers
 from processor.kafka.memory import error
 from processor.kafka.memory_clients import MemoryConsumer
 from tests.apps.service_rig import Pipeline
@@ -37,9 +36,9 @@ def test_an_outage_keeps_the_runs_group_member_open_for_the_next_run_to_close() 
     member = cast(MemoryConsumer, svc.parting)
     assert member is svc.ingest and not member.closed
     assert cast(MemoryConsumer, svc.control).closed  # only the group member waits
-    asked: list[bool] = []
-    assert part_from(member, "p0", lambda: asked.append(True) or True, settle_s=0) is True
-    assert member.closed and asked == [True]  # the coordinator was asked before the member left
+    p.mk.fail_next("committed", error(KafkaError._TIMED_OUT, "no coordinator yet"))
+    assert part_from(member, "p0", p.topics.ingest) is True  # its offset fetch failed: it leaves anyway
+    assert member.closed
 
 
 def test_a_failure_that_is_no_outage_closes_the_member_at_once() -> None:
@@ -63,7 +62,7 @@ class _Member:
 def test_a_close_that_does_not_return_is_left_behind_and_said(caplog: pytest.LogCaptureFixture) -> None:
     release = threading.Event()
     with caplog.at_level(logging.WARNING, "tokenfabric.processor"):
-        assert part_from(_Member(close=release), "p0", lambda: True, settle_s=0, timeout_s=0.2) is False  # type: ignore[arg-type]
+        assert part_from(_Member(close=release), "p0", None, timeout_s=0.2) is False  # type: ignore[arg-type]
     release.set()
     assert "p0: the last run's group member did not leave within 0 s" in caplog.text
 
@@ -71,16 +70,7 @@ def test_a_close_that_does_not_return_is_left_behind_and_said(caplog: pytest.Log
 def test_a_refused_close_is_said_not_raised_and_no_member_is_nothing_to_do(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert part_from(None, "p0", lambda: True) is True
+    assert part_from(None, "p0", "ingest") is True
     with caplog.at_level(logging.INFO, "tokenfabric.processor"):
-        assert part_from(_Member(refuse=True), "p0", lambda: False, settle_s=0) is True  # type: ignore[arg-type]
+        assert part_from(_Member(refuse=True), "p0", None) is True  # type: ignore[arg-type]
     assert "left with an error" in caplog.text
-    assert "coordinator does not answer yet" in caplog.text  # it leaves anyway: the id waits otherwise
-
-
-def test_the_coordinator_answers_when_an_offset_fetch_does() -> None:
-    p = Pipeline()
-    clients = p.mk.clients()
-    assert group_coordinator_answers({}, p.topics.processor_group, p.topics.ingest, 1.0, clients)
-    p.mk.fail_next("committed", error(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading"))
-    assert not group_coordinator_answers({}, p.topics.processor_group, p.topics.ingest, 1.0, clients)

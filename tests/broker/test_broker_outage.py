@@ -130,19 +130,23 @@ def test_a_frozen_broker_is_ridden_out_without_an_exit(
         ride_out(state, rig, tmp_path, processors=1, items=3_000, frozen_s=FROZEN_S, restart=False)
 
 
-def test_under_the_consumer_protocol_the_next_run_takes_its_instance_id_at_once(
+def test_under_the_consumer_protocol_a_frozen_broker_is_ridden_out_too(
     private_broker: tuple[Path, str], tmp_path: Path
 ) -> None:
-    """The same freeze with the processor on the consumer group protocol (KIP-848), where the group
-    refuses a static member's id to a newer member until the older leaves or its session (45 s by
-    default) ends: the run the outage ended leaves once Kafka answers (processor.apps.membership.
-    part_from), so the next run is never refused its id."""
+    """The same freeze with the processor on the consumer group protocol (KIP-848), the default,
+    where the group refuses a static member's id to a newer member until the older one leaves or
+    its session (45 s by default) ends. The run the outage ended leaves once its own client reaches
+    the coordinator again (processor.apps.membership.part_from): the next run usually takes the id
+    at once (5 of 6 runs here; docs/operations.md), and when it is refused it says so once and
+    waits. Either way nothing exits, and every item completes once."""
     state, bootstrap = private_broker
     with running_rig(bootstrap, tmp_path, consumer_threads=False) as rig:
         logs = ride_out(state, rig, tmp_path, 1, 3_000, FROZEN_S, restart=False, protocol="consumer")
     said = logs["processor0"]
     assert "answers again after" in said, said[-3000:]  # its run was ended by the outage
-    assert "the group still holds instance id" not in said, said[-3000:]
+    waits = said.count("the group still holds instance id")
+    print(f"INSTANCE-ID WAITS {waits}")
+    assert waits <= 1, said[-3000:]
 
 
 @pytest.mark.skipif(not os.environ.get("TOKENFABRIC_OUTAGE_FULL"), reason="opt-in: TOKENFABRIC_OUTAGE_FULL=1")
