@@ -80,8 +80,9 @@ def part_from(
     its instance id to the next round until the session times out (45 s by default:
     :func:`wait_for_own_id` waits it out; closed as soon as a fresh client reached the coordinator,
     5 runs of 8 still waited). Closed after, it leaves as a static member leaves, and the next round
-    takes its id and partitions at once (in 5 of 6 runs of a 20 s freeze; docs/operations.md). The close runs in a thread of its own: one that never
-    returns (librdkafka#5511) is left behind, and the next round waits for the id as before."""
+    takes its id and partitions at once (in 5 of 6 runs of a 20 s freeze; docs/operations.md). The
+    close runs in a thread of its own: one that never returns (librdkafka#5511) is left behind, and
+    the next round waits for the id as before."""
     if member is None:
         return True
     from confluent_kafka import KafkaException, TopicPartition
