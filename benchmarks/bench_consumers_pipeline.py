@@ -56,9 +56,10 @@ from processor.wire.records import (
 MODEL = "m"
 SHAPES = 8
 MAX_INFLIGHT = 2
-#: Items waiting when the rounds begin; each answered batch's items are produced again (untimed),
-#: so that every round's step reads one batch's worth and can dispatch one.
+#: Items waiting when the rounds begin, beside those the fleet holds; each answered batch's items are
+#: produced again (untimed), so that every round's step reads one batch's worth and can dispatch one.
 WAITING = 4_000
+MAX_ITEMS = 16
 STEP_S = 0.25  # the clock moves this much a round: past the 200 ms commit interval
 
 
@@ -83,7 +84,12 @@ class Fleet:
         self.next_id = 0
         for card in self.cards:
             c = Contract(
-                card, MODEL, budget_tokens=4_096, max_items=16, pad_multiple=8, max_inflight=MAX_INFLIGHT
+                card,
+                MODEL,
+                budget_tokens=4_096,
+                max_items=MAX_ITEMS,
+                pad_multiple=8,
+                max_inflight=MAX_INFLIGHT,
             )
             self._send(self.topics.contracts, encode_contract(ContractRecord(c, 0)), card.encode())
         self.clock = Clock()
@@ -188,11 +194,15 @@ def run(consumers: int, batches: int, profiled: bool) -> dict[str, float]:
     """Per batch, the loop's CPU microseconds (or calls, ``profiled``) without its commits, and per
     commit, the commit's; over ``batches`` rounds of answer-one, step."""
     fleet = Fleet(consumers)
-    fleet.produce(WAITING)
+    fleet.produce(WAITING + consumers * MAX_INFLIGHT * MAX_ITEMS)  # every slot filled, a backlog left
     held: deque[BatchRecord] = deque()
-    while len(held) < consumers * MAX_INFLIGHT or fleet.svc.counters.consumed < fleet.next_id:
-        fleet.step()  # every consumer's slots filled and the backlog read (untimed)
+    for _ in range(100 * consumers + 1_000):  # every consumer's slots filled, the backlog read (untimed)
+        if len(held) == consumers * MAX_INFLIGHT and fleet.svc.counters.consumed == fleet.next_id:
+            break
+        fleet.step()
         held.extend(fleet.new_batches())
+    else:
+        raise RuntimeError(f"{consumers} consumers: {len(held)} batches held after the warm-up, not all")
     loop, commit = Meter(profiled), Meter(profiled)
     _metered_commit(fleet, loop, commit)
     made, items, commits_before = 0, 0, fleet.svc.counters.commits
