@@ -15,16 +15,16 @@ simulator drives); the pipeline's drainer announces one contract (bench_pipeline
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import json
 import pstats
 import sys
 import time
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import consumer_sweep_args, write_json
 
 from processor.core.contract import Contract
 from processor.core.item import Batch, Item
@@ -91,16 +91,7 @@ def run(consumers: int, batches: int, meter: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--consumers", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    p.add_argument("--batches", type=int, default=20_000, help="batches per count (default 20,000)")
-    p.add_argument("--smoke", action="store_true", help="1 and 64 consumers, 500 batches")
-    p.add_argument("--json", help="write the figures here")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.consumers, args.batches = [1, 64], 500
-    if min(args.consumers) < 1 or args.batches < 1:
-        p.error("--consumers and --batches must be >= 1")
+    args = consumer_sweep_args(__doc__, 20_000, ([1, 64], 500), argv)
     rows = []
     print("| consumers | CPU us/batch | Python calls/batch |")
     print("| ---: | ---: | ---: |")
@@ -112,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         print(f"| {n} | {row['cpu_us_per_batch']:.1f} | {row['calls_per_batch']:.1f} |", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"batches": args.batches, "rows": rows}, indent=2) + "\n")
+    write_json(args.json, {"batches": args.batches, "rows": rows})
     return 0
 
 

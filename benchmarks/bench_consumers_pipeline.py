@@ -26,16 +26,16 @@ consumer once an interval (200 ms by default), whatever the number of batches.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import json
 import pstats
 import sys
 import time
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import all_ok, consumer_sweep_args, write_json
 
 from processor.apps.service import ProcessorService
 from processor.apps.settings import ProcessorSettings
@@ -47,9 +47,7 @@ from processor.wire.control import encode_contract
 from processor.wire.items import decode_batch, encode_token_item
 from processor.wire.records import (
     BatchRecord,
-    CompletionBatchRecord,
     ContractRecord,
-    ItemOutcomeRecord,
     new_token_item,
 )
 
@@ -128,18 +126,7 @@ class Fleet:
         return out
 
     def answer(self, batch: BatchRecord) -> None:
-        outcomes = [
-            ItemOutcomeRecord(item_id=it.item_id, status="ok", input_tokens=it.token_count)
-            for it in batch.items
-        ]
-        rec = CompletionBatchRecord(
-            batch_id=batch.batch_id,
-            consumer=batch.consumer,
-            model=batch.model,
-            padded_tokens=batch.padded_length * len(outcomes),
-            completed_ms=5,
-            items=outcomes,
-        )
+        rec = all_ok(batch, batch.consumer, 5)
         self._send(self.topics.results, encode_completion_batch(rec), batch.batch_id.encode())
 
     def step(self) -> None:
@@ -229,16 +216,7 @@ def run(consumers: int, batches: int, profiled: bool) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--consumers", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    p.add_argument("--batches", type=int, default=2_000, help="batches per count (default 2,000)")
-    p.add_argument("--smoke", action="store_true", help="1 and 16 consumers, 100 batches")
-    p.add_argument("--json", help="write the figures here")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.consumers, args.batches = [1, 16], 100
-    if min(args.consumers) < 1 or args.batches < 1:
-        p.error("--consumers and --batches must be >= 1")
+    args = consumer_sweep_args(__doc__, 2_000, ([1, 16], 100), argv)
     rows = []
     print(
         "| consumers | items/batch | loop: CPU us/batch | loop: calls/batch | loop: calls/item "
@@ -254,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['commit_cpu_us']:.0f} | {row['commit_calls']:.0f} |",
             flush=True,
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"batches": args.batches, "rows": rows}, indent=2) + "\n")
+    write_json(args.json, {"batches": args.batches, "rows": rows})
     return 0
 
 

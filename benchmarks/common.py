@@ -8,6 +8,7 @@ this module starts it, waits for that line and hands back the dict.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -30,6 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from processor.kafka.topics import RETAINED, TopicNames, TopicSpec, create_topics, topic_specs  # noqa: E402
+from processor.wire.records import CompletionBatchRecord, ItemOutcomeRecord  # noqa: E402
 
 WORKERS = Path(__file__).resolve().with_name("workers.py")
 #: Where ``run_all.py --own-broker`` starts its broker.
@@ -192,6 +194,41 @@ class Spread:
     def fmt(self, spec: str = ",.0f", scale: float = 1.0) -> str:
         m, lo, hi = self.median / scale, self.low / scale, self.high / scale
         return f"{m:{spec}} ({lo:{spec}}-{hi:{spec}})"
+
+
+def consumer_sweep_args(
+    doc: str, batches: int, smoke: tuple[list[int], int], argv: list[str] | None
+) -> argparse.Namespace:
+    """The arguments of a sweep over consumer counts (bench_consumers*.py): ``--consumers``,
+    ``--batches`` (default ``batches``), ``--smoke`` (``smoke``'s counts and batches), ``--json``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--consumers", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    p.add_argument("--batches", type=int, default=batches, help=f"batches per count (default {batches:,})")
+    counts, few = smoke
+    p.add_argument("--smoke", action="store_true", help=f"{counts} consumers, {few} batches")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.consumers, args.batches = counts, few
+    if min(args.consumers) < 1 or args.batches < 1:
+        p.error("--consumers and --batches must be >= 1")
+    return args
+
+
+def all_ok(batch: Any, consumer: str, completed_ms: int) -> CompletionBatchRecord:
+    """Every item of ``batch`` (a BatchRecord or its head) answered ``ok``, as one completion message;
+    ``padded_tokens`` is each item's share, the batch's padded length (ItemOutcomeRecord)."""
+    return CompletionBatchRecord(
+        batch_id=batch.batch_id,
+        consumer=consumer,
+        model=batch.model,
+        padded_tokens=batch.padded_length,
+        completed_ms=completed_ms,
+        items=[
+            ItemOutcomeRecord(item_id=item.item_id, status="ok", input_tokens=item.token_count)
+            for item in batch.items
+        ],
+    )
 
 
 def write_json(path: str | None, payload: Mapping[str, Any]) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import READY_LINE, RESULT_PREFIX, BrokerCpu, RunTopics
+from common import READY_LINE, RESULT_PREFIX, BrokerCpu, RunTopics, all_ok
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor.apps.consumer import PRODUCER_SETTINGS
@@ -49,7 +49,7 @@ from processor.kafka.reader import read_topic_chunks
 from processor.wire.completions import encode_completion_batches
 from processor.wire.control import encode_contract
 from processor.wire.heads import decode_batch_head
-from processor.wire.records import CompletionBatchRecord, ContractRecord, ItemOutcomeRecord
+from processor.wire.records import ContractRecord
 
 # The processor's client settings (processor/apps/service.py, ProcessorService.__init__), repeated here so
 # that the ceiling moves the same bytes the same way. Keep them in step.
@@ -403,17 +403,7 @@ def drainer(a: dict[str, Any]) -> None:
             items += len(batch.items)
             tokens += sum(item.token_count for item in batch.items)
             seen.update(item.item_id for item in batch.items)
-            done = CompletionBatchRecord(
-                batch_id=batch.batch_id,
-                consumer=contract.consumer,
-                model=batch.model,
-                padded_tokens=batch.padded_length,
-                completed_ms=int(time.time() * 1000),
-                items=[
-                    ItemOutcomeRecord(item_id=item.item_id, status="ok", input_tokens=item.token_count)
-                    for item in batch.items
-                ],
-            )
+            done = all_ok(batch, contract.consumer, int(time.time() * 1000))
             for value in encode_completion_batches(done, MAX_COMPLETION_BYTES):
                 _produce(producer, topics.results, value, batch.batch_id.encode())
         producer.poll(0)
